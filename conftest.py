@@ -1,0 +1,19 @@
+"""Suite-wide pytest settings."""
+
+import os
+
+import pytest
+
+# Tests run on the CPU with a few simulated devices available to sharding tests; JAX reads these
+# at import, so they are set before any test module imports it.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # A selection that matches nothing (`-k` on a typo, an empty test folder) is not a failure
+    # of the code under test; only real failures should turn CI red.
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK

@@ -1,0 +1,1 @@
+"""User-level experiment scripts: model sizes, tokenizers, tutorials."""

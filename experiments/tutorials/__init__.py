@@ -1,0 +1,1 @@
+"""Tutorial programs; each runs unmodified from the repository root."""

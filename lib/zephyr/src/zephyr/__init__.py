@@ -1,0 +1,6 @@
+"""zephyr: lazy, sharded data pipelines.
+
+Owns the ``Dataset`` abstraction (sources, fused element-wise transforms, shuffles such as
+group-by and dedup), readers and writers (jsonl, parquet, the token cache) and shard execution on
+a backend (in-process, local processes, and fray clients). It builds on fray and rigging.
+"""
