@@ -7,6 +7,7 @@ import pytest
 # Tests run on the CPU with a few simulated devices available to sharding tests; JAX reads these
 # at import, so they are set before any test module imports it.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

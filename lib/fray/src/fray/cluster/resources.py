@@ -1,0 +1,183 @@
+"""What a piece of work needs to run: CPUs, memory, disk and accelerators.
+
+A ``ResourceConfig`` describes *placement*, never *identity*: two steps that differ only in their
+resources compute the same thing, so the execution engine leaves resources out of step hashes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+DeviceKind = Literal["cpu", "gpu", "tpu"]
+
+
+class InvalidResourceConfig(ValueError):
+    """A resource request that no cluster could ever satisfy as written."""
+
+
+# Chips per host and per-chip names for the TPU generations users ask for. The slice size is the
+# number after the dash (v4 and v5p count TensorCores, two per chip; later generations count chips).
+_TPU_GENERATIONS = {
+    "v2": {"cores_per_chip": 2, "chips_per_host": 4},
+    "v3": {"cores_per_chip": 2, "chips_per_host": 4},
+    "v4": {"cores_per_chip": 2, "chips_per_host": 4},
+    "v5p": {"cores_per_chip": 2, "chips_per_host": 4},
+    "v5litepod": {"cores_per_chip": 1, "chips_per_host": 8},
+    "v5e": {"cores_per_chip": 1, "chips_per_host": 8},
+    "v6e": {"cores_per_chip": 1, "chips_per_host": 8},
+}
+_TPU_TYPE = re.compile(r"^(?P<gen>v\d+[a-z]*)-(?P<size>\d+)$")
+
+KNOWN_GPU_VARIANTS = (
+    "A100",
+    "A100-40G",
+    "A100-80G",
+    "H100",
+    "H200",
+    "B200",
+    "L4",
+    "A10G",
+    "T4",
+    "V100",
+    "RTX4090",
+    "auto",
+)
+
+
+@dataclass(frozen=True)
+class CpuDevice:
+    kind: Literal["cpu"] = "cpu"
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    variant: str
+    count: int
+    kind: Literal["gpu"] = "gpu"
+
+
+@dataclass(frozen=True)
+class TpuDevice:
+    type: str
+    slice_count: int = 1
+    kind: Literal["tpu"] = "tpu"
+
+    @property
+    def chips_per_slice(self) -> int:
+        gen, size = _parse_tpu_type(self.type)
+        return size // _TPU_GENERATIONS[gen]["cores_per_chip"]
+
+    @property
+    def hosts_per_slice(self) -> int:
+        gen, _ = _parse_tpu_type(self.type)
+        return max(1, self.chips_per_slice // _TPU_GENERATIONS[gen]["chips_per_host"])
+
+
+Device = CpuDevice | GpuDevice | TpuDevice
+
+
+def _parse_tpu_type(tpu_type: str) -> tuple[str, int]:
+    match = _TPU_TYPE.match(tpu_type)
+    if match is None or match["gen"] not in _TPU_GENERATIONS:
+        known = ", ".join(f"{g}-N" for g in _TPU_GENERATIONS)
+        raise InvalidResourceConfig(
+            f"Unknown TPU type {tpu_type!r}. Expected one of the forms {known} (for example 'v4-8' or 'v5e-16')."
+        )
+    return match["gen"], int(match["size"])
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """Resources for one replica of a job or step, plus how many replicas to run.
+
+    Build one with ``ResourceConfig.with_cpu()``, ``with_gpu(variant, count)`` or
+    ``with_tpu(type, slice_count)``; every constructor validates, so an impossible request fails
+    where it is written rather than hanging in a cluster queue.
+    """
+
+    cpu: float = 1
+    ram: str = "4g"
+    disk: str = "16g"
+    device: Device = field(default_factory=CpuDevice)
+    preemptible: bool = True
+    regions: tuple[str, ...] = ()
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.cpu > 0:
+            raise InvalidResourceConfig(f"cpu must be positive, got {self.cpu!r}.")
+        if self.replicas < 1:
+            raise InvalidResourceConfig(f"replicas must be at least 1, got {self.replicas!r}.")
+        for name in ("ram", "disk"):
+            parse_size(getattr(self, name), what=name)
+        if isinstance(self.device, GpuDevice):
+            if self.device.count < 1:
+                raise InvalidResourceConfig(f"GPU count must be at least 1, got {self.device.count!r}.")
+            if not self.device.variant:
+                raise InvalidResourceConfig("GPU variant must be a non-empty string such as 'H100'.")
+        if isinstance(self.device, TpuDevice):
+            _parse_tpu_type(self.device.type)
+            if self.device.slice_count < 1:
+                raise InvalidResourceConfig(f"TPU slice_count must be at least 1, got {self.device.slice_count!r}.")
+        if isinstance(self.regions, list):
+            object.__setattr__(self, "regions", tuple(self.regions))
+
+    # -- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def with_cpu(cls, cpu: float = 1, ram: str = "4g", disk: str = "16g", **kwargs: Any) -> "ResourceConfig":
+        return cls(cpu=cpu, ram=ram, disk=disk, device=CpuDevice(), **kwargs)
+
+    @classmethod
+    def with_gpu(cls, variant: str = "auto", count: int = 1, *, cpu: float = 1, ram: str = "16g", **kwargs: Any) -> "ResourceConfig":
+        return cls(cpu=cpu, ram=ram, device=GpuDevice(variant=variant, count=count), **kwargs)
+
+    @classmethod
+    def with_tpu(cls, tpu_type: str, slice_count: int = 1, *, cpu: float = 1, ram: str = "16g", **kwargs: Any) -> "ResourceConfig":
+        device = TpuDevice(type=tpu_type, slice_count=slice_count)
+        kwargs.setdefault("replicas", device.hosts_per_slice * slice_count)
+        return cls(cpu=cpu, ram=ram, device=device, **kwargs)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        return self.device.kind
+
+    @property
+    def gpu_count(self) -> int:
+        return self.device.count if isinstance(self.device, GpuDevice) else 0
+
+    @property
+    def ram_bytes(self) -> int:
+        return parse_size(self.ram, what="ram")
+
+    @property
+    def disk_bytes(self) -> int:
+        return parse_size(self.disk, what="disk")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SIZE = re.compile(r"^\s*(?P<num>\d+(\.\d+)?)\s*(?P<unit>[kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def parse_size(text: str | int, *, what: str = "size") -> int:
+    """Bytes in a human size such as ``"16g"``, ``"512MiB"`` or ``1024``."""
+    if isinstance(text, int):
+        if text < 0:
+            raise InvalidResourceConfig(f"{what} must not be negative, got {text}.")
+        return text
+    match = _SIZE.match(str(text))
+    if match is None:
+        raise InvalidResourceConfig(f"{what} {text!r} is not a size; write it like '4g', '512m' or '16GiB'.")
+    unit = (match["unit"] or "").lower().rstrip("b").rstrip("i")
+    value = int(float(match["num"]) * _UNITS[unit])
+    if value <= 0:
+        raise InvalidResourceConfig(f"{what} must be positive, got {text!r}.")
+    return value
