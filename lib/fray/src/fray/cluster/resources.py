@@ -109,8 +109,6 @@ class ResourceConfig:
     def __post_init__(self) -> None:
         if not self.cpu > 0:
             raise InvalidResourceConfig(f"cpu must be positive, got {self.cpu!r}.")
-        if self.replicas < 1:
-            raise InvalidResourceConfig(f"replicas must be at least 1, got {self.replicas!r}.")
         for name in ("ram", "disk"):
             parse_size(getattr(self, name), what=name)
         if isinstance(self.device, GpuDevice):
@@ -122,6 +120,8 @@ class ResourceConfig:
             _parse_tpu_type(self.device.type)
             if self.device.slice_count < 1:
                 raise InvalidResourceConfig(f"TPU slice_count must be at least 1, got {self.device.slice_count!r}.")
+        if self.replicas < 1:
+            raise InvalidResourceConfig(f"replicas must be at least 1, got {self.replicas!r}.")
         if isinstance(self.regions, list):
             object.__setattr__(self, "regions", tuple(self.regions))
 

@@ -1,0 +1,51 @@
+import pytest
+
+from fray.cluster import GpuDevice, InvalidResourceConfig, ResourceConfig, TpuDevice, parse_size
+
+
+def test_with_cpu_defaults_to_one_cpu_replica():
+    r = ResourceConfig.with_cpu()
+    assert r.device_kind == "cpu" and r.replicas == 1 and r.gpu_count == 0
+
+
+def test_with_gpu_records_variant_and_count():
+    r = ResourceConfig.with_gpu("H100", 8)
+    assert r.device == GpuDevice(variant="H100", count=8) and r.gpu_count == 8
+
+
+def test_with_tpu_derives_one_replica_per_host():
+    assert ResourceConfig.with_tpu("v4-8").replicas == 1  # 4 chips, one host
+    assert ResourceConfig.with_tpu("v4-32").replicas == 4  # 16 chips over 4 hosts
+    assert ResourceConfig.with_tpu("v5e-16", slice_count=2).replicas == 4
+    assert ResourceConfig.with_tpu("v5e-16").device == TpuDevice(type="v5e-16", slice_count=1)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: ResourceConfig.with_tpu("v9-8"), "Unknown TPU type 'v9-8'"),
+        (lambda: ResourceConfig.with_tpu("v4"), "Unknown TPU type 'v4'"),
+        (lambda: ResourceConfig.with_tpu("v4-8", slice_count=0), "slice_count must be at least 1"),
+        (lambda: ResourceConfig.with_gpu("H100", 0), "GPU count must be at least 1"),
+        (lambda: ResourceConfig.with_gpu("H100", -2), "GPU count must be at least 1"),
+        (lambda: ResourceConfig.with_cpu(cpu=0), "cpu must be positive"),
+        (lambda: ResourceConfig.with_cpu(replicas=0), "replicas must be at least 1"),
+        (lambda: ResourceConfig.with_cpu(ram="lots"), "ram 'lots' is not a size"),
+    ],
+)
+def test_impossible_requests_are_refused_with_a_clear_message(make, message):
+    with pytest.raises(InvalidResourceConfig, match=message):
+        make()
+
+
+def test_parse_size_understands_common_spellings():
+    assert parse_size("4g") == 4 << 30
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size("16GB") == 16 << 30
+    assert parse_size(1024) == 1024
+
+
+def test_iris_exports_the_same_class():
+    from iris.cluster import ResourceConfig as IrisResourceConfig
+
+    assert IrisResourceConfig is ResourceConfig
