@@ -1,0 +1,90 @@
+"""Tokenize throughput: the whole tokenize pipeline against raw ``tokenizers`` ``encode_batch``.
+
+Both run in this process, on the same cores, over the same documents (by default the shared
+TinyStories sample with the GPT-2 tokenizer), alternating ``--repeat`` times; the median of each is
+reported.
+
+* raw: ``Tokenizer.encode_batch(texts)`` on texts already in memory (the tokenizer already loaded).
+* pipeline: :func:`marin.processing.tokenize.run_tokenize` end to end into a fresh folder: loading
+  the tokenizer and its identity, reading the jsonl, encoding, writing the token cache and ledger.
+
+Both rates count content tokens (without the appended EOS). Usage:
+``python bench/tokenize_throughput.py [--data FILE] [--tokenizer PATH] [--repeat 3] [--backend inline]``.
+The last line printed is one JSON object; the target is ``ratio >= 0.8``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import tokenizers
+
+from marin.processing.tokenize import TokenizeConfig, TokenizeInputs, run_tokenize
+
+SHARED = Path(__file__).resolve().parents[1] / ".." / "shared"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=str(SHARED / "data" / "tinystories" / "train.jsonl"))
+    parser.add_argument("--tokenizer", default=str(SHARED / "tokenizers" / "gpt2" / "tokenizer.json"))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--backend", default=None, help="zephyr backend for the pipeline (default: the step's choice)")
+    args = parser.parse_args()
+
+    with open(args.data, encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f if line.strip()]
+    raw_tokenizer = tokenizers.Tokenizer.from_file(args.tokenizer)
+    raw_tokenizer.encode_batch(texts[:64])  # start the thread pool before timing
+
+    config = TokenizeConfig(source={"kind": "bench"}, tokenizer=None, splits=("train",))
+    inputs = TokenizeInputs(split_files={"train": [args.data]}, tokenizer=args.tokenizer)
+    raw_seconds, pipeline_seconds = [], []
+    raw_tokens = pipeline_tokens = 0
+    scratch = tempfile.mkdtemp(prefix="tokenize-bench-")
+    try:
+        for i in range(args.repeat):
+            began = time.perf_counter()
+            encodings = raw_tokenizer.encode_batch(texts)
+            raw_seconds.append(time.perf_counter() - began)
+            raw_tokens = sum(len(e.ids) for e in encodings)
+            del encodings
+
+            out = os.path.join(scratch, f"run-{i}")
+            began = time.perf_counter()
+            result = run_tokenize(config, inputs, out, backend=args.backend)
+            pipeline_seconds.append(time.perf_counter() - began)
+            pipeline_tokens = result.splits["train"].content_tokens
+            shutil.rmtree(out, ignore_errors=True)
+            print(f"repeat {i + 1}/{args.repeat}: raw {raw_seconds[-1]:.3f}s, pipeline {pipeline_seconds[-1]:.3f}s", flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    if raw_tokens != pipeline_tokens:
+        raise SystemExit(f"token counts differ: raw {raw_tokens}, pipeline {pipeline_tokens}")
+    raw_rate = raw_tokens / statistics.median(raw_seconds)
+    pipeline_rate = pipeline_tokens / statistics.median(pipeline_seconds)
+    print(
+        json.dumps(
+            {
+                "documents": len(texts),
+                "tokens": raw_tokens,
+                "cpu_count": os.cpu_count(),
+                "repeats": args.repeat,
+                "raw_tokens_per_s": round(raw_rate),
+                "pipeline_tokens_per_s": round(pipeline_rate),
+                "ratio": round(pipeline_rate / raw_rate, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Neural-network layers whose parameters declare their logical axis names."""
+
+from haliax.nn.attention import attention_mask, dot_product_attention
+from haliax.nn.embedding import Embedding
+from haliax.nn.linear import Linear
+from haliax.nn.norm import RMSNorm
+from haliax.nn.rotary import apply_rotary, rotary_cos_sin
+
+__all__ = [
+    "Embedding",
+    "Linear",
+    "RMSNorm",
+    "apply_rotary",
+    "attention_mask",
+    "dot_product_attention",
+    "rotary_cos_sin",
+]

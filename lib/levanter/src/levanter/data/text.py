@@ -1,0 +1,76 @@
+"""Building the training loader and validation sets from token caches.
+
+Each source is a train cache, an optional validation cache and a mixture weight. Validation comes
+from the source's own validation split when it has one; otherwise the last ``heldout_fraction`` of
+its train windows is held out and never trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from levanter.data.loader import DataLoader, EvalBatches
+from levanter.data.mixture import DEFAULT_BLOCK_SIZE
+from levanter.data.windows import TokenWindows, split_heldout
+
+
+@dataclass(frozen=True)
+class CacheSource:
+    """One dataset of a mixture: where its token caches are and how much of each batch it gets."""
+
+    name: str
+    train: str
+    validation: str | None = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class TextData:
+    """What the trainer consumes: ``train.iter_from(step)`` and ``validation[name]()``."""
+
+    train: DataLoader
+    validation: dict[str, EvalBatches]
+
+
+def build_text_data(
+    sources: Sequence[CacheSource],
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int = 0,
+    heldout_fraction: float = 0.01,
+    eval_batch_size: int | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    prefetch: int = 4,
+    mixture_block_size: int = DEFAULT_BLOCK_SIZE,
+) -> TextData:
+    if not sources:
+        raise ValueError("build_text_data needs at least one CacheSource")
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"data source names must be unique, got {names}")
+    train_sets: list[TokenWindows] = []
+    validation: dict[str, EvalBatches] = {}
+    for source in sources:
+        windows = TokenWindows.over(source.train, seq_len)
+        if source.validation is not None:
+            held = TokenWindows.over(source.validation, seq_len)
+        else:
+            windows, held = split_heldout(windows, heldout_fraction)
+        train_sets.append(windows)
+        validation[source.name] = EvalBatches(
+            held, batch_size=eval_batch_size or batch_size, process_index=process_index, process_count=process_count
+        )
+    loader = DataLoader(
+        train_sets,
+        [s.weight for s in sources],
+        batch_size=batch_size,
+        seed=seed,
+        process_index=process_index,
+        process_count=process_count,
+        prefetch=prefetch,
+        mixture_block_size=mixture_block_size,
+    )
+    return TextData(train=loader, validation=validation)

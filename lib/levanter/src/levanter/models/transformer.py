@@ -1,0 +1,121 @@
+"""Pieces shared by the decoder-only models: grouped-query attention with RoPE, the SwiGLU MLP,
+and the loop over layers (unrolled or scanned, optionally rematerialised)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from haliax import Stacked
+from haliax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP, SEQ
+from haliax.nn import Linear, apply_rotary, dot_product_attention
+from haliax.partitioning import constrain
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot describe a valid model."""
+
+
+def check_attention_shape(hidden_dim: int, num_heads: int, num_kv_heads: int) -> None:
+    if hidden_dim % num_heads:
+        raise ConfigError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads}).")
+    if num_heads % num_kv_heads:
+        raise ConfigError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}).")
+    if (hidden_dim // num_heads) % 2:
+        raise ConfigError(f"head_dim = hidden_dim / num_heads = {hidden_dim // num_heads} must be even for RoPE.")
+
+
+class Attention(eqx.Module):
+    """Grouped-query self-attention with rotary positions (no biases, as in Llama)."""
+
+    q_proj: Linear  # embed -> (heads, head_dim)
+    k_proj: Linear  # embed -> (kv_heads, head_dim)
+    v_proj: Linear  # embed -> (kv_heads, head_dim)
+    o_proj: Linear  # (heads, head_dim) -> embed
+
+    def __init__(self, hidden_dim: int, num_heads: int, num_kv_heads: int, *, init_std: float, key: jax.Array):
+        head_dim = hidden_dim // num_heads
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.q_proj = Linear((hidden_dim,), (num_heads, head_dim), in_axes=(EMBED,), out_axes=(HEADS, HEAD_DIM), key=kq, init_std=init_std)
+        self.k_proj = Linear((hidden_dim,), (num_kv_heads, head_dim), in_axes=(EMBED,), out_axes=(KV_HEADS, HEAD_DIM), key=kk, init_std=init_std)
+        self.v_proj = Linear((hidden_dim,), (num_kv_heads, head_dim), in_axes=(EMBED,), out_axes=(KV_HEADS, HEAD_DIM), key=kv, init_std=init_std)
+        self.o_proj = Linear((num_heads, head_dim), (hidden_dim,), in_axes=(HEADS, HEAD_DIM), out_axes=(EMBED,), key=ko, init_std=init_std)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+        q = apply_rotary(self.q_proj(x), cos, sin)
+        k = apply_rotary(self.k_proj(x), cos, sin)
+        v = self.v_proj(x)
+        q = constrain(q, (BATCH, SEQ, HEADS, HEAD_DIM))
+        out = dot_product_attention(q, k, v, segment_ids=segment_ids)
+        return self.o_proj(out)
+
+
+class SwiGluMlp(eqx.Module):
+    """``down(silu(gate(x)) * up(x))``."""
+
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+
+    def __init__(self, hidden_dim: int, intermediate_dim: int, *, init_std: float, key: jax.Array):
+        kg, ku, kd = jax.random.split(key, 3)
+        self.gate_proj = Linear((hidden_dim,), (intermediate_dim,), in_axes=(EMBED,), out_axes=(MLP,), key=kg, init_std=init_std)
+        self.up_proj = Linear((hidden_dim,), (intermediate_dim,), in_axes=(EMBED,), out_axes=(MLP,), key=ku, init_std=init_std)
+        self.down_proj = Linear((intermediate_dim,), (hidden_dim,), in_axes=(MLP,), out_axes=(EMBED,), key=kd, init_std=init_std)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        h = constrain(h, (BATCH, SEQ, MLP))
+        return self.down_proj(h)
+
+
+def build_layers(make_layer: Callable[[jax.Array], Any], num_layers: int, *, use_scan: bool, key: jax.Array):
+    """``num_layers`` layers: a tuple, or one ``Stacked`` module when they will be scanned.
+
+    Both forms draw layer ``i`` from the same key, so they hold identical weights.
+    """
+    keys = jax.random.split(key, num_layers)
+    if use_scan:
+        return Stacked(eqx.filter_vmap(make_layer)(keys), num_layers)
+    return tuple(make_layer(k) for k in keys)
+
+
+def run_layers(
+    layers: Stacked | Sequence[Any],
+    x: jax.Array,
+    *,
+    cos: jax.Array,
+    sin: jax.Array,
+    segment_ids: jax.Array | None,
+    gradient_checkpointing: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """Apply every layer in turn; returns the hidden states and the sum of the layers' aux losses.
+
+    Each layer maps ``(x, cos, sin, segment_ids) -> (x, aux)``. With gradient checkpointing a
+    layer's activations are recomputed in the backward pass instead of stored: memory per layer
+    drops to its input, for about one extra forward pass of compute.
+    """
+
+    def apply(layer, x):
+        return layer(x, cos, sin, segment_ids)
+
+    if gradient_checkpointing:
+        apply = jax.checkpoint(apply, prevent_cse=not isinstance(layers, Stacked))
+
+    aux_total = jnp.zeros((), jnp.float32)
+    if isinstance(layers, Stacked):
+
+        def body(carry, layer):
+            x, aux_total = carry
+            x, aux = apply(layer, x)
+            return (x, aux_total + aux), None
+
+        (x, aux_total), _ = jax.lax.scan(body, (x, aux_total), layers.inner)
+        return x, aux_total
+    for layer in layers:
+        x, aux = apply(layer, x)
+        aux_total = aux_total + aux
+    return x, aux_total

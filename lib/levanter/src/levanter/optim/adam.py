@@ -1,0 +1,28 @@
+"""AdamW with global-norm clipping, decoupled weight decay and a learning-rate schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optax
+
+from levanter.optim.base import DecayMask, OptimizerConfig
+
+
+@OptimizerConfig.register("adam")
+@dataclass(frozen=True, kw_only=True)
+class AdamConfig(OptimizerConfig):
+    """AdamW. Update order: clip the gradient, Adam moments, add ``weight_decay * param`` (masked:
+    vectors such as norm scales and biases are not decayed), scale by ``-lr(step)``."""
+
+    beta1: float = 0.9
+    beta2: float = 0.95
+    epsilon: float = 1e-8
+
+    def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
+        return optax.chain(
+            self._clipping(),
+            optax.scale_by_adam(b1=self.beta1, b2=self.beta2, eps=self.epsilon),
+            self._decay(weight_decay_mask),
+            optax.scale_by_learning_rate(self.lr_scheduler(num_train_steps)),
+        )

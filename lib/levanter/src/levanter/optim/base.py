@@ -1,0 +1,133 @@
+"""The optimizer-config base class and the registry that makes configs round-trip through JSON.
+
+Adding an optimizer: subclass :class:`OptimizerConfig` as a frozen, keyword-only dataclass,
+decorate it with ``@OptimizerConfig.register("name")`` and implement ``build``. The shared fields
+(learning rate, schedule, clipping, weight decay) and the weight-decay mask come for free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, ClassVar
+
+import jax
+import optax
+
+from levanter.optim.schedule import build_lr_schedule
+
+# A pytree of bools shaped like the parameters (True = apply weight decay), or a function of the
+# parameters returning one, as optax's ``mask=`` arguments accept.
+DecayMask = Any
+
+
+def default_weight_decay_mask(params) -> Any:
+    """Decay matrices (and stacked matrices), not vectors.
+
+    1-D parameters are norm scales and biases: decaying them pulls norms towards zero and biases
+    towards an arbitrary origin, which only hurts. Embeddings are 2-D and *are* decayed: with tied
+    embeddings the same matrix is the output projection, and treating every matrix alike keeps the
+    rule a plain, checkable statement about ranks. Stacked (scanned) layers add a leading axis;
+    callers that know the logical axes should pass a mask built with
+    :func:`weight_decay_mask_from_axes` instead.
+    """
+    return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
+
+
+# Logical axes that stack copies of a parameter rather than being part of its shape.
+STACKING_AXES = frozenset({"layers", "experts"})
+
+
+def weight_decay_mask_from_axes(axes_tree, params) -> Any:
+    """Decay a parameter iff it has at least two axes besides the stacking ones (layers, experts).
+
+    ``axes_tree`` holds, per parameter, a tuple of logical axis names (as
+    ``haliax.partitioning.logical_axes`` returns); a stacked norm ``("layers", "embed")`` is then
+    recognised as a vector and not decayed.
+    """
+
+    def decide(p, names):
+        if p is None:
+            return None
+        if names is None:
+            return p.ndim >= 2
+        core = [n for n in names if n not in STACKING_AXES]
+        return len(core) >= 2
+
+    return jax.tree.map(decide, params, axes_tree, is_leaf=lambda x: x is None)
+
+
+class OptimizerConfigError(ValueError):
+    """An optimizer config that cannot be built or read back."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Fields every optimizer shares. ``learning_rate`` and ``weight_decay`` may be positional."""
+
+    learning_rate: float
+    weight_decay: float = 0.0
+    _: KW_ONLY
+    max_grad_norm: float | None = 1.0
+    warmup: float = 0.0
+    decay: float | None = None
+    min_lr_ratio: float = 0.0
+    lr_schedule: str = "cosine"
+
+    _registry: ClassVar[dict[str, type["OptimizerConfig"]]] = {}
+    type_name: ClassVar[str] = ""
+
+    @classmethod
+    def register(cls, name: str) -> Callable[[type["OptimizerConfig"]], type["OptimizerConfig"]]:
+        def decorate(subclass: type[OptimizerConfig]) -> type[OptimizerConfig]:
+            if name in cls._registry and cls._registry[name] is not subclass:
+                raise OptimizerConfigError(f"An optimizer named {name!r} is already registered.")
+            subclass.type_name = name
+            cls._registry[name] = subclass
+            return subclass
+
+        return decorate
+
+    @classmethod
+    def registered(cls) -> dict[str, type["OptimizerConfig"]]:
+        return dict(cls._registry)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable record, ``{"type": name, **fields}``, readable by :meth:`from_dict`."""
+        return {"type": self.type_name, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "OptimizerConfig":
+        record = dict(record)
+        name = record.pop("type", None)
+        if name not in cls._registry:
+            raise OptimizerConfigError(
+                f"Unknown optimizer type {name!r}; registered: {', '.join(sorted(cls._registry))}."
+            )
+        return cls._registry[name](**record)
+
+    def lr_scheduler(self, num_train_steps: int) -> optax.Schedule:
+        return build_lr_schedule(
+            learning_rate=self.learning_rate,
+            num_train_steps=num_train_steps,
+            lr_schedule=self.lr_schedule,
+            warmup=self.warmup,
+            decay=self.decay,
+            min_lr_ratio=self.min_lr_ratio,
+        )
+
+    def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
+        """The optax transformation for a run of ``num_train_steps`` steps."""
+        raise NotImplementedError
+
+    def _clipping(self) -> optax.GradientTransformation:
+        if self.max_grad_norm is None or self.max_grad_norm <= 0:
+            return optax.identity()
+        return optax.clip_by_global_norm(self.max_grad_norm)
+
+    def _decay(self, weight_decay_mask: DecayMask | None) -> optax.GradientTransformation:
+        if not self.weight_decay:
+            return optax.identity()
+        mask = default_weight_decay_mask if weight_decay_mask is None else weight_decay_mask
+        return optax.add_decayed_weights(self.weight_decay, mask=mask)

@@ -1,0 +1,25 @@
+"""Lion (sign momentum): half of Adam's optimizer memory; wants a ~3-10x smaller learning rate and a
+correspondingly larger weight decay than AdamW."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optax
+
+from levanter.optim.base import DecayMask, OptimizerConfig
+
+
+@OptimizerConfig.register("lion")
+@dataclass(frozen=True, kw_only=True)
+class LionConfig(OptimizerConfig):
+    beta1: float = 0.9
+    beta2: float = 0.99
+
+    def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
+        return optax.chain(
+            self._clipping(),
+            optax.scale_by_lion(b1=self.beta1, b2=self.beta2),
+            self._decay(weight_decay_mask),
+            optax.scale_by_learning_rate(self.lr_scheduler(num_train_steps)),
+        )

@@ -1,0 +1,91 @@
+"""The trainer's settings: one frozen, JSON-serialisable dataclass (it goes into step hashes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from levanter.trainer.mixed_precision import COMPUTE_DTYPE_POLICIES
+from levanter.trainer.tracker import TRACKER_NAMES
+
+
+class TrainerConfigError(ValueError):
+    """Trainer settings that contradict each other or the hardware."""
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device-mesh shape. ``data``: replicas holding whole parameters; ``fsdp``: data parallelism
+    with parameters and optimizer state sharded; ``model``: tensor parallelism. One axis may be -1
+    to take the remaining devices. The default, ``data=-1``, is plain data parallelism over every
+    local device (one CPU device on a laptop)."""
+
+    data: int = -1
+    fsdp: int = 1
+    model: int = 1
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    num_train_steps: int
+    batch_size: int
+    # Rows per forward/backward pass; gradients of the batch's microbatches are summed before the
+    # single optimizer update, so the update equals the full-batch one. None = the whole batch.
+    microbatch_size: int | None = None
+    z_loss_weight: float = 0.0
+    # "auto": bf16 compute on GPU/TPU, f32 on CPU. Parameters and optimizer state are always f32.
+    compute_dtype: str = "auto"
+    seed: int = 0
+    # Evaluate every N steps (and after the last step); None = only after the last step.
+    eval_every: int | None = None
+    steps_per_checkpoint: int | None = None
+    minutes_per_checkpoint: float | None = None
+    # Keep the newest K checkpoints (None = keep all); also keep every step divisible by keep_every.
+    keep_last_checkpoints: int | None = 2
+    keep_every: int | None = None
+    checkpoint_at_end: bool = True
+    # Progress lines and TensorBoard/W&B writes every N steps; metrics.jsonl gets every step.
+    log_every: int = 10
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    trackers: tuple[str, ...] = ("jsonl",)
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_train_steps <= 0:
+            raise TrainerConfigError(f"num_train_steps must be positive, got {self.num_train_steps}.")
+        if self.batch_size <= 0:
+            raise TrainerConfigError(f"batch_size must be positive, got {self.batch_size}.")
+        mb = self.microbatch_size
+        if mb is not None and (mb <= 0 or self.batch_size % mb):
+            raise TrainerConfigError(
+                f"microbatch_size={mb} must be a positive divisor of batch_size={self.batch_size}."
+            )
+        if self.compute_dtype not in COMPUTE_DTYPE_POLICIES:
+            raise TrainerConfigError(
+                f"compute_dtype={self.compute_dtype!r}; choose one of {', '.join(COMPUTE_DTYPE_POLICIES)}."
+            )
+        bad = [t for t in self.trackers if t not in TRACKER_NAMES]
+        if bad:
+            raise TrainerConfigError(f"Unknown tracker(s) {bad}; choose from {', '.join(TRACKER_NAMES)}.")
+        for name in ("eval_every", "steps_per_checkpoint", "log_every", "keep_every", "keep_last_checkpoints"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise TrainerConfigError(f"{name} must be positive or None, got {value}.")
+        # Tuples survive JSON as lists; normalise so a config read back compares equal.
+        object.__setattr__(self, "trackers", tuple(self.trackers))
+
+    @property
+    def num_microbatches(self) -> int:
+        return 1 if self.microbatch_size is None else self.batch_size // self.microbatch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "TrainerConfig":
+        record = dict(record)
+        if isinstance(record.get("mesh"), dict):
+            record["mesh"] = MeshConfig(**record["mesh"])
+        return cls(**record)

@@ -1,0 +1,74 @@
+"""Moving host batches onto the devices ahead of the step that needs them."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Iterable, Iterator
+
+import jax
+import numpy as np
+
+from levanter.data.batch import Batch
+from levanter.trainer.step import DeviceBatch
+
+
+class DataSourceError(RuntimeError):
+    """The data source ended early or produced batches of the wrong shape."""
+
+
+def to_device(batch: Batch, sharding: Any) -> DeviceBatch:
+    def put(x, dtype):
+        if x is None:
+            return None
+        x = np.asarray(x, dtype=dtype)
+        return jax.device_put(x, sharding) if sharding is not None else jax.device_put(x)
+
+    return DeviceBatch(
+        tokens=put(batch.tokens, np.int32),
+        loss_mask=put(batch.loss_mask, np.float32),
+        segment_ids=put(batch.segment_ids, np.int32),
+    )
+
+
+class Prefetcher:
+    """Pulls batches from ``batches`` in a background thread and places them on device, keeping
+    ``depth`` ready, so reading and host-to-device copies overlap with the running step."""
+
+    _DONE = object()
+
+    def __init__(self, batches: Iterable[Batch], sharding: Any, *, depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._sharding = sharding
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iter(batches),), daemon=True, name="batch-prefetch")
+        self._thread.start()
+
+    def _run(self, it: Iterator[Batch]) -> None:
+        try:
+            for batch in it:
+                if self._stop.is_set():
+                    return
+                self._put((batch, to_device(batch, self._sharding)))
+            self._put(self._DONE)
+        except BaseException as e:  # surfaced in the training thread
+            self._put(e)
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def next(self) -> tuple[Batch, DeviceBatch]:
+        item = self._queue.get()
+        if item is self._DONE:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()

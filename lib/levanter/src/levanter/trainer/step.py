@@ -1,0 +1,162 @@
+"""The jitted train and eval steps.
+
+The objective of one batch is ``sum over masked-in positions of (nll + z_loss_weight * logZ^2)``
+divided by the batch's number of masked-in positions, plus the model's (already weighted)
+auxiliary loss. Microbatching splits the batch's rows, and because every microbatch's token sum is
+divided by the *whole batch's* token count before its gradient is added, the accumulated gradient
+equals the full-batch gradient exactly in real arithmetic, however the masked tokens fall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+from levanter.trainer.mixed_precision import cast_floating
+from levanter.trainer.state import TrainState
+
+
+@dataclass(frozen=True)
+class DeviceBatch:
+    """A ``levanter.data.Batch`` on device: a pytree the jitted step accepts."""
+
+    tokens: jax.Array
+    loss_mask: jax.Array
+    segment_ids: jax.Array | None
+
+
+jax.tree_util.register_dataclass(DeviceBatch, data_fields=["tokens", "loss_mask", "segment_ids"], meta_fields=[])
+
+
+def token_loss_sums(logits, tokens, loss_mask):
+    """(sum of masked nll, sum of masked logZ^2, number of masked-in positions), all f32."""
+    from levanter.models.loss import next_token_loss
+
+    loss_sum, weight_sum, z_sum = next_token_loss(logits, tokens, loss_mask, z_loss_weight=1.0)
+    return loss_sum, z_sum, weight_sum
+
+
+@dataclass(frozen=True)
+class StepFunctions:
+    train_step: Callable[[TrainState, DeviceBatch], tuple[TrainState, dict[str, jax.Array]]]
+    eval_step: Callable[[Any, DeviceBatch], tuple[jax.Array, jax.Array]]
+
+
+def _split_microbatches(batch: DeviceBatch, num_microbatches: int) -> DeviceBatch:
+    """[B, T] -> [k, B/k, T], microbatch i = rows i, i+k, i+2k, ...
+
+    Strided rather than contiguous rows: a batch sharded over devices in contiguous blocks then
+    gives every microbatch rows from every device, so each pass still uses the whole mesh.
+    """
+
+    def split(x):
+        if x is None:
+            return None
+        b = x.shape[0]
+        return x.reshape(b // num_microbatches, num_microbatches, *x.shape[1:]).swapaxes(0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def build_step_functions(
+    *,
+    static_model: Any,
+    optimizer: optax.GradientTransformation,
+    lr_schedule: optax.Schedule,
+    compute_dtype,
+    z_loss_weight: float,
+    num_microbatches: int,
+    state_shardings: Any = None,
+    batch_sharding: Any = None,
+    mesh_context: Callable[[], Any] | None = None,
+) -> StepFunctions:
+    """``static_model`` is the non-trainable part of the model (``eqx.partition``'s second half).
+
+    With shardings given, the step keeps parameters and optimizer state where they are (output
+    shardings = input shardings) and lays each microbatch out like the batch.
+    """
+
+    def forward_sums(params, batch: DeviceBatch):
+        model = eqx.combine(cast_floating(params, compute_dtype), static_model)
+        out = model.forward(batch.tokens, segment_ids=batch.segment_ids)
+        loss_sum, z_sum, weight_sum = token_loss_sums(out.logits, batch.tokens, batch.loss_mask)
+        return loss_sum, z_sum, weight_sum, jnp.asarray(out.aux_loss, jnp.float32)
+
+    def objective(params, batch: DeviceBatch, total_weight):
+        loss_sum, z_sum, _, aux = forward_sums(params, batch)
+        value = (loss_sum + z_loss_weight * z_sum) / total_weight + aux / num_microbatches
+        return value, (loss_sum, z_sum, aux)
+
+    grad_fn = jax.grad(objective, has_aux=True)
+
+    def train_step(state: TrainState, batch: DeviceBatch):
+        # The last position has no target inside the window and never counts (as in the loss).
+        total_weight = jnp.maximum(jnp.sum(batch.loss_mask[:, :-1].astype(jnp.float32)), 1.0)
+        if num_microbatches == 1:
+            grads, (loss_sum, z_sum, aux) = grad_fn(state.params, batch, total_weight)
+        else:
+            micro = _split_microbatches(batch, num_microbatches)
+
+            def accumulate(carry, mb):
+                grads_acc, loss_acc, z_acc, aux_acc = carry
+                if batch_sharding is not None:
+                    mb = jax.lax.with_sharding_constraint(mb, jax.tree.map(lambda _: batch_sharding, mb))
+                g, (l, z, a) = grad_fn(state.params, mb, total_weight)
+                grads_acc = jax.tree.map(jnp.add, grads_acc, g)
+                return (grads_acc, loss_acc + l, z_acc + z, aux_acc + a), None
+
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            init = (zeros, jnp.float32(0), jnp.float32(0), jnp.float32(0))
+            (grads, loss_sum, z_sum, aux), _ = jax.lax.scan(accumulate, init, micro)
+            aux = aux / num_microbatches
+
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        key, _ = jax.random.split(state.key)
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key)
+        loss = loss_sum / total_weight
+        metrics = {
+            "loss": loss,
+            "z_loss": z_sum / total_weight,
+            "aux_loss": aux,
+            "total_loss": loss + z_loss_weight * z_sum / total_weight + aux,
+            "grad_norm": grad_norm,
+            "lr": lr_schedule(state.step),
+            "loss_tokens": total_weight,
+        }
+        return new_state, metrics
+
+    def eval_step(params, batch: DeviceBatch):
+        loss_sum, _, weight_sum, _ = forward_sums(params, batch)
+        return loss_sum, weight_sum
+
+    if state_shardings is not None:
+        jit_train = jax.jit(
+            train_step,
+            in_shardings=(state_shardings, batch_sharding),
+            out_shardings=(state_shardings, None),
+            donate_argnums=(0,),
+        )
+    else:
+        jit_train = jax.jit(train_step, donate_argnums=(0,))
+    # Eval batches may have another size than training ones; their layout comes with the inputs.
+    jit_eval = jax.jit(eval_step)
+
+    if mesh_context is None:
+        return StepFunctions(jit_train, jit_eval)
+
+    # haliax's constrain() reads the active mesh while tracing, so tracing must happen inside it.
+    def with_mesh(fn):
+        def run(*args):
+            with mesh_context():
+                return fn(*args)
+
+        return run
+
+    return StepFunctions(with_mesh(jit_train), with_mesh(jit_eval))

@@ -1,0 +1,68 @@
+"""Metric trackers: ``metrics.jsonl`` always; TensorBoard and W&B when configured (imported lazily,
+with an actionable error when their package is missing)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from levanter.trainer.tracker.base import Tracker, TrackerUnavailableError
+from levanter.trainer.tracker.jsonl import JsonlTracker, read_metrics
+
+TRACKER_NAMES = ("jsonl", "tensorboard", "wandb")
+
+
+class CompositeTracker:
+    """Fans each call out to several trackers."""
+
+    def __init__(self, trackers: Sequence[Tracker]):
+        self.trackers = list(trackers)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for t in self.trackers:
+            t.log(step, metrics)
+
+    def log_summary(self, metrics: Mapping[str, Any]) -> None:
+        for t in self.trackers:
+            t.log_summary(metrics)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+
+
+def build_trackers(
+    names: Sequence[str],
+    *,
+    metrics_path: str,
+    log_dir: str,
+    run_config: Mapping[str, Any] | None = None,
+    wandb_project: str | None = None,
+    wandb_run_name: str | None = None,
+) -> CompositeTracker:
+    unknown = [n for n in names if n not in TRACKER_NAMES]
+    if unknown:
+        raise ValueError(f"Unknown tracker(s) {unknown}; choose from {', '.join(TRACKER_NAMES)}.")
+    trackers: list[Tracker] = [JsonlTracker(metrics_path)]  # always, whatever else is asked for
+    if "tensorboard" in names:
+        from levanter.trainer.tracker.tensorboard import TensorBoardTracker
+
+        trackers.append(TensorBoardTracker(os.path.join(log_dir, "tensorboard")))
+    if "wandb" in names:
+        from levanter.trainer.tracker.wandb import WandbTracker
+
+        trackers.append(
+            WandbTracker(project=wandb_project, run_name=wandb_run_name, config=run_config or {}, log_dir=log_dir)
+        )
+    return CompositeTracker(trackers)
+
+
+__all__ = [
+    "CompositeTracker",
+    "JsonlTracker",
+    "TRACKER_NAMES",
+    "Tracker",
+    "TrackerUnavailableError",
+    "build_trackers",
+    "read_metrics",
+]

@@ -1,0 +1,17 @@
+"""A tracker receives one flat dict of scalars per step and stores it somewhere."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+
+class TrackerUnavailableError(RuntimeError):
+    """A configured tracker whose library is not installed."""
+
+
+class Tracker(Protocol):
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
+
+    def log_summary(self, metrics: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,410 @@
+"""The training loop: initialise or resume, run jitted steps, log, evaluate, checkpoint.
+
+The host loop stays thin: step ``k+1`` is dispatched before the scalars of step ``k`` are fetched,
+so the device always has queued work while the host writes metrics; batches are prepared in a
+background thread. Every step gets a line in ``metrics.jsonl``; a non-finite loss stops the run
+with the step's number, before that state can be checkpointed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from levanter.data.batch import Batch
+from levanter.optim import OptimizerConfig, weight_decay_mask_from_axes
+from levanter.trainer.checkpoint import Checkpointer
+from levanter.trainer.config import TrainerConfig, TrainerConfigError
+from levanter.trainer.data_feed import DataSourceError, Prefetcher, to_device
+from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
+from levanter.trainer.mixed_precision import resolve_compute_dtype
+from levanter.trainer.state import TrainState
+from levanter.trainer.step import StepFunctions, build_step_functions
+from levanter.trainer.tracker import build_trackers
+
+logger = logging.getLogger("levanter.trainer")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite."""
+
+
+class DataSource(Protocol):
+    def iter_from(self, start_step: int) -> Iterator[Batch]: ...
+
+
+EvalSources = Mapping[str, Callable[[], Iterable[Batch]]]
+# Called after each step's metrics are recorded: hook(trainer, step, metrics).
+StepHook = Callable[["Trainer", int, Mapping[str, Any]], None]
+
+
+@dataclass
+class TrainResult:
+    state: TrainState
+    model: Any
+    final_step: int
+    final_train_loss: float | None
+    eval_losses: dict[str, float]
+    checkpoint_dir: str
+    checkpoint_steps: list[int]
+    metrics_path: str
+    resumed_from: int | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Trainer:
+    """Trains one model with one optimizer config on one data source.
+
+    ``output_dir`` receives ``checkpoints/``, ``metrics.jsonl`` and tracker folders. If it already
+    holds checkpoints, training resumes from the newest one.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        optimizer: OptimizerConfig,
+        *,
+        output_dir: str,
+        flops_per_token: float | None = None,
+        run_config: Mapping[str, Any] | None = None,
+        hooks: Iterable[StepHook] = (),
+        asynchronous_checkpoints: bool = True,
+    ):
+        self.config = config
+        self.optimizer_config = optimizer
+        self.output_dir = os.path.abspath(output_dir)
+        self.flops_per_token = flops_per_token
+        self.run_config = dict(run_config or {})
+        self.hooks = list(hooks)
+        self.metrics_path = os.path.join(self.output_dir, "metrics.jsonl")
+        self.compute_dtype = resolve_compute_dtype(config.compute_dtype)
+        self.mesh = self._build_mesh()
+        self.checkpointer = Checkpointer(
+            os.path.join(self.output_dir, "checkpoints"),
+            every_steps=config.steps_per_checkpoint,
+            every_minutes=config.minutes_per_checkpoint,
+            keep_last=config.keep_last_checkpoints,
+            keep_every=config.keep_every,
+            asynchronous=asynchronous_checkpoints,
+        )
+        self.batch_sharding = self._batch_sharding()
+        self._peak_flops = peak_flops_per_device()
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def _build_mesh(self):
+        from haliax.partitioning import make_mesh
+
+        m = self.config.mesh
+        sizes = (m.data, m.fsdp, m.model)
+        devices = jax.devices()
+        if -1 not in sizes:
+            needed = int(np.prod(sizes))
+            if needed > len(devices):
+                raise TrainerConfigError(
+                    f"Mesh data={m.data} x fsdp={m.fsdp} x model={m.model} needs {needed} devices; "
+                    f"only {len(devices)} are visible."
+                )
+            devices = devices[:needed]
+        return make_mesh(data=m.data, fsdp=m.fsdp, model=m.model, devices=devices)
+
+    @property
+    def batch_parallelism(self) -> int:
+        return int(self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+
+    def _batch_sharding(self) -> NamedSharding:
+        rows = self.config.microbatch_size or self.config.batch_size
+        if rows % self.batch_parallelism:
+            raise TrainerConfigError(
+                f"Each (micro)batch of {rows} rows must split evenly over data x fsdp = "
+                f"{self.batch_parallelism} devices; change batch_size/microbatch_size or the mesh."
+            )
+        return NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), None))
+
+    def _mesh_context(self):
+        from haliax.partitioning import use_mesh
+
+        return use_mesh(self.mesh)
+
+    def _eval_sharding(self, rows: int) -> NamedSharding:
+        if rows % self.batch_parallelism:
+            return NamedSharding(self.mesh, PartitionSpec())  # odd-sized eval batches: replicated
+        return self.batch_sharding
+
+    def init_state(self, init_model: Callable[[jax.Array], Any]) -> tuple[TrainState, Any, optax.GradientTransformation]:
+        """A fresh, sharded state; returns it, the model's static part and the optimizer."""
+        from haliax.module import logical_axes
+
+        model_key, train_key = jax.random.split(jax.random.PRNGKey(self.config.seed))
+        params, static = self._init_params(init_model, model_key)
+        param_shardings = jax.tree.map(lambda x: x.sharding, params)
+
+        decay_mask = weight_decay_mask_from_axes(logical_axes(params), params)
+        optimizer = self.optimizer_config.build(self.config.num_train_steps, weight_decay_mask=decay_mask)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        abstract_opt = jax.eval_shape(optimizer.init, params)
+        opt_shardings = optax.tree_map_params(
+            optimizer,
+            lambda _, sharding: sharding,
+            abstract_opt,
+            param_shardings,
+            transform_non_params=lambda _: replicated,
+        )
+        opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+        state = TrainState(
+            step=jax.device_put(jnp.asarray(0, jnp.int32), replicated),
+            params=params,
+            opt_state=opt_state,
+            key=jax.device_put(train_key, replicated),
+        )
+        return state, static, optimizer
+
+    def _init_params(self, init_model, key):
+        """Initialise under jit, each parameter created directly in its sharding: one compiled
+        program instead of hundreds of eager ops, and no device ever holds the whole model."""
+        from haliax.partitioning import shardings_for
+
+        def floating_part(k):
+            return eqx.partition(init_model(k), _is_floating)[0]
+
+        abstract_params, static = eqx.partition(eqx.filter_eval_shape(init_model, key), _is_floating)
+        if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(static)):
+            # Integer buffers in the model: materialise the non-trainable part for real.
+            static = eqx.filter_jit(lambda k: eqx.partition(init_model(k), _is_floating)[1])(key)
+        param_shardings = shardings_for(abstract_params, self.mesh)
+        params = jax.jit(floating_part, out_shardings=param_shardings)(key)
+        return params, static
+
+    @staticmethod
+    def shardings_of(state: TrainState) -> TrainState:
+        return jax.tree.map(lambda x: x.sharding, state)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def train(
+        self,
+        init_model: Callable[[jax.Array], Any],
+        train_source: DataSource,
+        eval_sources: EvalSources | None = None,
+    ) -> TrainResult:
+        cfg = self.config
+        eval_sources = dict(eval_sources or {})
+        state, static, optimizer = self.init_state(init_model)
+        resumed_from = self.checkpointer.latest_step()
+        if resumed_from is not None:
+            state = self.checkpointer.restore(resumed_from, state)
+            logger.info("Resumed from checkpoint step %d in %s.", resumed_from, self.checkpointer.directory)
+        start_step = int(state.step)
+
+        steps = build_step_functions(
+            static_model=static,
+            optimizer=optimizer,
+            lr_schedule=self.optimizer_config.lr_scheduler(cfg.num_train_steps),
+            compute_dtype=self.compute_dtype,
+            z_loss_weight=cfg.z_loss_weight,
+            num_microbatches=cfg.num_microbatches,
+            state_shardings=self.shardings_of(state),
+            batch_sharding=self.batch_sharding,
+            mesh_context=self._mesh_context,
+        )
+        self._steps = steps
+        self._static = static
+
+        trackers = build_trackers(
+            cfg.trackers,
+            metrics_path=self.metrics_path,
+            log_dir=self.output_dir,
+            run_config={"trainer": cfg.to_dict(), "optimizer": self.optimizer_config.to_dict(), **self.run_config},
+            wandb_project=cfg.wandb_project,
+            wandb_run_name=cfg.wandb_run_name,
+        )
+        history: list[dict[str, Any]] = []
+        eval_losses: dict[str, float] = {}
+        last_loss: float | None = None
+        try:
+            if start_step < cfg.num_train_steps:
+                state, last_loss, eval_losses = self._run_loop(
+                    state, start_step, train_source, eval_sources, trackers, history
+                )
+            else:
+                logger.info("Nothing to train: checkpoint step %d already reaches num_train_steps.", start_step)
+                last_loss = _last_logged_loss(self.metrics_path)
+                eval_losses = self.evaluate(state.params, eval_sources)
+            if cfg.checkpoint_at_end:
+                self.checkpointer.save(int(state.step), state)
+            self.checkpointer.wait()
+            trackers.log_summary({"final/train_loss": last_loss, **{f"final/eval/{k}/loss": v for k, v in eval_losses.items()}})
+        finally:
+            trackers.close()
+
+        return TrainResult(
+            state=state,
+            model=eqx.combine(state.params, static),
+            final_step=int(state.step),
+            final_train_loss=last_loss,
+            eval_losses=eval_losses,
+            checkpoint_dir=self.checkpointer.directory,
+            checkpoint_steps=self.checkpointer.all_steps(),
+            metrics_path=self.metrics_path,
+            resumed_from=resumed_from,
+            history=history,
+        )
+
+    def _run_loop(self, state, start_step, train_source, eval_sources, trackers, history):
+        cfg = self.config
+        prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
+        tokens_per_step = None
+        loop_start = time.monotonic()
+        last_fetch = loop_start
+        window_start, window_steps = loop_start, 0
+        pending: tuple[int, dict[str, jax.Array]] | None = None
+        cumulative_tokens = start_step * 0  # filled once the sequence length is known
+        last_loss = None
+        eval_losses: dict[str, float] = {}
+
+        def record(step: int, device_metrics: dict[str, jax.Array]) -> None:
+            nonlocal last_fetch, window_start, window_steps, cumulative_tokens, last_loss
+            values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+            now = time.monotonic()
+            if not math.isfinite(values["loss"]) or not math.isfinite(values["total_loss"]):
+                raise NonFiniteLossError(
+                    f"Training loss is {values['loss']} (total objective {values['total_loss']}) at step {step}. "
+                    "Lower the learning rate, raise warmup, add z_loss_weight or check the data; "
+                    "the last good checkpoint is kept."
+                )
+            elapsed = now - last_fetch
+            last_fetch = now
+            cumulative_tokens += tokens_per_step
+            rate = tokens_per_step / elapsed if elapsed > 0 else float("nan")
+            line = {
+                "loss": values["loss"],
+                "lr": values["lr"],
+                "grad_norm": values["grad_norm"],
+                "tokens": cumulative_tokens,
+                "tokens_per_second": rate,
+                "mfu": model_flops_utilization(
+                    self.flops_per_token, rate, self.mesh.devices.size, self._peak_flops
+                ),
+                "wall_time": now - loop_start,
+                "aux_loss": values["aux_loss"],
+                "z_loss": values["z_loss"],
+                "loss_tokens": values["loss_tokens"],
+            }
+            trackers.trackers[0].log(step, line)  # metrics.jsonl: every step
+            if len(trackers.trackers) > 1 and (step % cfg.log_every == 0 or step == cfg.num_train_steps):
+                for t in trackers.trackers[1:]:
+                    t.log(step, line)
+            history.append({"step": step, **line})
+            last_loss = values["loss"]
+            window_steps += 1
+            if step % cfg.log_every == 0 or step == cfg.num_train_steps:
+                window = now - window_start
+                window_rate = window_steps * tokens_per_step / window if window > 0 else float("nan")
+                seconds_per_step = window / max(window_steps, 1)
+                eta = seconds_per_step * (cfg.num_train_steps - step)
+                mfu = line["mfu"]
+                logger.info(
+                    "step %d/%d  loss %.4f  lr %.3g  grad_norm %.3g  %.0f tokens/s%s  elapsed %s  ETA %s",
+                    step, cfg.num_train_steps, values["loss"], values["lr"], values["grad_norm"], window_rate,
+                    "" if mfu is None else f"  MFU {100 * mfu:.1f}%",
+                    _format_duration(now - loop_start), _format_duration(eta),
+                )
+                window_start, window_steps = now, 0
+            for hook in self.hooks:
+                hook(self, step, line)
+
+        try:
+            for step_index in range(start_step, cfg.num_train_steps):
+                try:
+                    host_batch, device_batch = prefetch.next()
+                except StopIteration:
+                    raise DataSourceError(
+                        f"The training data source ended after {step_index - start_step} batches (at step "
+                        f"{step_index}); it must yield at least num_train_steps={cfg.num_train_steps} batches."
+                    ) from None
+                if host_batch.batch_size != cfg.batch_size:
+                    raise DataSourceError(
+                        f"Batch at step {step_index} has {host_batch.batch_size} rows; TrainerConfig.batch_size "
+                        f"is {cfg.batch_size}."
+                    )
+                if tokens_per_step is None:
+                    tokens_per_step = host_batch.batch_size * host_batch.seq_len
+                    cumulative_tokens = start_step * tokens_per_step
+                state, metrics = self._steps.train_step(state, device_batch)
+                if pending is not None:
+                    record(*pending)  # the previous step, while this one runs
+                step = step_index + 1
+                pending = (step, metrics)
+
+                is_last = step == cfg.num_train_steps
+                do_eval = bool(eval_sources) and (is_last or (cfg.eval_every and step % cfg.eval_every == 0))
+                do_checkpoint = not is_last and self.checkpointer.due(step)
+                if do_eval or do_checkpoint or is_last:
+                    record(*pending)
+                    pending = None
+                if do_checkpoint:
+                    self.checkpointer.save(step, state)
+                if do_eval:
+                    eval_losses = self.evaluate(state.params, eval_sources)
+                    eval_line = {f"eval/{name}/loss": loss for name, loss in eval_losses.items()}
+                    trackers.log(step, eval_line)
+                    history.append({"step": step, **eval_line})
+                    logger.info("step %d eval: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in eval_losses.items()))
+            if pending is not None:
+                record(*pending)
+        finally:
+            prefetch.close()
+        return state, last_loss, eval_losses
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    def evaluate(self, params, eval_sources: EvalSources) -> dict[str, float]:
+        """Mean next-token loss over the masked-in positions of each eval set."""
+        results = {}
+        for name, make_batches in eval_sources.items():
+            started = time.monotonic()
+            loss_total, weight_total = 0.0, 0.0
+            sums = []
+            for batch in make_batches():
+                device_batch = to_device(batch, self._eval_sharding(batch.batch_size))
+                sums.append(self._steps.eval_step(params, device_batch))
+            for loss_sum, weight_sum in jax.device_get(sums):
+                loss_total += float(loss_sum)
+                weight_total += float(weight_sum)
+            if weight_total == 0:
+                raise DataSourceError(f"Eval set {name!r} yielded no masked-in tokens.")
+            results[name] = loss_total / weight_total
+            logger.debug("eval %s: %d batches in %.1fs", name, len(sums), time.monotonic() - started)
+        return results
+
+
+def _is_floating(x) -> bool:
+    return isinstance(x, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _last_logged_loss(metrics_path: str) -> float | None:
+    if not os.path.exists(metrics_path):
+        return None
+    from levanter.trainer.tracker import read_metrics
+
+    losses = [r["loss"] for r in read_metrics(metrics_path) if r.get("loss") is not None]
+    return losses[-1] if losses else None

@@ -1,0 +1,119 @@
+"""Checkpoints: a run SIGKILLed after its step-N checkpoint and resumed ends bitwise equal to an
+uninterrupted run; a partial checkpoint is never loaded; a mismatched one is refused clearly."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from levanter.models.llama import LlamaConfig
+from levanter.optim import AdamConfig
+from levanter.trainer import CheckpointError, Checkpointer, MeshConfig, Trainer, TrainerConfig
+from levanter.trainer.sources import InMemoryWindows
+from levanter.trainer.tracker import read_metrics
+
+N = 4
+VOCAB, SEQ = 64, 16
+MODEL = dict(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=SEQ)
+
+
+def trainer_config():
+    return TrainerConfig(
+        num_train_steps=2 * N, batch_size=8, steps_per_checkpoint=N, keep_last_checkpoints=None, log_every=2,
+        mesh=MeshConfig(data=1),
+    )
+
+
+def optimizer():
+    return AdamConfig(3e-3, 0.1, warmup=2)
+
+
+def source():
+    return InMemoryWindows(np.tile(np.arange(VOCAB), 64), seq_len=SEQ, batch_size=8, seed=3)
+
+
+def init_model(key):
+    return LlamaConfig(**MODEL).build(VOCAB, key=key)
+
+
+# The killed run: trains towards 2N, and right after step N+2 (its step-N checkpoint committed, two
+# more steps done and lost) kills itself with SIGKILL: no cleanup, no atexit, like a preemption.
+CHILD = textwrap.dedent(
+    f"""
+    import os, signal, sys
+    sys.path.insert(0, {os.path.dirname(__file__)!r})
+    import test_checkpoint as t
+    from levanter.trainer import Trainer
+
+    def die(trainer, step, metrics):
+        if step == t.N + 2:
+            trainer.checkpointer.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    Trainer(t.trainer_config(), t.optimizer(), output_dir=sys.argv[1], hooks=[die]).train(t.init_model, t.source())
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    killed_dir = str(tmp_path_factory.mktemp("killed"))
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    child = subprocess.run([sys.executable, "-c", CHILD, killed_dir], env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    steps_before_resume = Checkpointer(os.path.join(killed_dir, "checkpoints")).all_steps()
+    logged_before_resume = [r["step"] for r in read_metrics(os.path.join(killed_dir, "metrics.jsonl"))]
+
+    resumed = Trainer(trainer_config(), optimizer(), output_dir=killed_dir).train(init_model, source())
+    straight = Trainer(trainer_config(), optimizer(), output_dir=str(tmp_path_factory.mktemp("straight"))).train(
+        init_model, source()
+    )
+    return steps_before_resume, logged_before_resume, resumed, straight, killed_dir
+
+
+def test_the_child_was_killed_after_its_step_n_checkpoint(killed_and_resumed):
+    steps_before_resume, logged_before_resume, resumed, _, _ = killed_and_resumed
+    assert steps_before_resume == [N]
+    assert logged_before_resume == list(range(1, N + 3))
+    assert resumed.resumed_from == N and resumed.final_step == 2 * N
+
+
+def test_resumed_run_is_bitwise_equal_to_the_uninterrupted_one(killed_and_resumed):
+    _, _, resumed, straight, _ = killed_and_resumed
+    leaves_resumed = jax.tree.leaves(resumed.state)
+    leaves_straight = jax.tree.leaves(straight.state)
+    assert len(leaves_resumed) == len(leaves_straight) > 10
+    for a, b in zip(leaves_resumed, leaves_straight):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert resumed.final_train_loss == straight.final_train_loss
+    # The resumed run's log replays the lost steps with the very same losses.
+    rows = [r for r in read_metrics(resumed.metrics_path) if "loss" in r]
+    straight_loss = {r["step"]: r["loss"] for r in read_metrics(straight.metrics_path) if "loss" in r}
+    assert all(r["loss"] == straight_loss[r["step"]] for r in rows)
+
+
+def test_partial_checkpoint_is_never_loaded(killed_and_resumed):
+    *_, killed_dir = killed_and_resumed
+    root = os.path.join(killed_dir, "checkpoints")
+    # What an interrupted save leaves behind: Orbax's temporary folder, with some of the arrays.
+    partial = os.path.join(root, f"{3 * N}.orbax-checkpoint-tmp-1234")
+    os.makedirs(os.path.join(partial, "state"))
+    with open(os.path.join(partial, "state", "garbage"), "wb") as f:
+        f.write(b"\0" * 100)
+    checkpointer = Checkpointer(root)
+    assert checkpointer.latest_step() == 2 * N
+    assert not os.path.exists(partial)  # cleaned up when the manager starts
+
+
+def test_a_checkpoint_of_another_model_is_refused(killed_and_resumed):
+    *_, killed_dir = killed_and_resumed
+    other = dict(MODEL, hidden_dim=48)
+    trainer = Trainer(trainer_config(), optimizer(), output_dir=killed_dir)
+    with pytest.raises(CheckpointError, match="does not match"):
+        trainer.train(lambda key: LlamaConfig(**other).build(VOCAB, key=key), source())

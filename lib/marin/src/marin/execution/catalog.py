@@ -1,0 +1,107 @@
+"""Find the step folders under a prefix and read what they say (for ``marin status``/``explain``)."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from rigging import filesystem as fsx
+
+from marin.execution.executor_files import INFO_FILE, STATUS_FILE, read_info, read_status
+
+MAX_DEPTH = 8
+_HASHED_FOLDER = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{8})$")
+
+
+@dataclass(frozen=True)
+class StepListing:
+    name: str
+    output_path: str
+    status: str | None
+    status_time: float | None
+    identity: str | None
+
+    def age_text(self, now: float | None = None) -> str:
+        if not self.status_time:
+            return "-"
+        seconds = max(0.0, (now or time.time()) - self.status_time)
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if seconds >= size:
+                return f"{seconds / size:.0f}{unit}"
+        return f"{seconds:.0f}s"
+
+
+def _basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def step_folders(prefix: str) -> list[str]:
+    """Output folders under ``prefix`` (a folder with ``.executor_info`` or ``.executor_status``).
+
+    The walk does not descend into step folders: their contents (checkpoints, caches) can be huge.
+    """
+    fs, root = fsx.filesystem(prefix)
+    protocol = prefix.split("://", 1)[0] + "://" if "://" in prefix and not prefix.startswith("file://") else ""
+    if not fs.exists(root):
+        return []
+    found: list[str] = []
+    frontier = [(root, 0)]
+    while frontier:
+        folder, depth = frontier.pop()
+        try:
+            entries = fs.ls(folder, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        names = {_basename(e["name"]) for e in entries}
+        if INFO_FILE in names or STATUS_FILE in names:
+            found.append(protocol + folder if protocol and "://" not in folder else folder)
+            continue
+        if depth >= MAX_DEPTH:
+            continue
+        for entry in entries:
+            if entry.get("type") == "directory" and not _basename(entry["name"]).startswith("."):
+                frontier.append((entry["name"], depth + 1))
+    return sorted(found)
+
+
+def describe_folder(output_path: str, prefix: str | None = None) -> StepListing:
+    info = read_info(output_path) or {}
+    status = read_status(output_path)
+    name = info.get("name")
+    if name is None:
+        relative = output_path[len(prefix) :].strip("/") if prefix and output_path.startswith(prefix) else _basename(output_path)
+        match = _HASHED_FOLDER.match(relative)
+        name = match["name"] if match else relative
+    return StepListing(
+        name=name,
+        output_path=output_path,
+        status=status.status if status else None,
+        status_time=status.time if status else None,
+        identity=info.get("identity"),
+    )
+
+
+def list_steps(prefix: str) -> list[StepListing]:
+    return [describe_folder(folder, prefix) for folder in step_folders(prefix)]
+
+
+def find_step_folders(prefix: str, name_or_path: str) -> list[str]:
+    """Folders matching a path, a path relative to ``prefix``, or a step name (any hash), newest first."""
+    candidates = [name_or_path] if ("://" in name_or_path or name_or_path.startswith("/")) else []
+    candidates.append(fsx.join(prefix, name_or_path))
+    for candidate in candidates:
+        if read_info(candidate) is not None or read_status(candidate) is not None:
+            return [candidate]
+    parent_rel, _, base = name_or_path.rstrip("/").rpartition("/")
+    parent = fsx.join(prefix, parent_rel) if parent_rel else prefix
+    if not fsx.exists(parent):
+        return []
+    matches = []
+    for entry in fsx.ls(parent):
+        match = _HASHED_FOLDER.match(_basename(entry))
+        if match and match["name"] == base and (read_info(entry) is not None):
+            matches.append(entry)
+    listings = [describe_folder(m, prefix) for m in matches]
+    listings.sort(key=lambda listing: listing.status_time or 0.0, reverse=True)
+    return [listing.output_path for listing in listings]

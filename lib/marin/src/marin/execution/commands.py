@@ -1,0 +1,158 @@
+"""The engine's command-line subcommands: ``marin run``, ``marin status``, ``marin explain``.
+
+Each command module used by :mod:`marin.cli` exposes ``register(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from rigging.config.discovery import discover_config
+from rigging.log import get_logger
+
+from marin.execution import run_defaults
+from marin.execution.catalog import find_step_folders, list_steps
+from marin.execution.explain import identity_differences, identity_tree
+from marin.execution.identity import InvalidStepError
+from marin.execution.lazy import StepGraphError
+from marin.execution.step_runner import OutputPathConflict, RunOptionError, StepRunFailed
+
+logger = get_logger(__name__)
+
+EXIT_OK = 0
+EXIT_STEP_FAILED = 1
+EXIT_USAGE = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="run a script that builds steps and calls StepRunner().run(...)",
+        description="Run SCRIPT.py as __main__; its StepRunner().run(...) calls use the options given here "
+        "(they take precedence over the script's own arguments).",
+    )
+    run.add_argument("script", help="path to a Python script")
+    run.add_argument("--dry-run", action="store_true", default=None, help="print the plan (hash, output path, cached or to run); write nothing")
+    run.add_argument("--prefix", help="where step outputs go: a folder or fsspec URL (default: MARIN_PREFIX, marin.yaml, ...)")
+    run.add_argument("--run-only", metavar="REGEX", help="run only steps whose name matches REGEX (and their dependencies)")
+    run.add_argument("--max-concurrent", type=int, metavar="N", help="run at most N steps at once")
+    run.add_argument(
+        "--force-run-failed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rerun steps that FAILED before (default: yes)",
+    )
+    run.add_argument("script_args", nargs="*", help="arguments for the script; put them after -- if they start with a dash")
+    run.set_defaults(handler=run_command)
+
+    status = subparsers.add_parser("status", help="list steps under a prefix with status, age and output path")
+    status.add_argument("--prefix", help="folder or fsspec URL (default: the discovered prefix)")
+    status.set_defaults(handler=status_command)
+
+    explain = subparsers.add_parser(
+        "explain",
+        help="show the identity tree behind a step's hash; with two steps, what changed between them",
+    )
+    explain.add_argument("step", help="a step's output path, a path under the prefix, or a step name")
+    explain.add_argument("other", nargs="?", help="a second step to compare against")
+    explain.add_argument("--prefix", help="folder or fsspec URL (default: the discovered prefix)")
+    explain.set_defaults(handler=explain_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    script = Path(args.script)
+    if not script.is_file():
+        print(f"marin run: no such script {script}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        print("marin run: --max-concurrent must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    script_args = [*(args.script_args or []), *getattr(args, "passthrough", [])]
+    prefix = discover_config(prefix=args.prefix).prefix if args.prefix else None
+    saved_argv, saved_path, saved_prefix = sys.argv, list(sys.path), os.environ.get("MARIN_PREFIX")
+    if prefix:
+        # Also for anything in the script (or its subprocesses) that reads the prefix itself.
+        os.environ["MARIN_PREFIX"] = prefix
+    sys.argv = [str(script), *script_args]
+    sys.path.insert(0, str(script.resolve().parent))
+    runs_before = run_defaults.runs_started()
+    try:
+        with run_defaults.run_overrides(
+            prefix=prefix,
+            dry_run=args.dry_run,
+            force_run_failed=args.force_run_failed,
+            run_only=args.run_only,
+            max_concurrent=args.max_concurrent,
+        ):
+            runpy.run_path(str(script), run_name="__main__")
+    except StepRunFailed as exc:
+        print(f"marin run: {exc}", file=sys.stderr)
+        return EXIT_STEP_FAILED
+    except (OutputPathConflict, StepGraphError, InvalidStepError, RunOptionError) as exc:
+        print(f"marin run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if saved_prefix is None:
+            os.environ.pop("MARIN_PREFIX", None)
+        else:
+            os.environ["MARIN_PREFIX"] = saved_prefix
+    if run_defaults.runs_started() == runs_before:
+        logger.warning("%s never called StepRunner().run(...); nothing was run.", script)
+    return EXIT_OK
+
+
+def status_command(args: argparse.Namespace) -> int:
+    prefix = discover_config(prefix=args.prefix).prefix
+    listings = list_steps(prefix)
+    if not listings:
+        print(f"No steps under {prefix}")
+        return EXIT_OK
+    width = max(len(listing.name) for listing in listings)
+    print(f"{'STATUS':<11} {'AGE':>5}  {'STEP':<{width}}  OUTPUT PATH")
+    for listing in listings:
+        print(f"{listing.status or '-':<11} {listing.age_text():>5}  {listing.name:<{width}}  {listing.output_path}")
+    return EXIT_OK
+
+
+def _resolve_one(prefix: str, what: str) -> list[str]:
+    folders = find_step_folders(prefix, what)
+    if not folders:
+        print(f"marin explain: no step output found for {what!r} under {prefix}", file=sys.stderr)
+    return folders
+
+
+def explain_command(args: argparse.Namespace) -> int:
+    prefix = discover_config(prefix=args.prefix).prefix
+    first = _resolve_one(prefix, args.step)
+    if not first:
+        return EXIT_USAGE
+    if args.other is None:
+        print("\n".join(identity_tree(first[0])))
+        if len(first) > 1:
+            print(f"\n{len(first)} outputs exist for {args.step!r} (newest shown); compare two with marin explain A B:")
+            for folder in first:
+                print(f"  {folder}")
+        return EXIT_OK
+    second = _resolve_one(prefix, args.other)
+    if not second:
+        return EXIT_USAGE
+    path_a, path_b = first[0], second[0]
+    if path_a == path_b and len(first) > 1:
+        path_a, path_b = first[1], first[0]  # same name twice: compare the two newest runs
+    differences = identity_differences(path_a, path_b)
+    print(f"A: {path_a}\nB: {path_b}")
+    if not differences:
+        print("Same identity: nothing that is hashed differs.")
+    else:
+        print("What changed (A -> B):")
+        for line in differences:
+            print(f"  {line}")
+    return EXIT_OK
+
+
+__all__ = ["register", "run_command", "status_command", "explain_command"]

@@ -1,0 +1,99 @@
+"""Why a step has the hash it has, and what differs between two hashes (``marin explain``).
+
+Everything here reads the ``identity_record`` that the runner stored in each ``.executor_info``:
+exactly the data that was hashed. Dependencies are followed through the output paths recorded
+there, so the tree is what actually ran, not what a script would compute today.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from marin.execution.executor_files import read_info
+
+MAX_DEPTH = 32
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists keep their positions (``a[0]``)."""
+    if isinstance(value, dict) and value:
+        flat: dict[str, Any] = {}
+        for key in sorted(value):
+            flat.update(_flatten(value[key], f"{prefix}.{key}" if prefix else key))
+        return flat
+    if isinstance(value, list) and value:
+        flat = {}
+        for index, item in enumerate(value):
+            flat.update(_flatten(item, f"{prefix}[{index}]"))
+        return flat
+    return {prefix or "(value)": value}
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[str]:
+    """Lines showing the step at ``output_path``, its hashed attributes, and its dependencies' trees."""
+    pad = "  " * indent
+    info = read_info(output_path)
+    if info is None:
+        return [f"{pad}(no .executor_info at {output_path})"]
+    lines = [f"{pad}{info.get('name')}  {str(info.get('identity'))[:8]}  version={info.get('version')!r}  {output_path}"]
+    lines.append(f"{pad}  fn: {info.get('fn')}")
+    attrs = _flatten(info.get("hash_attrs") or {})
+    if attrs and attrs != {"(value)": {}}:
+        lines.append(f"{pad}  hash_attrs:")
+        lines.extend(f"{pad}    {key} = {_short(value)}" for key, value in attrs.items())
+    for dep in info.get("deps") or []:
+        lines.append(f"{pad}  dep {dep.get('name')} ({str(dep.get('identity'))[:8]}):")
+        if depth >= MAX_DEPTH:
+            lines.append(f"{pad}    ...")
+        elif dep.get("output_path"):
+            lines.extend(identity_tree(dep["output_path"], indent=indent + 2, depth=depth + 1))
+        else:
+            lines.append(f"{pad}    (no recorded output path)")
+    return lines
+
+
+def identity_differences(path_a: str, path_b: str, *, depth: int = 0, where: str = "") -> list[str]:
+    """Human-readable differences between two steps' identities, following changed dependencies."""
+    info_a, info_b = read_info(path_a), read_info(path_b)
+    if info_a is None or info_b is None:
+        missing = path_a if info_a is None else path_b
+        return [f"{where or 'step'}: no .executor_info at {missing}"]
+    label = where or str(info_a.get("name"))
+    if info_a.get("identity") == info_b.get("identity"):
+        return []
+    differences = []
+    for key in ("name", "version"):
+        if info_a.get(key) != info_b.get(key):
+            differences.append(f"{label}: {key} changed {info_a.get(key)!r} -> {info_b.get(key)!r}")
+    attrs_a, attrs_b = _flatten(info_a.get("hash_attrs") or {}), _flatten(info_b.get("hash_attrs") or {})
+    for key in sorted(set(attrs_a) | set(attrs_b)):
+        if key not in attrs_b:
+            differences.append(f"{label}: hash_attrs.{key} removed (was {_short(attrs_a[key])})")
+        elif key not in attrs_a:
+            differences.append(f"{label}: hash_attrs.{key} added ({_short(attrs_b[key])})")
+        elif attrs_a[key] != attrs_b[key]:
+            differences.append(f"{label}: hash_attrs.{key} changed {_short(attrs_a[key])} -> {_short(attrs_b[key])}")
+    deps_a = {d.get("name"): d for d in info_a.get("deps") or []}
+    deps_b = {d.get("name"): d for d in info_b.get("deps") or []}
+    for name in sorted(set(deps_a) | set(deps_b), key=str):
+        if name not in deps_b:
+            differences.append(f"{label}: dependency {name} removed")
+        elif name not in deps_a:
+            differences.append(f"{label}: dependency {name} added")
+        elif deps_a[name].get("identity") != deps_b[name].get("identity"):
+            a, b = deps_a[name], deps_b[name]
+            header = f"{label} -> {name}"
+            if depth < MAX_DEPTH and a.get("output_path") and b.get("output_path"):
+                nested = identity_differences(a["output_path"], b["output_path"], depth=depth + 1, where=header)
+            else:
+                nested = []
+            differences.extend(nested or [f"{header}: identity changed {str(a.get('identity'))[:8]} -> {str(b.get('identity'))[:8]}"])
+    if not differences:
+        differences.append(f"{label}: identities differ but the recorded inputs look the same (was the hashing format changed?)")
+    return differences

@@ -1,0 +1,114 @@
+"""A step's identity: the hash of what it computes, independent of where its output lands.
+
+The identity covers the step's name, version, hash attributes and its dependencies' identities.
+It never covers a prefix, an output path, resources, the machine or the working directory, so the
+same script gives the same hashes everywhere. Hash attributes must be JSON-like; frozen
+dataclasses are accepted and encoded with their class name so two configs of different types
+never collide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SHORT_HASH_LENGTH = 8
+IDENTITY_FORMAT = 1
+
+# Each path segment of a step name: letters, digits, '.', '_', '-' (no spaces, no shell or URL
+# metacharacters), and never '.' or '..' on its own.
+_NAME_SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class InvalidStepError(ValueError):
+    """A step definition that cannot be run as written (bad name, unhashable attribute, ...)."""
+
+
+def validate_step_name(name: str) -> str:
+    """Refuse names that could escape the prefix or are unsafe in paths; return the name."""
+    if not isinstance(name, str) or not name:
+        raise InvalidStepError(f"A step name must be a non-empty string, got {name!r}.")
+    if name.startswith("/") or "://" in name or re.match(r"^[A-Za-z]:", name):
+        raise InvalidStepError(f"Step name {name!r} is an absolute path; names are relative, like 'tokenized/tinystories'.")
+    for segment in name.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidStepError(
+                f"Step name {name!r} has an empty, '.' or '..' path segment; use names like 'checkpoints/my-model'."
+            )
+        if not _NAME_SEGMENT.match(segment):
+            raise InvalidStepError(
+                f"Step name {name!r} contains characters unsafe in paths; use only letters, digits, '.', '_', '-' and '/'."
+            )
+    return name
+
+
+def canonicalize(value: Any, *, where: str = "hash_attrs") -> Any:
+    """Turn a hash attribute into plain JSON data, refusing anything whose meaning is ambiguous."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidStepError(f"{where} is {value!r}; hash attributes must be finite numbers.")
+        # Integral floats hash like ints would not; keep the type so 1 and 1.0 stay distinct.
+        return value
+    if hasattr(value, "identity") and hasattr(value, "deps"):
+        raise InvalidStepError(
+            f"{where} holds the step {getattr(value, 'name', value)!r}; pass steps in deps= "
+            "(their identities are hashed from there) and refer to them by name in hash_attrs."
+        )
+    if isinstance(value, enum.Enum):
+        return {"__enum__": f"{type(value).__qualname__}.{value.name}"}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        params = getattr(type(value), "__dataclass_params__", None)
+        if params is None or not params.frozen:
+            raise InvalidStepError(
+                f"{where} is an instance of the mutable dataclass {type(value).__qualname__}; "
+                "declare it with @dataclass(frozen=True) so it cannot change after hashing."
+            )
+        fields = {f.name: canonicalize(getattr(value, f.name), where=f"{where}.{f.name}") for f in dataclasses.fields(value)}
+        return {"__class__": type(value).__qualname__, **fields}
+    if isinstance(value, Mapping):
+        result = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidStepError(f"{where} has the key {key!r}; hash attribute keys must be strings.")
+            result[key] = canonicalize(item, where=f"{where}.{key}")
+        return result
+    if isinstance(value, (list, tuple)):
+        return [canonicalize(item, where=f"{where}[{i}]") for i, item in enumerate(value)]
+    raise InvalidStepError(
+        f"{where} has a value of type {type(value).__name__} ({value!r:.80}); hash attributes must be "
+        "JSON-like (dict, list, str, number, bool, None) or frozen dataclasses. Convert it, e.g. str(path)."
+    )
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def identity_record(name: str, version: str | None, hash_attrs: Any, dep_identities: Iterable[str]) -> dict[str, Any]:
+    """Exactly what is hashed; stored in ``.executor_info`` so ``marin explain`` can show it."""
+    return {
+        "format": IDENTITY_FORMAT,
+        "name": name,
+        "version": version,
+        "hash_attrs": canonicalize(hash_attrs),
+        # Sorted: dependency order in a list is not part of what a step computes.
+        "deps": sorted(dep_identities),
+    }
+
+
+def identity_hash(record: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(record).encode("utf-8")).hexdigest()
+
+
+def short_hash(identity: str) -> str:
+    return identity[:SHORT_HASH_LENGTH]

@@ -1,0 +1,163 @@
+"""Lazy handles: what library helpers (``tokenized()``, ``train_lm()``, ...) return.
+
+A :class:`LazyStep` describes a step without running anything. Handles compose (a handle's
+``deps`` are handles), can be dictionary keys, and turn into :class:`StepSpec`s with
+:func:`lower`, which also collects every transitive dependency once, in dependency order. A
+handle's :attr:`~LazyStep.identity` equals the identity of the spec it lowers to, so a step can
+look up a dependency by its handle: ``ctx.load_artifact(handle)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from marin.execution.identity import (
+    InvalidStepError,
+    canonicalize,
+    identity_hash,
+    identity_record,
+    short_hash,
+    validate_step_name,
+)
+from marin.execution.step_spec import StepSpec, takes_context
+
+
+class StepGraphError(ValueError):
+    """A dependency graph that cannot run: a cycle, or two different steps sharing an identity/output."""
+
+
+@dataclass(frozen=True, eq=False)
+class LazyStep:
+    """A step not yet lowered. ``fn`` always receives a :class:`StepContext`."""
+
+    name: str
+    fn: Callable[..., Any]
+    deps: tuple["LazyStep", ...] = ()
+    hash_attrs: Mapping[str, Any] = field(default_factory=dict)
+    version: str | None = None
+    resources: Any = None
+    output_path: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_step_name(self.name)
+        object.__setattr__(self, "deps", tuple(self.deps or ()))
+        if self.hash_attrs is None:
+            object.__setattr__(self, "hash_attrs", {})
+        for dep in self.deps:
+            if not isinstance(dep, LazyStep):
+                raise InvalidStepError(f"Lazy step {self.name!r} has a dependency of type {type(dep).__name__}; deps must be LazySteps.")
+        if not callable(self.fn):
+            raise InvalidStepError(f"Lazy step {self.name!r}: fn must be callable, got {self.fn!r}.")
+        canonicalize(self.hash_attrs, where=f"{self.name}.hash_attrs")
+
+    @cached_property
+    def identity(self) -> str:
+        return identity_hash(identity_record(self.name, self.version, self.hash_attrs, (d.identity for d in self.deps)))
+
+    @property
+    def short_hash(self) -> str:
+        return short_hash(self.identity)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LazyStep):
+            return NotImplemented
+        return self is other or self.identity == other.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+    def __repr__(self) -> str:
+        return f"LazyStep(name={self.name!r}, identity={self.short_hash}, deps={[d.name for d in self.deps]})"
+
+
+def lazy_step(
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    deps: Iterable[LazyStep] = (),
+    hash_attrs: Mapping[str, Any] | None = None,
+    version: str | None = None,
+    resources: Any = None,
+    output_path: str | None = None,
+) -> LazyStep:
+    """Build a :class:`LazyStep`; ``fn(ctx)`` runs only after :func:`lower` and a runner."""
+    return LazyStep(
+        name=name,
+        fn=fn,
+        deps=tuple(deps),
+        hash_attrs=dict(hash_attrs or {}),
+        version=None if version is None else str(version),
+        resources=resources,
+        output_path=output_path,
+    )
+
+
+def topological_order(roots: Iterable[Any]) -> list[Any]:
+    """Every node reachable from ``roots`` through ``.deps``, dependencies first, each once.
+
+    Nodes are tracked by object id, so this works before any identity is computed (an identity
+    of a cyclic graph would never finish). Raises :class:`StepGraphError` naming a cycle.
+    """
+    order: list[Any] = []
+    state: dict[int, int] = {}  # 1 = on the current path, 2 = done
+    for root in roots:
+        if state.get(id(root)) == 2:
+            continue
+        # Iterative depth-first search: deep chains (thousands of steps) must not hit the recursion limit.
+        path: list[Any] = [root]
+        iterators = [iter(root.deps)]
+        state[id(root)] = 1
+        while iterators:
+            child = next(iterators[-1], None)
+            if child is None:
+                node = path.pop()
+                iterators.pop()
+                state[id(node)] = 2
+                order.append(node)
+                continue
+            child_state = state.get(id(child))
+            if child_state == 2:
+                continue
+            if child_state == 1:
+                start = next(i for i, n in enumerate(path) if n is child)
+                cycle = " -> ".join(n.name for n in [*path[start:], child])
+                raise StepGraphError(f"Dependency cycle: {cycle}. A step cannot depend on itself, directly or indirectly.")
+            state[id(child)] = 1
+            path.append(child)
+            iterators.append(iter(child.deps))
+    return order
+
+
+def lower(*handles: LazyStep | Iterable[LazyStep]) -> list[StepSpec]:
+    """StepSpecs for ``handles`` and all their transitive dependencies, each once, deps first.
+
+    Handles with the same identity lower to one spec. Accepts handles or iterables of handles.
+    """
+    flat: list[LazyStep] = []
+    for item in handles:
+        if isinstance(item, LazyStep):
+            flat.append(item)
+        elif isinstance(item, StepSpec):
+            raise InvalidStepError(f"lower() takes lazy handles; {item.name!r} is already a StepSpec, pass it to the runner directly.")
+        else:
+            flat.extend(item)
+    lowered: dict[str, StepSpec] = {}
+    result: list[StepSpec] = []
+    for handle in topological_order(flat):
+        if handle.identity in lowered:
+            continue
+        spec = StepSpec(
+            name=handle.name,
+            fn=takes_context(handle.fn),
+            deps=tuple(lowered[d.identity] for d in handle.deps),
+            hash_attrs=handle.hash_attrs,
+            output_path=handle.output_path,
+            version=handle.version,
+            resources=handle.resources,
+        )
+        lowered[handle.identity] = spec
+        result.append(spec)
+    return result

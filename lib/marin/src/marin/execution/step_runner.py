@@ -1,0 +1,572 @@
+"""Run a DAG of steps once each, in dependency order, with bounded concurrency and caching.
+
+``StepRunner().run(steps)``:
+
+1. lowers lazy handles, collects every transitive dependency, refuses cycles, two different steps
+   with one identity, and two identities sharing one output folder;
+2. plans: a step whose ``.executor_status`` is SUCCESS is *cached* and skipped; a FAILED one is
+   rerun when ``force_run_failed`` (the default) and otherwise reported failed;
+3. runs the rest in topological order, at most ``max_concurrent`` at a time (default
+   :data:`DEFAULT_MAX_CONCURRENT`; steps run in threads of this process), each under a lease so
+   that two runners on one prefix never run a step twice;
+4. marks every dependent of a failed step DEP_FAILED without running it; independent branches
+   still finish;
+5. returns a :class:`RunReport`, or raises :class:`StepRunFailed` (carrying the report) once all
+   runnable work is done, if any step failed. ``raise_on_failure=False`` returns the report instead.
+
+An explicit ``output_path`` that already holds another identity's output is refused before anything
+runs (:class:`OutputPathConflict`), naming both identities: delete the folder or choose another path.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import re
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rigging import filesystem as fsx
+from rigging.config.discovery import discover_config
+from rigging.lease import DEFAULT_TTL_S, Lease
+from rigging.log import get_logger, is_configured, setup_logging
+
+from marin.execution import run_defaults
+from marin.execution.artifact import save_artifact
+from marin.execution.executor_files import (
+    LOCK_FILE,
+    STATUS_DEP_FAILED,
+    STATUS_FAILED,
+    STATUS_RUNNING,
+    STATUS_SUCCESS,
+    StatusRecord,
+    read_info,
+    read_status,
+    write_info,
+    write_status,
+)
+from marin.execution.lazy import LazyStep, StepGraphError, lower, topological_order
+from marin.execution.step_context import LeaseLostError, StepContext
+from marin.execution.step_spec import CALL_CONTEXT, CALL_NO_ARGS, StepSpec
+
+logger = get_logger(__name__)
+
+# Outcomes of one step in one run.
+RAN = "ran"
+CACHED = "cached"
+FAILED = "failed"
+DEP_FAILED = "dep_failed"
+WOULD_RUN = "would_run"
+
+# Used when max_concurrent is None: enough for wide DAGs of small steps, bounded so a 10,000-wide
+# fan-out does not start 10,000 threads at once.
+DEFAULT_MAX_CONCURRENT = 32
+
+
+class OutputPathConflict(RuntimeError):
+    """An explicit output folder already holds the output of a step with another identity."""
+
+
+class RunOptionError(ValueError):
+    """An option of ``run`` that cannot be used (bad ``run_only`` pattern, ``max_concurrent`` < 1)."""
+
+
+class StepRunFailed(RuntimeError):
+    """At least one step failed; ``.report`` says which, and which dependents did not run."""
+
+    def __init__(self, report: "RunReport") -> None:
+        self.report = report
+        lines = [f"{len(report.failed)} step(s) failed:"]
+        for outcome in report.outcomes:
+            if outcome.outcome == FAILED:
+                lines.append(f"  {outcome.name} ({outcome.output_path}): {outcome.error}")
+        if report.dep_failed:
+            lines.append(f"Not run because a dependency failed: {', '.join(report.dep_failed)}")
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    identity: str
+    output_path: str
+    outcome: str
+    error: str | None = None
+    seconds: float = 0.0
+    result: Any = None
+
+
+@dataclass
+class RunReport:
+    """What one ``run`` did, per step, in topological order."""
+
+    outcomes: list[StepOutcome] = field(default_factory=list)
+    dry_run: bool = False
+    prefix: str = ""
+
+    def _names(self, outcome: str) -> list[str]:
+        return [o.name for o in self.outcomes if o.outcome == outcome]
+
+    @property
+    def ran(self) -> list[str]:
+        return self._names(RAN)
+
+    @property
+    def cached(self) -> list[str]:
+        return self._names(CACHED)
+
+    @property
+    def failed(self) -> list[str]:
+        return self._names(FAILED)
+
+    @property
+    def dep_failed(self) -> list[str]:
+        return self._names(DEP_FAILED)
+
+    @property
+    def would_run(self) -> list[str]:
+        return self._names(WOULD_RUN)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.dep_failed
+
+    def outcome_of(self, name: str) -> StepOutcome:
+        for outcome in self.outcomes:
+            if outcome.name == name:
+                return outcome
+        raise KeyError(f"No step named {name!r} in this run.")
+
+    def summary(self) -> str:
+        parts = [f"{len(self.ran)} ran", f"{len(self.cached)} cached", f"{len(self.failed)} failed", f"{len(self.dep_failed)} dep-failed"]
+        if self.dry_run:
+            parts = [f"{len(self.would_run)} to run", f"{len(self.cached)} cached", f"{len(self.failed)} failed"]
+        return ", ".join(parts)
+
+
+@dataclass
+class PlannedStep:
+    """One step of a plan: the spec, where its output goes, and its status when planned."""
+
+    spec: StepSpec
+    output_path: str
+    status: StatusRecord | None
+
+    @property
+    def cached(self) -> bool:
+        return self.status is not None and self.status.status == STATUS_SUCCESS
+
+
+def _flatten(steps: Iterable[Any]) -> list[StepSpec | LazyStep]:
+    """Accept specs, handles, and (nested) lists of them, e.g. ``run([lower(model)])``."""
+    flat: list[StepSpec | LazyStep] = []
+    stack = [iter([steps] if isinstance(steps, (StepSpec, LazyStep)) else steps)]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+        elif isinstance(item, (StepSpec, LazyStep)):
+            flat.append(item)
+        elif isinstance(item, (list, tuple, set, frozenset)) or hasattr(item, "__next__"):
+            stack.append(iter(item))
+        else:
+            raise TypeError(f"StepRunner.run takes StepSpecs and lazy handles (or lists of them), got {type(item).__name__}.")
+    return flat
+
+
+class StepRunner:
+    """Runs steps under ``prefix`` (default: :func:`rigging.config.discovery.discover_config`).
+
+    ``lease_ttl_s`` is how long a silent runner's lease survives before others take its steps
+    over (a crashed runner on the same host is detected at once); ``poll_s`` is how often a
+    runner waiting on another's step looks again.
+    """
+
+    def __init__(
+        self,
+        prefix: str | None = None,
+        *,
+        lease_ttl_s: float = DEFAULT_TTL_S,
+        heartbeat_s: float | None = None,
+        poll_s: float = 0.5,
+    ) -> None:
+        override = run_defaults.current_overrides().prefix
+        chosen = override or prefix
+        self.prefix = discover_config(prefix=chosen).prefix
+        self.lease_ttl_s = lease_ttl_s
+        self.heartbeat_s = heartbeat_s
+        self.poll_s = poll_s
+        self.runner_id = uuid.uuid4().hex[:12]
+        self._cancelled = threading.Event()
+
+    # -- placement ----------------------------------------------------------------------------------
+
+    def output_path_for(self, spec: StepSpec) -> str:
+        """``<prefix>/<name>-<short hash>``, or the step's explicit ``output_path`` (relative ones under the prefix)."""
+        if spec.output_path is None:
+            return fsx.join(self.prefix, f"{spec.name}-{spec.short_hash}")
+        if "://" in spec.output_path or spec.output_path.startswith("/"):
+            return spec.output_path.rstrip("/")
+        return fsx.join(self.prefix, spec.output_path.rstrip("/"))
+
+    # -- graph ------------------------------------------------------------------------------------
+
+    def _collect(self, steps: Iterable[Any]) -> list[StepSpec]:
+        flat = _flatten(steps)
+        handles = [s for s in flat if isinstance(s, LazyStep)]
+        # Cycle check before lowering or hashing: an identity of a cyclic graph never finishes.
+        topological_order(handles)
+        by_handle = {spec.identity: spec for spec in lower(handles)} if handles else {}
+        roots = [by_handle[s.identity] if isinstance(s, LazyStep) else s for s in flat]
+        ordered = topological_order(roots)
+        unique: dict[str, StepSpec] = {}
+        result: list[StepSpec] = []
+        for spec in ordered:
+            seen = unique.get(spec.identity)
+            if seen is None:
+                unique[spec.identity] = spec
+                result.append(spec)
+            elif seen is not spec and (seen.fn_description != spec.fn_description or seen.output_path != spec.output_path):
+                raise StepGraphError(
+                    f"Two different steps named {spec.name!r} share identity {spec.short_hash} "
+                    f"(functions {seen.fn_description} and {spec.fn_description}, output paths {seen.output_path!r} and "
+                    f"{spec.output_path!r}). Give one of them a different name, version or hash_attrs."
+                )
+        return result
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def run(
+        self,
+        steps: Iterable[Any],
+        *,
+        dry_run: bool | None = None,
+        force_run_failed: bool | None = None,
+        run_only: str | None = None,
+        max_concurrent: int | None = None,
+        raise_on_failure: bool = True,
+    ) -> RunReport:
+        """Run ``steps`` (StepSpecs, lazy handles, or lists of them) and all their dependencies.
+
+        ``run_only`` is a regular expression: only steps whose name it matches (``re.search``),
+        plus their dependencies, are considered. Options given to ``marin run`` on the command
+        line take precedence over these arguments.
+        """
+        overrides = run_defaults.current_overrides()
+        run_defaults.note_run_started()
+        dry_run = bool(overrides.dry_run if overrides.dry_run is not None else (dry_run or False))
+        force_run_failed = (
+            overrides.force_run_failed if overrides.force_run_failed is not None else (True if force_run_failed is None else force_run_failed)
+        )
+        run_only = overrides.run_only if overrides.run_only is not None else run_only
+        max_concurrent = overrides.max_concurrent if overrides.max_concurrent is not None else max_concurrent
+        if max_concurrent is not None and max_concurrent < 1:
+            raise RunOptionError(f"max_concurrent must be at least 1 (or None for the default, {DEFAULT_MAX_CONCURRENT}), got {max_concurrent}.")
+        if not is_configured():
+            setup_logging()
+
+        planned = self.plan(steps, run_only=run_only)
+        logger.info(
+            "Running %d step(s) under %s (%d already done)", len(planned), self.prefix, sum(p.cached for p in planned)
+        )
+        report = RunReport(dry_run=dry_run, prefix=self.prefix)
+        if dry_run:
+            self._dry_run(planned, force_run_failed, report)
+            return report
+        self._execute(planned, force_run_failed, max_concurrent, report)
+        logger.info("Run finished: %s", report.summary())
+        if raise_on_failure and not report.ok:
+            raise StepRunFailed(report)
+        return report
+
+    def plan(self, steps: Iterable[Any], *, run_only: str | None = None) -> list[PlannedStep]:
+        """The steps ``run`` would consider, in topological order, with output paths and current status.
+
+        Reads one status file per step (plus ``.executor_info`` for explicit output paths) and
+        writes nothing. Raises on cycles, identity clashes and output-path conflicts.
+        """
+        return self._plan(self._select(self._collect(steps), run_only))
+
+    def _select(self, specs: list[StepSpec], run_only: str | None) -> list[StepSpec]:
+        if not run_only:
+            return specs
+        try:
+            pattern = re.compile(run_only)
+        except re.error as exc:
+            raise RunOptionError(f"run_only {run_only!r} is not a valid regular expression: {exc}") from exc
+        chosen = [s for s in specs if pattern.search(s.name)]
+        if not chosen:
+            names = ", ".join(s.name for s in specs)
+            raise RunOptionError(f"run_only {run_only!r} matches no step. Step names: {names}.")
+        needed = {id(s) for s in topological_order(chosen)}
+        return [s for s in specs if id(s) in needed]
+
+    def _plan(self, specs: list[StepSpec]) -> list[PlannedStep]:
+        planned = []
+        owners: dict[str, StepSpec] = {}
+        for spec in specs:
+            output_path = self.output_path_for(spec)
+            other = owners.setdefault(output_path, spec)
+            if other is not spec:
+                raise StepGraphError(
+                    f"Steps {other.name!r} ({other.short_hash}) and {spec.name!r} ({spec.short_hash}) both write to "
+                    f"{output_path}; give one of them another output_path."
+                )
+            status = read_status(output_path)
+            if spec.output_path is not None:
+                self._check_explicit_path(spec, output_path)
+            planned.append(PlannedStep(spec, output_path, status))
+        return planned
+
+    def _check_explicit_path(self, spec: StepSpec, output_path: str) -> None:
+        info = read_info(output_path)
+        if info is None or info.get("identity") in (None, spec.identity):
+            return
+        raise OutputPathConflict(
+            f"Step {spec.name!r} has identity {spec.short_hash} ({spec.identity}) but its output_path {output_path} "
+            f"already holds the output of {info.get('name')!r} with identity {str(info.get('identity'))[:8]} "
+            f"({info.get('identity')}). Refusing to reuse or overwrite it. Delete that folder to recompute there "
+            "(e.g. `rm -r` it), or give the step another output_path; `marin explain` on the two shows what changed."
+        )
+
+    def _dry_run(self, planned: list[PlannedStep], force_run_failed: bool, report: RunReport) -> None:
+        print(f"Dry run under {self.prefix}: {len(planned)} step(s)")
+        blocked: set[str] = set()
+        for item in planned:
+            spec, status = item.spec, item.status
+            if status is not None and status.status == STATUS_SUCCESS:
+                outcome = CACHED
+            elif any(dep.identity in blocked for dep in spec.deps):
+                outcome = DEP_FAILED
+            elif status is not None and status.status == STATUS_FAILED and not force_run_failed:
+                outcome = FAILED
+            else:
+                outcome = WOULD_RUN
+            if outcome in (FAILED, DEP_FAILED):
+                blocked.add(spec.identity)
+            label = {CACHED: "cached", WOULD_RUN: "to run", FAILED: "failed (not rerun)", DEP_FAILED: "dep failed"}[outcome]
+            print(f"  {label:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}")
+            report.outcomes.append(StepOutcome(spec.name, spec.identity, item.output_path, outcome))
+        print(f"Dry run: {report.summary()}; nothing was written.")
+
+    def _execute(self, planned: list[PlannedStep], force_run_failed: bool, max_concurrent: int | None, report: RunReport) -> None:
+        outcomes: dict[str, StepOutcome] = {}
+        paths = {item.spec.identity: item.output_path for item in planned}
+        pending: list[PlannedStep] = []
+        self._run_started_at = time.time()
+        for item in planned:
+            spec, status = item.spec, item.status
+            if status is not None and status.status == STATUS_SUCCESS:
+                outcomes[spec.identity] = StepOutcome(spec.name, spec.identity, item.output_path, CACHED)
+                logger.info("Step %s cached: %s", spec.name, item.output_path)
+            elif status is not None and status.status == STATUS_FAILED and not force_run_failed:
+                error = f"failed in an earlier run ({status.error}); not rerun because force_run_failed is off"
+                outcomes[spec.identity] = StepOutcome(spec.name, spec.identity, item.output_path, FAILED, error=error)
+                logger.error("Step %s %s: %s", spec.name, error, item.output_path)
+            else:
+                pending.append(item)
+
+        total_to_run = len(pending)
+        workers = max_concurrent or DEFAULT_MAX_CONCURRENT
+        running: dict[futures.Future, PlannedStep] = {}
+        self._cancelled.clear()
+        with futures.ThreadPoolExecutor(max_workers=max(1, min(workers, max(1, total_to_run))), thread_name_prefix="marin-step") as pool:
+            try:
+                self._schedule(pool, pending, running, outcomes, paths, workers, total_to_run)
+            except KeyboardInterrupt:
+                # Threads cannot be killed; ask steps to stop (ctx.check_lease raises) and start nothing new.
+                self._cancelled.set()
+                logger.warning(
+                    "Interrupted: stopping %d running step(s) (steps that never call ctx.check_lease() finish first)",
+                    len(running),
+                )
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        report.outcomes.extend(outcomes[item.spec.identity] for item in planned if item.spec.identity in outcomes)
+
+    def _schedule(
+        self,
+        pool: futures.ThreadPoolExecutor,
+        pending: list[PlannedStep],
+        running: dict[futures.Future, PlannedStep],
+        outcomes: dict[str, StepOutcome],
+        paths: dict[str, str],
+        workers: int,
+        total_to_run: int,
+    ) -> None:
+        """Submit steps as their dependencies finish; mark dependents of failures DEP_FAILED."""
+        finished = 0
+        run_seconds = 0.0
+        while pending or running:
+            progressed = False
+            for item in list(pending):
+                dep_states = [outcomes.get(dep.identity) for dep in item.spec.deps]
+                if any(o is not None and o.outcome in (FAILED, DEP_FAILED) for o in dep_states):
+                    pending.remove(item)
+                    outcomes[item.spec.identity] = self._mark_dep_failed(item, dep_states)
+                    progressed = True
+                    continue
+                if len(running) >= workers:
+                    continue
+                if all(o is not None and o.outcome in (RAN, CACHED) for o in dep_states):
+                    pending.remove(item)
+                    dep_paths = {dep.identity: paths[dep.identity] for dep in item.spec.deps}
+                    running[pool.submit(self._run_one, item, dep_paths)] = item
+                    progressed = True
+            if progressed:
+                continue  # a newly blocked step may unblock (or block) others in this same pass
+            if not running:
+                break  # nothing can make progress (should not happen with a valid plan)
+            done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
+            for future in done:
+                item = running.pop(future)
+                outcome = future.result()
+                outcomes[item.spec.identity] = outcome
+                finished += 1
+                run_seconds += outcome.seconds
+                self._log_progress(outcome, finished, total_to_run, run_seconds, workers)
+
+    def _log_progress(self, outcome: StepOutcome, finished: int, total: int, run_seconds: float, workers: int) -> None:
+        remaining = total - finished
+        eta = run_seconds / finished * remaining / max(1, min(workers, remaining or 1))
+        verb = {RAN: "finished", CACHED: "was completed by another runner", FAILED: "FAILED"}.get(outcome.outcome, outcome.outcome)
+        message = f"Step %s {verb} in %.1fs: %s [%d/%d run, ETA %.0fs]"
+        level = logger.error if outcome.outcome == FAILED else logger.info
+        level(message, outcome.name, outcome.seconds, outcome.output_path, finished, total, eta)
+
+    def _mark_dep_failed(self, item: PlannedStep, dep_states: list[StepOutcome | None]) -> StepOutcome:
+        spec = item.spec
+        culprits = [o.name for o in dep_states if o is not None and o.outcome in (FAILED, DEP_FAILED)]
+        error = f"dependency failed: {', '.join(culprits)}"
+        logger.warning("Step %s not run (%s): %s", spec.name, error, item.output_path)
+        # Record it on disk only if no other runner is working on the step right now.
+        lease = self._lease(item)
+        if lease.try_acquire():
+            try:
+                current = read_status(item.output_path)
+                if current is None or current.status != STATUS_SUCCESS:
+                    write_info(item.output_path, self._info(item, {}))
+                    write_status(item.output_path, STATUS_DEP_FAILED, holder=self.runner_id, error=error)
+            finally:
+                lease.release()
+        return StepOutcome(spec.name, spec.identity, item.output_path, DEP_FAILED, error=error)
+
+    def _lease(self, item: PlannedStep) -> Lease:
+        return Lease(
+            fsx.join(item.output_path, LOCK_FILE),
+            holder_id=f"{self.runner_id}-{item.spec.short_hash}",
+            ttl_s=self.lease_ttl_s,
+            heartbeat_s=self.heartbeat_s,
+        )
+
+    def _info(self, item: PlannedStep, dep_paths: dict[str, str]) -> dict[str, Any]:
+        spec = item.spec
+        return {
+            "name": spec.name,
+            "identity": spec.identity,
+            "short_hash": spec.short_hash,
+            "version": spec.version,
+            "hash_attrs": spec.identity_record["hash_attrs"],
+            "fn": spec.fn_description,
+            "deps": [
+                {"name": dep.name, "identity": dep.identity, "output_path": dep_paths.get(dep.identity)} for dep in spec.deps
+            ],
+            "output_path": item.output_path,
+            "explicit_output_path": spec.output_path is not None,
+            "resources": repr(spec.resources) if spec.resources is not None else None,
+            "identity_record": spec.identity_record,
+        }
+
+    def _run_one(self, item: PlannedStep, dep_paths: dict[str, str]) -> StepOutcome:
+        spec, output_path = item.spec, item.output_path
+        started = time.monotonic()
+
+        def outcome(kind: str, error: str | None = None, result: Any = None) -> StepOutcome:
+            return StepOutcome(spec.name, spec.identity, output_path, kind, error, time.monotonic() - started, result)
+
+        try:
+            fsx.makedirs(output_path)
+            lease = self._lease(item)
+            waiting_logged = False
+            while not lease.try_acquire():
+                if self._cancelled.is_set():
+                    return outcome(FAILED, "interrupted while waiting for another runner")
+                status = read_status(output_path)
+                if status is not None and status.status == STATUS_SUCCESS:
+                    return outcome(CACHED)
+                if not waiting_logged:
+                    holder = lease.read()
+                    logger.info(
+                        "Step %s is being run by another runner (%s); waiting: %s",
+                        spec.name,
+                        f"{holder.host} pid {holder.pid}" if holder else "?",
+                        output_path,
+                    )
+                    waiting_logged = True
+                time.sleep(self.poll_s)
+        except Exception as exc:
+            logger.exception("Step %s could not start: %s", spec.name, output_path)
+            return outcome(FAILED, f"{type(exc).__name__}: {exc}")
+
+        try:
+            status = read_status(output_path)
+            if status is not None and status.status == STATUS_SUCCESS:
+                return outcome(CACHED)
+            if (
+                status is not None
+                and status.status == STATUS_FAILED
+                and status.time >= self._run_started_at
+                and status.holder != self.runner_id
+            ):
+                # Another runner tried it while we waited; running it again now would double the work.
+                return outcome(FAILED, f"failed in another runner during this run: {status.error}")
+            logger.info("Step %s started: %s", spec.name, output_path)
+            write_info(output_path, self._info(item, dep_paths))
+            write_status(output_path, STATUS_RUNNING, holder=self.runner_id)
+            result = self._call(spec, output_path, dep_paths, lease)
+            lease.check()
+            save_artifact(output_path, result, step=spec.name, identity=spec.identity)
+            lease.check()
+            # SUCCESS goes last: a reader who sees it can trust the output and artifact are complete.
+            write_status(output_path, STATUS_SUCCESS, holder=self.runner_id)
+            return outcome(RAN, result=result)
+        except BaseException as exc:  # noqa: BLE001 - a step's failure must never take the runner down
+            message = f"{type(exc).__name__}: {exc}"
+            if lease.lost:
+                message = f"lost the lease (another runner took the step over); {message}"
+            else:
+                try:
+                    write_status(output_path, STATUS_FAILED, holder=self.runner_id, error=message)
+                except Exception:
+                    logger.exception("Could not record FAILED for %s", output_path)
+            logger.error("Step %s failed: %s\n%s", spec.name, message, traceback.format_exc())
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return outcome(FAILED, message)
+        finally:
+            lease.release()
+
+    def _call(self, spec: StepSpec, output_path: str, dep_paths: dict[str, str], lease: Lease) -> Any:
+        style = spec.call_style
+        if style == CALL_NO_ARGS:
+            return spec.fn()
+        if style == CALL_CONTEXT:
+            return spec.fn(StepContext(output_path, spec, dep_paths, lease.lost_event, self._cancelled))
+        return spec.fn(output_path)
+
+
+__all__ = [
+    "OutputPathConflict",
+    "PlannedStep",
+    "RunOptionError",
+    "RunReport",
+    "StepGraphError",
+    "StepOutcome",
+    "StepRunFailed",
+    "StepRunner",
+    "LeaseLostError",
+]

@@ -1,0 +1,164 @@
+"""A step as pure data: what to run, what it depends on, and what makes it distinct.
+
+A :class:`StepSpec` is frozen. Its :attr:`~StepSpec.identity` (a SHA-256 hex digest) is the hash
+of its name, version, hash attributes and its dependencies' identities; see
+:mod:`marin.execution.identity`. Where the output goes (``output_path``) and what hardware it
+needs (``resources``) are placement and never change the identity.
+
+``fn`` is called according to its signature:
+
+* no parameters: ``fn()``;
+* one parameter annotated ``StepContext`` or named ``ctx``/``context``: ``fn(StepContext)``;
+* any other single parameter: ``fn(output_path)`` (a string: local path or URL).
+
+A non-``None`` return value is the step's result, saved in ``.artifact.json``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from marin.execution.identity import (
+    InvalidStepError,
+    canonicalize,
+    identity_hash,
+    identity_record,
+    short_hash,
+    validate_step_name,
+)
+
+CALL_NO_ARGS = "no_args"
+CALL_OUTPUT_PATH = "output_path"
+CALL_CONTEXT = "context"
+_CONTEXT_PARAMETER_NAMES = ("ctx", "context")
+
+
+class takes_context:  # noqa: N801 - used like a decorator
+    """Mark ``fn`` as taking a :class:`~marin.execution.step_context.StepContext` whatever its signature.
+
+    Lazy handles use it so a helper's ``def run(c): ...`` still receives the context.
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.__wrapped__ = fn
+
+    def __call__(self, ctx: Any) -> Any:
+        return self.fn(ctx)
+
+
+def describe_function(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of the callable behind ``fn`` (for ``.executor_info``)."""
+    target = getattr(fn, "__wrapped__", fn)
+    module = getattr(target, "__module__", None) or "?"
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{module}:{name}"
+
+
+def call_style(fn: Callable[..., Any]) -> str:
+    """How the runner calls ``fn``; raises :class:`InvalidStepError` for unsupported signatures."""
+    if isinstance(fn, takes_context):
+        return CALL_CONTEXT
+    if not callable(fn):
+        raise InvalidStepError(f"A step's fn must be callable, got {fn!r}.")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return CALL_OUTPUT_PATH
+    required = [
+        p
+        for p in signature.parameters.values()
+        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    positional = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not required:
+        return CALL_NO_ARGS
+    if len(required) > 1 or required[0].kind == required[0].KEYWORD_ONLY or not positional:
+        raise InvalidStepError(
+            f"Step function {describe_function(fn)} takes {len(required)} required parameters; a step function "
+            "takes none, the output path, or a StepContext (annotated StepContext or named ctx)."
+        )
+    parameter = required[0]
+    annotation = parameter.annotation
+    annotation_name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if annotation_name.rsplit(".", 1)[-1] == "StepContext" or parameter.name in _CONTEXT_PARAMETER_NAMES:
+        return CALL_CONTEXT
+    return CALL_OUTPUT_PATH
+
+
+@dataclass(frozen=True, eq=False)
+class StepSpec:
+    """One unit of cached work. See the module docstring for how ``fn`` is called.
+
+    Two specs are equal (and hash alike) when their identities are equal.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    deps: Sequence["StepSpec"] = ()
+    hash_attrs: Mapping[str, Any] = field(default_factory=dict)
+    output_path: str | None = None
+    version: str | None = None
+    resources: Any = None
+
+    def __post_init__(self) -> None:
+        validate_step_name(self.name)
+        # Lists are accepted for convenience (the documented examples use deps=[]); stored as a tuple
+        # so the spec stays immutable.
+        object.__setattr__(self, "deps", tuple(self.deps or ()))
+        for dep in self.deps:
+            if not isinstance(dep, StepSpec):
+                raise InvalidStepError(
+                    f"Step {self.name!r} has a dependency of type {type(dep).__name__}; deps must be StepSpecs "
+                    "(lower lazy handles with marin.execution.lazy.lower first, or use lazy_step for both)."
+                )
+        if self.hash_attrs is None:
+            object.__setattr__(self, "hash_attrs", {})
+        if not isinstance(self.hash_attrs, Mapping):
+            raise InvalidStepError(f"Step {self.name!r}: hash_attrs must be a dict, got {type(self.hash_attrs).__name__}.")
+        # A private copy: mutating the caller's dict later must not change what this step is.
+        object.__setattr__(self, "hash_attrs", dict(self.hash_attrs))
+        canonicalize(self.hash_attrs, where=f"{self.name}.hash_attrs")
+        if self.version is not None and not isinstance(self.version, str):
+            object.__setattr__(self, "version", str(self.version))
+        if self.output_path is not None:
+            if not isinstance(self.output_path, str) or not self.output_path:
+                raise InvalidStepError(f"Step {self.name!r}: output_path must be a non-empty string or None.")
+            if ".." in self.output_path.replace("\\", "/").split("/"):
+                raise InvalidStepError(f"Step {self.name!r}: output_path {self.output_path!r} must not contain '..'.")
+        call_style(self.fn)  # fail at definition time, not halfway through a run
+
+    @cached_property
+    def identity_record(self) -> dict[str, Any]:
+        return identity_record(self.name, self.version, self.hash_attrs, (dep.identity for dep in self.deps))
+
+    @cached_property
+    def identity(self) -> str:
+        return identity_hash(self.identity_record)
+
+    @property
+    def short_hash(self) -> str:
+        return short_hash(self.identity)
+
+    @property
+    def call_style(self) -> str:
+        return call_style(self.fn)
+
+    @property
+    def fn_description(self) -> str:
+        return describe_function(self.fn)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepSpec):
+            return NotImplemented
+        return self is other or self.identity == other.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+    def __repr__(self) -> str:
+        return f"StepSpec(name={self.name!r}, identity={self.short_hash}, deps={[d.name for d in self.deps]})"

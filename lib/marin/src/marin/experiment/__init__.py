@@ -1,0 +1,2 @@
+"""Experiment-level helpers that return lazy handles: ``tokenized`` (data); training and evaluation
+helpers live beside it."""

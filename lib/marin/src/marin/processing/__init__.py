@@ -1,0 +1,1 @@
+"""Data processing steps (tokenization) built on zephyr and levanter."""

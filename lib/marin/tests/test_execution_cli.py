@@ -1,0 +1,153 @@
+"""The `marin` command and the DESIGN §1 StepSpec program, run as real scripts."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from marin import cli
+from marin.execution import run_defaults
+from marin.execution.executor_files import read_status
+
+DESIGN_PROGRAM = textwrap.dedent(
+    """
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+
+    def preprocess():
+        ...  # the user's own code
+
+    preprocess_step = StepSpec(
+        name="preprocess",
+        fn=preprocess,
+        deps=[],
+        output_path="outputs/preprocess",
+        hash_attrs={"param": 42},
+    )
+    StepRunner().run([preprocess_step])
+    """
+)
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "MARIN_PREFIX"}
+    env.update(extra)
+    return env
+
+
+def test_design_program_runs_unmodified_and_second_run_is_cached(tmp_path):
+    script = tmp_path / "preprocess.py"
+    script.write_text(DESIGN_PROGRAM)
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    output = tmp_path / "marin-outputs" / "outputs" / "preprocess"
+    assert "Step preprocess started" in first.stderr
+    assert read_status(str(output)).status == "SUCCESS"
+    status_before = (output / ".executor_status").read_text()
+
+    second = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert "Step preprocess cached" in second.stderr and "started" not in second.stderr
+    assert (output / ".executor_status").read_text() == status_before
+
+
+COUNTING_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+
+    LOG = os.environ["COUNT_LOG"]
+    ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+
+    def record(name):
+        def fn():
+            with open(LOG, "a") as handle:
+                handle.write(name + "\\n")
+        return fn
+
+    data = StepSpec("data/rows", record("data"), hash_attrs={"rows": ROWS})
+    model = StepSpec("train/model", record("train"), deps=[data], hash_attrs={"lr": 0.1})
+    StepRunner().run([model])
+    """
+)
+
+
+@pytest.fixture
+def counting(tmp_path, monkeypatch):
+    script = tmp_path / "count.py"
+    script.write_text(COUNTING_SCRIPT)
+    log = tmp_path / "count.log"
+    monkeypatch.setenv("COUNT_LOG", str(log))
+    monkeypatch.delenv("MARIN_PREFIX", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return script, log, tmp_path / "prefix"
+
+
+def _calls(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_marin_run_options_reach_the_scripts_runner(counting, capsys):
+    script, log, prefix = counting
+    assert cli.main(["run", str(script), "--prefix", str(prefix), "--dry-run"]) == 0
+    assert not prefix.exists() and _calls(log) == []
+    assert "to run" in capsys.readouterr().out
+
+    assert cli.main(["run", str(script), "--prefix", str(prefix), "--run-only", "^data/", "--max-concurrent", "1"]) == 0
+    assert _calls(log) == ["data"]
+    assert cli.main(["run", str(script), "--prefix", str(prefix)]) == 0
+    assert _calls(log) == ["data", "train"]
+    assert cli.main(["run", str(script), "--prefix", str(prefix), "--run-only", "no-such-step"]) == 2
+    assert run_defaults.current_overrides() == run_defaults.RunOverrides()  # nothing leaks out of the command
+    assert "MARIN_PREFIX" not in os.environ
+
+    capsys.readouterr()
+    assert cli.main(["status", "--prefix", str(prefix)]) == 0
+    out = capsys.readouterr().out
+    assert "SUCCESS" in out and "data/rows" in out and "train/model" in out and str(prefix) in out
+
+
+def test_marin_explain_shows_tree_and_what_changed(counting, capsys):
+    script, log, prefix = counting
+    assert cli.main(["run", str(script), "--prefix", str(prefix), "--", "10"]) == 0
+    assert cli.main(["run", str(script), "--prefix", str(prefix), "--", "20"]) == 0
+    assert _calls(log) == ["data", "train", "data", "train"]
+    capsys.readouterr()
+
+    assert cli.main(["explain", "train/model", "--prefix", str(prefix)]) == 0
+    out = capsys.readouterr().out
+    assert "train/model" in out and "lr = 0.1" in out and "dep data/rows" in out and "rows = " in out
+    assert "2 outputs exist" in out
+
+    assert cli.main(["explain", "train/model", "train/model", "--prefix", str(prefix)]) == 0
+    out = capsys.readouterr().out
+    assert "train/model -> data/rows: hash_attrs.rows changed 10 -> 20" in out
+
+    assert cli.main(["explain", "no/such/step", "--prefix", str(prefix)]) == 2
+
+
+def test_marin_run_reports_failure_with_exit_code(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "from marin.execution.step_spec import StepSpec\n"
+        "from marin.execution.step_runner import StepRunner\n"
+        "def boom():\n    raise RuntimeError('broken on purpose')\n"
+        "StepRunner().run([StepSpec('boom', boom)])\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    prefix = str(tmp_path / "prefix")
+    assert cli.main(["run", str(script), "--prefix", prefix]) == 1
+    assert "broken on purpose" in capsys.readouterr().err
+    # With --no-force-run-failed the failed step is not retried.
+    assert cli.main(["run", str(script), "--prefix", prefix, "--no-force-run-failed"]) == 1
+    assert "force_run_failed" in capsys.readouterr().err
+
+
+def test_console_script_is_installed(tmp_path):
+    marin = Path(sys.executable).parent / "marin"
+    result = subprocess.run([str(marin), "status", "--prefix", str(tmp_path)], capture_output=True, text=True, env=_clean_env())
+    assert result.returncode == 0 and "No steps under" in result.stdout

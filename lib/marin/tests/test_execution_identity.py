@@ -1,0 +1,134 @@
+"""Identity: what is hashed, what is not, and which definitions are refused."""
+
+import enum
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+
+from fray.cluster import ResourceConfig
+from marin.execution.identity import InvalidStepError
+from marin.execution.lazy import lazy_step
+from marin.execution.step_runner import StepRunner
+from marin.execution.step_spec import StepSpec
+
+
+@dataclass(frozen=True)
+class Adam:
+    learning_rate: float
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sgd:
+    learning_rate: float
+    weight_decay: float = 0.0
+
+
+@dataclass
+class Mutable:
+    x: int
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+def _noop():
+    return None
+
+
+def test_identity_covers_name_version_attrs_and_deps_but_not_placement():
+    base = StepSpec("s", _noop, hash_attrs={"a": 1})
+    assert base.identity == StepSpec("s", lambda: 1, hash_attrs={"a": 1}).identity  # fn is not identity
+    assert base.identity == StepSpec("s", _noop, hash_attrs={"a": 1}, resources=ResourceConfig.with_cpu(cpu=4)).identity
+    assert base.identity == StepSpec("s", _noop, hash_attrs={"a": 1}, output_path="/elsewhere").identity
+    assert base.identity != StepSpec("s", _noop, hash_attrs={"a": 2}).identity
+    assert base.identity != StepSpec("t", _noop, hash_attrs={"a": 1}).identity
+    assert base.identity != StepSpec("s", _noop, hash_attrs={"a": 1}, version="v2").identity
+    up1, up2 = StepSpec("up", _noop, hash_attrs={"k": 1}), StepSpec("up", _noop, hash_attrs={"k": 2})
+    assert StepSpec("d", _noop, deps=[up1]).identity != StepSpec("d", _noop, deps=[up2]).identity
+    assert StepSpec("d", _noop, deps=[up1, base]).identity == StepSpec("d", _noop, deps=[base, up1]).identity
+    assert len(base.short_hash) == 8
+
+
+def test_dataclass_attrs_include_class_name_and_lazy_matches_spec():
+    assert StepSpec("o", _noop, hash_attrs={"opt": Adam(1e-3)}).identity != StepSpec("o", _noop, hash_attrs={"opt": Sgd(1e-3)}).identity
+    assert StepSpec("o", _noop, hash_attrs={"opt": Adam(1e-3)}).identity == StepSpec("o", _noop, hash_attrs={"opt": Adam(1e-3)}).identity
+    assert StepSpec("o", _noop, hash_attrs={"n": 1}).identity != StepSpec("o", _noop, hash_attrs={"n": 1.0}).identity
+    assert StepSpec("o", _noop, hash_attrs={"c": Color.RED}).identity
+    handle = lazy_step("o", lambda ctx: None, hash_attrs={"opt": Adam(1e-3)}, version="v1")
+    assert handle.identity == StepSpec("o", _noop, hash_attrs={"opt": Adam(1e-3)}, version="v1").identity
+
+
+@pytest.mark.parametrize(
+    "attrs, message",
+    [
+        ({"m": Mutable(1)}, "frozen"),
+        ({"s": {1, 2}}, "JSON-like"),
+        ({1: "x"}, "keys must be strings"),
+        ({"f": float("nan")}, "finite"),
+        ({"p": __import__("pathlib").Path("/tmp")}, "JSON-like"),
+    ],
+)
+def test_unhashable_attrs_are_refused_with_a_clear_message(attrs, message):
+    with pytest.raises(InvalidStepError, match=message):
+        StepSpec("bad", _noop, hash_attrs=attrs)
+
+
+def test_step_in_hash_attrs_points_to_deps():
+    up = StepSpec("up", _noop)
+    with pytest.raises(InvalidStepError, match="deps="):
+        StepSpec("down", _noop, hash_attrs={"data": up})
+
+
+@pytest.mark.parametrize("name", ["", "../escape", "a/../b", "/abs/path", "gs://bucket/x", "has space", "semi;colon", "a//b", "./x"])
+def test_unsafe_names_are_refused(name):
+    with pytest.raises(InvalidStepError):
+        StepSpec(name, _noop)
+
+
+def test_signature_with_two_required_parameters_is_refused():
+    with pytest.raises(InvalidStepError, match="required parameters"):
+        StepSpec("two", lambda a, b: None)
+
+
+SCRIPT = textwrap.dedent(
+    """
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+    from marin.execution.lazy import lazy_step, lower
+
+    up = lazy_step("data/up", lambda ctx: None, hash_attrs={"rows": 10})
+    down = lazy_step("train/down", lambda ctx: None, deps=[up], version="v1")
+    runner = StepRunner()
+    for spec in lower(down):
+        print(spec.name, spec.identity, runner.output_path_for(spec).removeprefix(runner.prefix))
+    """
+)
+
+
+def test_same_script_same_hashes_under_two_prefixes_and_two_working_directories(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    outputs = []
+    for index in range(2):
+        cwd = tmp_path / f"cwd{index}"
+        cwd.mkdir()
+        env = {**os.environ, "MARIN_PREFIX": str(tmp_path / f"prefix{index}")}
+        result = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, check=True)
+        outputs.append(result.stdout)
+    assert outputs[0] == outputs[1]
+    lines = outputs[0].split("\n")
+    assert lines[0].startswith("data/up ") and "/data/up-" in lines[0]
+
+
+def test_relative_and_absolute_explicit_output_paths(tmp_path):
+    runner = StepRunner(prefix=str(tmp_path))
+    assert runner.output_path_for(StepSpec("x", _noop, output_path="rel/dir")) == f"{tmp_path}/rel/dir"
+    assert runner.output_path_for(StepSpec("x", _noop, output_path="memory://b/x")) == "memory://b/x"
+    with pytest.raises(InvalidStepError, match=r"\.\."):
+        StepSpec("x", _noop, output_path="../outside")

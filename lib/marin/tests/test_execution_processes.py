@@ -1,0 +1,83 @@
+"""Runners in separate processes: exactly-once execution and recovery from a SIGKILL."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from marin.execution.executor_files import read_status
+from marin.execution.step_runner import StepRunner
+from marin.execution.step_spec import StepSpec
+
+RACE_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+
+    counts = sys.argv[1]
+
+    def work(name):
+        def fn():
+            with open(os.path.join(counts, name), "a") as handle:
+                handle.write(f"{os.getpid()}\\n")
+            time.sleep(0.3)
+        return fn
+
+    a = StepSpec("a", work("a"))
+    b = StepSpec("b", work("b"), deps=[a])
+    c = StepSpec("c", work("c"), deps=[a])
+    d = StepSpec("d", work("d"), deps=[b, c])
+    StepRunner(poll_s=0.05).run([d])
+    """
+)
+
+
+def test_two_runner_processes_run_each_step_exactly_once(tmp_path):
+    script, counts = tmp_path / "race.py", tmp_path / "counts"
+    script.write_text(RACE_SCRIPT)
+    counts.mkdir()
+    env = {**os.environ, "MARIN_PREFIX": str(tmp_path / "prefix")}
+    processes = [subprocess.Popen([sys.executable, str(script), str(counts)], env=env, cwd=tmp_path) for _ in range(2)]
+    assert [p.wait(timeout=60) for p in processes] == [0, 0]
+    for name in "abcd":
+        assert len((counts / name).read_text().splitlines()) == 1, name
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+
+    def slow(output_path):
+        (pathlib.Path(output_path) / "partial").write_text("half")
+        pathlib.Path(sys.argv[1]).write_text("started")
+        time.sleep(60)
+
+    StepRunner(prefix=sys.argv[2]).run([StepSpec("victim", slow, hash_attrs={"k": 1})])
+    """
+)
+
+
+def test_sigkilled_runner_leaves_no_success_and_rerun_completes(tmp_path):
+    script, marker, prefix = tmp_path / "kill.py", tmp_path / "started", str(tmp_path / "prefix")
+    script.write_text(KILL_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), str(marker), prefix], cwd=tmp_path)
+    deadline = time.time() + 30
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+    calls = []
+    step = StepSpec("victim", lambda: calls.append(1), hash_attrs={"k": 1})  # same identity, different code
+    runner = StepRunner(prefix=prefix)  # default 60 s lease: the dead local holder is detected at once
+    output = runner.output_path_for(step)
+    assert read_status(output).status == "RUNNING"
+    report = runner.run([step])
+    assert report.ran == ["victim"] and calls == [1]
+    assert read_status(output).status == "SUCCESS"

@@ -1,0 +1,164 @@
+"""The tokenize step and ``tokenized()``: exact counts, identity, crash-resume, tokenizer steps, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tokenizers
+
+from levanter.tokenization import TokenizerNotFoundError, load_tokenizer, save_tokenizer, train_bpe_tokenizer
+from marin.execution.artifact import load_artifact
+from marin.execution.lazy import lazy_step, lower
+from marin.execution.step_runner import StepRunner
+from marin.experiment.data import tokenized
+from marin.processing.tokenize import TokenizedDataset
+from zephyr.token_cache import IncompleteTokenCacheError, TokenCache
+
+REPO = Path(__file__).resolve().parents[3]
+SHARED = REPO / ".." / "shared"
+TRAIN = SHARED / "data" / "tinystories" / "train.jsonl"
+VALIDATION = SHARED / "data" / "tinystories" / "validation.jsonl"
+GPT2 = SHARED / "tokenizers" / "gpt2" / "tokenizer.json"
+
+
+def _stories(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def _run(handle, prefix: Path) -> TokenizedDataset:
+    runner = StepRunner(prefix=str(prefix))
+    runner.run([handle])
+    out = runner.output_path_for(lower(handle)[-1])
+    return load_artifact(out, TokenizedDataset).result
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("prefix")
+    handle = tokenized("tokenized/tinystories-sample", str(TRAIN), str(GPT2), validation=str(VALIDATION))
+    return handle, _run(handle, prefix)
+
+
+def test_shared_sample_tokenizes_exactly(gpt2_run):
+    _, result = gpt2_run
+    train = result.splits["train"]
+    assert (train.documents, train.content_tokens, train.tokens) == (1800, 368_877, 368_877 + 1800)
+    assert result.splits["validation"].documents == 200
+    assert result.vocab_size == 50257 and result.eos_id == 50256 and result.bos_id is None
+    raw = tokenizers.Tokenizer.from_file(str(GPT2)).encode_batch(_stories(TRAIN))
+    cache = TokenCache.open(train.cache_path)
+    for i, expected in enumerate(raw):
+        assert cache.document(i).tolist() == expected.ids + [50256], f"document {i} differs"
+    assert cache.metadata["tokenizer"] == result.tokenizer_identity == load_tokenizer(GPT2).identity
+    assert cache.metadata["eos_id"] == 50256 and cache.metadata["append_eos"] is True
+
+
+def test_identity_follows_content_not_location(gpt2_run, tmp_path):
+    handle, _ = gpt2_run
+    shutil.copy(TRAIN, tmp_path / "train.jsonl")
+    shutil.copy(VALIDATION, tmp_path / "validation.jsonl")
+    shutil.copytree(GPT2.parent, tmp_path / "tok")
+    moved = tokenized("tokenized/tinystories-sample", str(tmp_path / "train.jsonl"), str(tmp_path / "tok"),
+                      validation=str(tmp_path / "validation.jsonl"))
+    assert moved.identity == handle.identity
+    with open(tmp_path / "train.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "One more story."}) + "\n")
+    changed = tokenized("tokenized/tinystories-sample", str(tmp_path / "train.jsonl"), str(tmp_path / "tok"),
+                        validation=str(tmp_path / "validation.jsonl"))
+    assert changed.identity != handle.identity
+    sampled = tokenized("tokenized/tinystories-sample", str(TRAIN), str(GPT2), 100, validation=str(VALIDATION))
+    assert sampled.identity != handle.identity
+
+
+def test_sample_count_keeps_the_first_documents(tmp_path):
+    handle = tokenized("tokenized/sample", str(TRAIN), str(GPT2), 25)
+    result = _run(handle, tmp_path)
+    assert result.splits["train"].documents == 25 and set(result.splits) == {"train"}
+    first = tokenizers.Tokenizer.from_file(str(GPT2)).encode(_stories(TRAIN)[24]).ids
+    assert TokenCache.open(result.splits["train"].cache_path).document(24).tolist() == first + [50256]
+
+
+def test_missing_tokenizer_path_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no-such-tokenizer" / "tokenizer.json"
+    with pytest.raises(TokenizerNotFoundError, match="no-such-tokenizer"):
+        tokenized("tokenized/x", str(TRAIN), str(missing))
+
+
+def test_tokenizer_built_by_a_step(tmp_path):
+    def train_tokenizer(ctx):
+        tok = train_bpe_tokenizer(_stories(VALIDATION), 400)
+        save_tokenizer(tok, ctx.output_path)
+        return {"path": ctx.output_path, "vocab_size": tok.get_vocab_size()}
+
+    tokenizer_step = lazy_step("tokenizers/tiny-bpe", train_tokenizer, hash_attrs={"vocab_size": 400})
+    handle = tokenized("tokenized/with-bpe", str(VALIDATION), tokenizer_step, 50)
+    assert tokenizer_step in handle.deps
+    result = _run(handle, tmp_path)
+    folder = load_artifact(StepRunner(prefix=str(tmp_path)).output_path_for(lower(tokenizer_step)[0])).result["path"]
+    assert result.tokenizer_identity == load_tokenizer(folder).identity
+    assert result.vocab_size == 400 and result.eos_id == 0
+    assert TokenCache.open(result.splits["train"].cache_path).dtype == np.dtype("<u2")
+
+
+_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    import zephyr.token_cache as tc
+    from marin.execution.step_runner import StepRunner
+    from marin.experiment.data import tokenized
+
+    files, tokenizer, prefix = sys.argv[1], sys.argv[2], sys.argv[3]
+    original = tc.TokenCacheShardWriter.write
+
+    def write(self, document):
+        # Die mid-way through the third shard: two shards finished, one half-written.
+        if self.url.endswith("shard-00002") and self._documents == 100:
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, document)
+
+    tc.TokenCacheShardWriter.write = write
+    StepRunner(prefix=prefix).run([tokenized("tokenized/resumable", files, tokenizer, num_shards=4, backend="inline")])
+    """
+)
+
+
+def test_sigkill_mid_tokenize_then_rerun_gives_the_same_stream(tmp_path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    lines = TRAIN.read_text(encoding="utf-8").splitlines(keepends=True)
+    for i in range(4):
+        (parts / f"part-{i}.jsonl").write_text("".join(lines[i * 450 : (i + 1) * 450]), encoding="utf-8")
+    prefix = tmp_path / "prefix"
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(parts), str(GPT2), str(prefix)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+
+    handle = tokenized("tokenized/resumable", str(parts), str(GPT2), num_shards=4)
+    out = StepRunner(prefix=str(prefix)).output_path_for(lower(handle)[-1])
+    cache_dir = Path(out) / "train"
+    assert (cache_dir / "shard-00001" / "shard.json").exists()
+    assert not (cache_dir / "shard-00002" / "shard.json").exists()
+    with pytest.raises(IncompleteTokenCacheError):
+        TokenCache.open(str(cache_dir))
+    finished_at = (cache_dir / "shard-00000" / "shard.json").stat().st_mtime_ns
+
+    resumed = _run(handle, prefix)
+    assert (cache_dir / "shard-00000" / "shard.json").stat().st_mtime_ns == finished_at  # reused, not redone
+    assert resumed.splits["train"].documents == 1800 and resumed.splits["train"].content_tokens == 368_877
+    reference = TokenCache.open(str(cache_dir))
+    expected = np.concatenate([np.asarray(e.ids + [50256]) for e in
+                               tokenizers.Tokenizer.from_file(str(GPT2)).encode_batch(_stories(TRAIN))])
+    np.testing.assert_array_equal(reference.read_tokens(0, reference.num_tokens), expected)
+    assert [s["path"] for s in reference.ledger["shards"]] == [f"shard-0000{i}" for i in range(4)]

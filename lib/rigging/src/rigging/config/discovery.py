@@ -1,0 +1,176 @@
+"""Find Marin's settings (at least the output ``prefix``) without the user wiring anything.
+
+Precedence, highest first:
+
+1. explicit keyword arguments to :func:`discover_config`;
+2. environment variables (``MARIN_PREFIX``, ``MARIN_LOG_LEVEL``);
+3. the nearest ``marin.yaml`` found walking up from the working directory;
+4. ``[tool.marin]`` in the nearest ``pyproject.toml`` walking up from the working directory;
+5. defaults: ``prefix`` is the folder ``marin-outputs`` next to the project file found in (3)/(4),
+   or in the working directory when there is none.
+
+A relative ``prefix`` in a file is resolved against that file's folder, so the same project gives
+the same prefix from whichever subfolder it is run.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_OUTPUT_FOLDER = "marin-outputs"
+
+# Setting name -> environment variable that overrides it.
+ENVIRONMENT_VARIABLES = {
+    "prefix": "MARIN_PREFIX",
+    "log_level": "MARIN_LOG_LEVEL",
+}
+
+
+class ConfigError(ValueError):
+    """A settings file or override that cannot be used as written."""
+
+
+@dataclass(frozen=True)
+class MarinConfig:
+    """Resolved settings.
+
+    ``prefix`` is where step outputs go: a local folder or any fsspec URL. ``sources`` says, per
+    setting, where its value came from (``"argument"``, ``"env:MARIN_PREFIX"``, a file path or
+    ``"default"``) so logs can say why a run wrote where it did.
+    """
+
+    prefix: str
+    log_level: str = "INFO"
+    project_root: str | None = None
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def source_of(self, setting: str) -> str:
+        return dict(self.sources).get(setting, "default")
+
+
+_SETTINGS = ("prefix", "log_level")
+
+
+def _is_url(value: str) -> bool:
+    return "://" in value
+
+
+def _resolve_prefix(value: str, base: Path) -> str:
+    value = os.path.expanduser(str(value))
+    if _is_url(value) and not value.startswith("file://"):
+        return value.rstrip("/")
+    if value.startswith("file://"):
+        value = value[len("file://") :]
+    path = Path(value)
+    if not path.is_absolute():
+        path = base / path
+    return str(path.resolve())
+
+
+def _find_upwards(start: Path, filename: str) -> Path | None:
+    for folder in (start, *start.parents):
+        candidate = folder / filename
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_marin_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping such as 'prefix: gs://bucket/marin', got {type(data).__name__}.")
+    return data
+
+
+def _read_pyproject(path: Path) -> dict[str, Any] | None:
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    section = data.get("tool", {}).get("marin")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ConfigError(f"[tool.marin] in {path} must be a table.")
+    return section
+
+
+def _check_keys(values: dict[str, Any], where: str) -> None:
+    unknown = sorted(set(values) - set(_SETTINGS))
+    if unknown:
+        raise ConfigError(f"Unknown Marin setting(s) {unknown} in {where}; known settings: {list(_SETTINGS)}.")
+
+
+def discover_config(*, prefix: str | None = None, cwd: str | os.PathLike | None = None, **overrides: Any) -> MarinConfig:
+    """Resolve Marin's settings; see the module docstring for the order of precedence.
+
+    ``cwd`` is where the upward search starts (default: the working directory).
+    """
+    start = Path(cwd) if cwd is not None else Path.cwd()
+    start = start.resolve()
+    explicit = {k: v for k, v in overrides.items() if v is not None}
+    _check_keys(explicit, "discover_config() arguments")
+    if prefix is not None:
+        explicit["prefix"] = prefix
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    project_root: Path | None = None
+
+    # Lowest precedence first; later layers overwrite earlier ones.
+    pyproject = _find_upwards(start, "pyproject.toml")
+    if pyproject is not None:
+        section = _read_pyproject(pyproject)
+        if section is not None:
+            _check_keys(section, f"[tool.marin] of {pyproject}")
+            project_root = pyproject.parent
+            for key, value in section.items():
+                values[key] = _resolve_prefix(value, pyproject.parent) if key == "prefix" else value
+                sources[key] = str(pyproject)
+
+    marin_yaml = _find_upwards(start, "marin.yaml")
+    if marin_yaml is not None:
+        section = _read_marin_yaml(marin_yaml)
+        _check_keys(section, str(marin_yaml))
+        # The nearer project file names the project root.
+        if project_root is None or len(marin_yaml.parent.parts) >= len(project_root.parts):
+            project_root = marin_yaml.parent
+        for key, value in section.items():
+            values[key] = _resolve_prefix(value, marin_yaml.parent) if key == "prefix" else value
+            sources[key] = str(marin_yaml)
+
+    if project_root is None and pyproject is not None:
+        project_root = pyproject.parent
+
+    for key, variable in ENVIRONMENT_VARIABLES.items():
+        env_value = os.environ.get(variable)
+        if env_value:
+            values[key] = _resolve_prefix(env_value, start) if key == "prefix" else env_value
+            sources[key] = f"env:{variable}"
+
+    for key, value in explicit.items():
+        values[key] = _resolve_prefix(value, start) if key == "prefix" else value
+        sources[key] = "argument"
+
+    if "prefix" not in values:
+        values["prefix"] = str((project_root or start) / DEFAULT_OUTPUT_FOLDER)
+        sources["prefix"] = "default"
+
+    if "log_level" in values:
+        values["log_level"] = str(values["log_level"]).upper()
+
+    return MarinConfig(
+        project_root=str(project_root) if project_root is not None else None,
+        sources=tuple(sorted(sources.items())),
+        **values,
+    )
+

@@ -1,0 +1,158 @@
+"""One way to touch files, local or remote: thin helpers over fsspec.
+
+Every function takes a path or any fsspec URL (``gs://``, ``s3://``, ``memory://``...). Writes that
+others may read concurrently go through :func:`atomic_write` / :func:`atomic_open`, so a reader
+sees either the old content or the new, never a half-written file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import uuid
+from collections.abc import Iterator
+from typing import IO, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for ``url`` and the path within it."""
+    fs, path = fsspec.core.url_to_fs(str(url))
+    return fs, path
+
+
+def is_local(url: str) -> bool:
+    return isinstance(filesystem(url)[0], LocalFileSystem)
+
+
+def join(url: str, *parts: str) -> str:
+    """Join path segments onto a path or URL with ``/`` (never the OS separator, which breaks URLs)."""
+    result = str(url)
+    for part in parts:
+        part = str(part)
+        if not part:
+            continue
+        if "://" in part or part.startswith("/"):
+            result = part
+            continue
+        result = result.rstrip("/") + "/" + part.lstrip("/")
+    return result
+
+
+def open_url(url: str, mode: str = "rb", **kwargs: Any) -> IO:
+    """Open ``url`` like :func:`open`; parent folders are created for writes on local disk."""
+    if any(flag in mode for flag in "wax") and is_local(url):
+        makedirs(os.path.dirname(filesystem(url)[1]) or ".")
+    return fsspec.open(str(url), mode, **kwargs).open()
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    return fs.exists(path)
+
+
+def ls(url: str, detail: bool = False) -> list:
+    """Entries of a folder as full paths/URLs (or fsspec detail dicts with ``detail=True``)."""
+    fs, path = filesystem(url)
+    entries = fs.ls(path, detail=detail)
+    protocol = _protocol_prefix(url)
+    if detail:
+        for entry in entries:
+            entry["name"] = protocol + entry["name"] if protocol and "://" not in entry["name"] else entry["name"]
+        return entries
+    return [protocol + e if protocol and "://" not in e else e for e in entries]
+
+
+def makedirs(url: str) -> None:
+    fs, path = filesystem(url)
+    fs.makedirs(path, exist_ok=True)
+
+
+def rm(url: str, recursive: bool = False) -> None:
+    """Delete a file (or a folder with ``recursive=True``); missing paths are not an error."""
+    fs, path = filesystem(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=recursive)
+
+
+def read_text(url: str) -> str | None:
+    """The file's text, or ``None`` if it does not exist (one request instead of exists + read)."""
+    fs, path = filesystem(url)
+    try:
+        return fs.cat_file(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _protocol_prefix(url: str) -> str:
+    url = str(url)
+    if "://" in url and not url.startswith("file://"):
+        return url.split("://", 1)[0] + "://"
+    return ""
+
+
+def atomic_write(url: str, data: str | bytes) -> None:
+    """Replace ``url`` with ``data`` so that readers never observe a partial file."""
+    mode = "w" if isinstance(data, str) else "wb"
+    with atomic_open(url, mode) as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
+    """Open ``url`` for writing; the file appears (or is replaced) only when the block succeeds.
+
+    Local disk: write a temporary sibling, then ``os.replace`` it over the target (atomic on
+    POSIX). Object stores: buffer in memory and upload in one request on success, since an object
+    store publishes an object only when its upload completes. If the block raises, nothing changes.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open supports modes 'w' and 'wb', got {mode!r}.")
+    fs, path = filesystem(url)
+    if isinstance(fs, LocalFileSystem):
+        folder = os.path.dirname(path) or "."
+        os.makedirs(folder, exist_ok=True)
+        temp_path = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
+        try:
+            with open(temp_path, mode, encoding="utf-8" if mode == "w" else None) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp_path, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temp_path)
+            raise
+        return
+    buffer: IO = io.StringIO() if mode == "w" else io.BytesIO()
+    yield buffer
+    payload = buffer.getvalue()
+    fs.pipe_file(path, payload.encode("utf-8") if isinstance(payload, str) else payload)
+
+
+def create_exclusive(url: str, data: str | bytes) -> bool:
+    """Create ``url`` holding ``data`` only if it does not exist; True when this call created it.
+
+    Local disk uses ``O_CREAT | O_EXCL``, which the kernel makes atomic between processes. Other
+    filesystems have no portable create-if-absent in fsspec, so there it is check-then-write
+    (correct within one process, e.g. ``memory://``); callers that need cross-machine safety on an
+    object store read the file back to confirm who won.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fs, path = filesystem(url)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(payload)
+        return True
+    if fs.exists(path):
+        return False
+    fs.pipe_file(path, payload)
+    return True

@@ -1,0 +1,50 @@
+"""Logging set-up, in one place, so every Marin package logs the same way.
+
+Library modules only call :func:`get_logger`; entry points (the ``marin`` CLI, scripts, the step
+runner when nothing is configured yet) call :func:`setup_logging` once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DATE_FORMAT = "%H:%M:%S"
+
+_HANDLER_MARK = "_marin_handler"
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(name)
+
+
+def setup_logging(level: int | str | None = None, *, stream=None, force: bool = False) -> None:
+    """Send Marin's log records to ``stream`` (stderr) at ``level`` (``MARIN_LOG_LEVEL`` or INFO).
+
+    Idempotent: a second call only changes the level, unless ``force`` replaces the handler. If
+    the application already configured the root logger, Marin leaves its handlers alone.
+    """
+    if level is None:
+        level = os.environ.get("MARIN_LOG_LEVEL", "INFO")
+    if isinstance(level, str):
+        level = logging.getLevelName(level.upper())
+        if not isinstance(level, int):
+            raise ValueError("log level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL.")
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]
+    if force:
+        for handler in ours:
+            root.removeHandler(handler)
+        ours = []
+    if not ours and (force or not root.handlers):
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, DATE_FORMAT))
+        setattr(handler, _HANDLER_MARK, True)
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def is_configured() -> bool:
+    return bool(logging.getLogger().handlers)
