@@ -81,6 +81,11 @@ def main() -> None:
                 "raw_tokens_per_s": round(raw_rate),
                 "pipeline_tokens_per_s": round(pipeline_rate),
                 "ratio": round(pipeline_rate / raw_rate, 3),
+                "raw_median_s": round(statistics.median(raw_seconds), 3),
+                "pipeline_median_s": round(statistics.median(pipeline_seconds), 3),
+                # The first pipeline run also canonicalises and parses the tokenizer (later runs in the
+                # same process reuse it, as a script that declares and then runs the step does).
+                "pipeline_first_s": round(pipeline_seconds[0], 3),
             }
         )
     )

@@ -141,3 +141,20 @@ def test_tokenizer_folder_copy_keeps_identity(gpt2, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(GPT2_JSON.parent, copy)
     assert load_tokenizer(copy).identity == gpt2.identity
+
+
+def test_hub_id_is_read_from_the_local_cache_when_offline(gpt2, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--some-org--gpt2-copy"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(GPT2_JSON.parent / name, snapshot / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    cached = load_tokenizer("some-org/gpt2-copy")
+    assert cached.identity == gpt2.identity and cached.eos_id == 50256

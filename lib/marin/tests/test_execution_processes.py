@@ -81,3 +81,34 @@ def test_sigkilled_runner_leaves_no_success_and_rerun_completes(tmp_path):
     report = runner.run([step])
     assert report.ran == ["victim"] and calls == [1]
     assert read_status(output).status == "SUCCESS"
+
+
+INTERRUPT_SCRIPT = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+
+    def patient(ctx):
+        pathlib.Path(sys.argv[1]).write_text("started")
+        while True:
+            ctx.check_lease()  # raises once the run is interrupted
+            time.sleep(0.02)
+
+    StepRunner(prefix=sys.argv[2]).run([StepSpec("patient", patient)])
+    """
+)
+
+
+def test_ctrl_c_stops_cooperative_steps_and_records_failure(tmp_path):
+    script, marker, prefix = tmp_path / "interrupt.py", tmp_path / "started", str(tmp_path / "prefix")
+    script.write_text(INTERRUPT_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), str(marker), prefix], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode != 0 and "KeyboardInterrupt" in stderr
+    status = read_status(StepRunner(prefix=prefix).output_path_for(StepSpec("patient", lambda: None)))
+    assert status.status == "FAILED" and "interrupted" in status.error

@@ -243,10 +243,12 @@ def test_runner_on_memory_filesystem():
 def test_lost_lease_never_writes_success(tmp_path):
     def hijacked(ctx):
         lock = os.path.join(ctx.output_path, ".executor_lock")
-        with open(lock, "w") as handle:
-            json.dump({"holder": "intruder", "host": "elsewhere", "pid": 1, "acquired_at": time.time(), "heartbeat_at": time.time()}, handle)
-        deadline = time.time() + 5
+        deadline = time.time() + 10
+        # Keep rewriting the lock as another holder would: a heartbeat already in flight may
+        # overwrite one write, but the next heartbeat must notice.
         while not ctx.lost_lease and time.time() < deadline:
+            with open(lock, "w") as handle:
+                json.dump({"holder": "intruder", "host": "elsewhere", "pid": 1, "acquired_at": time.time(), "heartbeat_at": time.time()}, handle)
             time.sleep(0.01)
         ctx.check_lease()
 

@@ -222,3 +222,33 @@ def test_missing_path_and_empty_folder_get_clear_errors(tmp_path):
     (tmp_path / "validation.jsonl").write_text('{"text": "x"}\n')
     with pytest.raises(SourceError, match="no training files"):
         resolve_source(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [("connection", HubUnreachableError), ("server", HubUnreachableError), ("missing", HubRefusedError)],
+)
+def test_real_hub_client_tells_unreachable_from_refused(monkeypatch, failure, expected):
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    http = pytest.importorskip("httpx2")  # the HTTP client huggingface_hub builds its errors from
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    request = http.Request("GET", "https://huggingface.co/api/datasets/x/y")
+
+    def fail(self, repo_id, **kwargs):
+        assert kwargs["timeout"] == 5.0  # a short timeout: declaring an experiment must not hang
+        if failure == "connection":
+            raise ConnectionError("no route to host")
+        if failure == "server":
+            raise HfHubHTTPError("bad gateway", response=http.Response(502, request=request))
+        raise RepositoryNotFoundError("not found", response=http.Response(404, request=request))
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", fail)
+    client = HuggingFaceHub()
+    with pytest.raises(expected):
+        client.latest_revision("x/y", "dataset")
+    with pytest.raises(expected):  # remembered: the hub is asked once per process
+        client.latest_revision("x/y", "dataset")

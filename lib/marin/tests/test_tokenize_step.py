@@ -46,11 +46,11 @@ def _run(handle, prefix: Path) -> TokenizedDataset:
 def gpt2_run(tmp_path_factory):
     prefix = tmp_path_factory.mktemp("prefix")
     handle = tokenized("tokenized/tinystories-sample", str(TRAIN), str(GPT2), validation=str(VALIDATION))
-    return handle, _run(handle, prefix)
+    return handle, _run(handle, prefix), prefix
 
 
 def test_shared_sample_tokenizes_exactly(gpt2_run):
-    _, result = gpt2_run
+    _, result, _ = gpt2_run
     train = result.splits["train"]
     assert (train.documents, train.content_tokens, train.tokens) == (1800, 368_877, 368_877 + 1800)
     assert result.splits["validation"].documents == 200
@@ -64,7 +64,7 @@ def test_shared_sample_tokenizes_exactly(gpt2_run):
 
 
 def test_identity_follows_content_not_location(gpt2_run, tmp_path):
-    handle, _ = gpt2_run
+    handle, _, _ = gpt2_run
     shutil.copy(TRAIN, tmp_path / "train.jsonl")
     shutil.copy(VALIDATION, tmp_path / "validation.jsonl")
     shutil.copytree(GPT2.parent, tmp_path / "tok")
@@ -162,3 +162,27 @@ def test_sigkill_mid_tokenize_then_rerun_gives_the_same_stream(tmp_path):
                                tokenizers.Tokenizer.from_file(str(GPT2)).encode_batch(_stories(TRAIN))])
     np.testing.assert_array_equal(reference.read_tokens(0, reference.num_tokens), expected)
     assert [s["path"] for s in reference.ledger["shards"]] == [f"shard-0000{i}" for i in range(4)]
+
+
+def test_a_step_reads_tokenized_handles_through_the_loader(gpt2_run):
+    handle, result, prefix = gpt2_run
+    from levanter.data import build_text_data
+    from marin.experiment.data import cache_sources
+
+    def first_batch(ctx):
+        data = build_text_data(cache_sources(ctx, {handle: 1.0}), seq_len=64, batch_size=2)
+        batch = next(data.train.iter_from(0))
+        evaluation = next(data.validation[handle.name]())
+        return {"tokens": batch.tokens.tolist(), "eval_rows": int(evaluation.tokens.shape[0])}
+
+    consumer = lazy_step("consumers/first-batch", first_batch, deps=[handle])
+    out = _run_plain(consumer, prefix)  # the tokenize step is cached there already
+    flat = TokenCache.open(result.splits["train"].cache_path)
+    starts = [flat.read_tokens(i * 64, i * 64 + 64).tolist() for i in range(flat.num_tokens // 64)]
+    assert all(row in starts for row in out["tokens"]) and out["eval_rows"] == 2
+
+
+def _run_plain(handle, prefix: Path):
+    runner = StepRunner(prefix=str(prefix))
+    runner.run([handle])
+    return load_artifact(runner.output_path_for(lower(handle)[-1])).result

@@ -91,7 +91,7 @@ def partition_spec(axes: Axes | Sequence[str | None], shape: Sequence[int] | Non
 
     A mesh axis is dropped (that dimension replicated instead) when it is already used by an
     earlier dimension of the same array or when it does not divide the dimension: both would
-    make an invalid sharding, and replication is always correct.
+    make an invalid sharding, and replication is always correct. Size-1 mesh axes are omitted.
     """
     used: set[str] = set()
     spec = []
@@ -102,8 +102,8 @@ def partition_spec(axes: Axes | Sequence[str | None], shape: Sequence[int] | Non
         divisor = 1
         for mesh_axis in targets:
             size = mesh.shape.get(mesh_axis, 1)
-            if mesh_axis in used or mesh_axis not in mesh.shape:
-                continue
+            if mesh_axis in used or mesh_axis not in mesh.shape or size == 1:
+                continue  # size-1 axes split nothing; leaving them out keeps specs readable
             if shape is not None and shape[dim] % (divisor * size):
                 logger.debug("Replicating %s (size %d) instead of splitting it %d ways.", name, shape[dim], size)
                 continue

@@ -136,7 +136,8 @@ def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
 def create_exclusive(url: str, data: str | bytes) -> bool:
     """Create ``url`` holding ``data`` only if it does not exist; True when this call created it.
 
-    Local disk uses ``O_CREAT | O_EXCL``, which the kernel makes atomic between processes. Other
+    Local disk uses a hard link of a fully written temporary file, which the kernel makes atomic
+    and exclusive between processes. Other
     filesystems have no portable create-if-absent in fsspec, so there it is check-then-write
     (correct within one process, e.g. ``memory://``); callers that need cross-machine safety on an
     object store read the file back to confirm who won.
@@ -144,13 +145,27 @@ def create_exclusive(url: str, data: str | bytes) -> bool:
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fs, path = filesystem(url)
     if isinstance(fs, LocalFileSystem):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        folder = os.path.dirname(path) or "."
+        os.makedirs(folder, exist_ok=True)
+        # Write a private file, then hard-link it into place: link() fails if the target exists,
+        # and a reader never sees the file before its content is complete.
+        temp_path = os.path.join(folder, f".{os.path.basename(path)}.new-{uuid.uuid4().hex[:12]}")
+        with open(temp_path, "wb") as handle:
+            handle.write(payload)
         try:
-            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(temp_path, path)
         except FileExistsError:
             return False
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(payload)
+        except OSError:
+            # Filesystems without hard links: O_EXCL is still exclusive, only not all-at-once.
+            try:
+                descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(payload)
+        finally:
+            os.remove(temp_path)
         return True
     if fs.exists(path):
         return False

@@ -9,6 +9,7 @@ into a silently empty dataset.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -37,22 +38,20 @@ OnError = Literal["raise", "skip"]
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _TEXT_SUFFIXES = (".txt", ".text")
 _PARQUET_SUFFIXES = (".parquet",)
-_COMPRESSIONS = ("", ".gz", ".zst")
+_COMPRESSIONS = (".gz", ".zst")
 
 
 def input_format(path: str) -> tuple[str, str]:
     """``(format, compression)`` from the file name: format is jsonl, parquet or text."""
     name = os.path.basename(path).lower()
-    for compression in _COMPRESSIONS:
-        stem = name[: len(name) - len(compression)] if compression and name.endswith(compression) else name
-        if compression and not name.endswith(compression):
-            continue
-        if stem.endswith(_JSONL_SUFFIXES):
-            return "jsonl", compression
-        if stem.endswith(_TEXT_SUFFIXES):
-            return "text", compression
-        if stem.endswith(_PARQUET_SUFFIXES) and not compression:
-            return "parquet", ""
+    compression = next((suffix for suffix in _COMPRESSIONS if name.endswith(suffix)), "")
+    stem = name[: len(name) - len(compression)]
+    if stem.endswith(_JSONL_SUFFIXES):
+        return "jsonl", compression
+    if stem.endswith(_TEXT_SUFFIXES):
+        return "text", compression
+    if stem.endswith(_PARQUET_SUFFIXES) and not compression:
+        return "parquet", ""
     raise UnsupportedInputError(
         f"{path}: cannot tell the format from the name; zephyr reads *.jsonl/*.json/*.ndjson, *.txt/*.text "
         "(each optionally .gz or .zst) and *.parquet"
@@ -72,20 +71,26 @@ def expand_input_files(spec: str | Sequence[str]) -> list[str]:
     return expand_glob(spec, folder_filter=_is_supported, wanted="jsonl, parquet or text files")
 
 
-def _open_binary(path: str, compression: str) -> IO[bytes]:
+@contextlib.contextmanager
+def _open_binary(path: str, compression: str) -> Iterator[IO[bytes]]:
+    """The decompressed bytes of ``path``; closes the underlying file too."""
     fs, fs_path = url_to_fs(path)
     try:
         raw = fs.open(fs_path, "rb")
     except FileNotFoundError:
         raise InputNotFoundError(f"input path {path!r} does not exist") from None
-    if compression == ".gz":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if compression == ".zst":
-        import zstandard
+    with raw:
+        if compression == ".gz":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
+                yield stream
+        elif compression == ".zst":
+            import zstandard
 
-        # The zstd stream reader has no line iteration of its own; buffering adds it.
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return raw
+            # The zstd stream reader has no line iteration of its own; buffering adds it.
+            with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)) as stream:
+                yield stream
+        else:
+            yield raw
 
 
 def _problem(path: str, problem: str, reason: str, on_error: OnError, line: int | None = None) -> None:
@@ -306,7 +311,9 @@ def _split_of(relative_path: str) -> str | None:
 
 def _data_files(paths: Sequence[str]) -> list[str]:
     """The files worth reading: one format only, preferring Parquet, then jsonl, then text."""
-    usable = [p for p in paths if _is_supported(p) and not os.path.basename(p).lower().startswith("readme")]
+    # Hub repos carry metadata next to the data (dataset cards, dataset_info.json): never documents.
+    usable = [p for p in paths if _is_supported(p)
+              and not os.path.basename(p).lower().startswith(("readme", "dataset_info", "dataset_dict", "state"))]
     for wanted in ("parquet", "jsonl", "text"):
         chosen = sorted(p for p in usable if input_format(p)[0] == wanted)
         if chosen:
@@ -314,46 +321,51 @@ def _data_files(paths: Sequence[str]) -> list[str]:
     return []
 
 
+def _splits_in(local_dir: str) -> dict[str, list[str]]:
+    all_files = [os.path.relpath(os.path.join(root, name), local_dir)
+                 for root, _, names in os.walk(local_dir) for name in names]
+    splits: dict[str, list[str]] = {}
+    for relative in _data_files(all_files):
+        splits.setdefault(_split_of(relative) or "train", []).append(os.path.join(local_dir, relative))
+    return splits
+
+
 def resolve_hub_dataset(repo_id: str, *, revision: str | None = None, local_files_only: bool | None = None) -> HubDataset:
     """Find ``repo_id`` in the local Hugging Face cache, or download its data files when online.
 
-    Offline (``HF_HUB_OFFLINE=1``, or the hub unreachable) only the local cache is used; a dataset
-    that is not there raises :class:`HubDatasetUnavailableError`.
+    Offline (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) only the local cache is used; a
+    dataset that is not there raises :class:`HubDatasetUnavailableError`, as does a hub that cannot
+    be reached.
     """
     import huggingface_hub
     from huggingface_hub import constants
 
     offline = constants.HF_HUB_OFFLINE if local_files_only is None else local_files_only
+    local_dir, splits = None, {}
     try:
         local_dir = huggingface_hub.snapshot_download(repo_id, repo_type="dataset", revision=revision,
                                                       local_files_only=True)
-        cached = True
+        splits = _splits_in(local_dir)
     except Exception:  # noqa: BLE001 - any failure here just means "not in the local cache"
-        cached = False
-    if not cached:
+        pass
+    if not splits:
         if offline:
             raise HubDatasetUnavailableError(
                 f"Hugging Face dataset {repo_id!r} is not in the local cache ({constants.HF_HUB_CACHE}) and the hub "
-                "is offline (HF_HUB_OFFLINE=1); download it once with network access or point to local files"
+                "is offline (HF_HUB_OFFLINE=1); download it once with network access, or point to local files"
             )
         try:
-            api = huggingface_hub.HfApi()
-            files = api.list_repo_files(repo_id, repo_type="dataset", revision=revision)
-            wanted = _data_files(files)
+            files = huggingface_hub.HfApi().list_repo_files(repo_id, repo_type="dataset", revision=revision)
             local_dir = huggingface_hub.snapshot_download(repo_id, repo_type="dataset", revision=revision,
-                                                          allow_patterns=wanted or None)
+                                                          allow_patterns=_data_files(files) or None)
         except Exception as error:  # noqa: BLE001 - network, auth and not-found errors all land here
             raise HubDatasetUnavailableError(
                 f"Hugging Face dataset {repo_id!r} is not in the local cache and could not be fetched from the hub "
                 f"({type(error).__name__}: {error})"
             ) from error
+        splits = _splits_in(local_dir)
+        if not splits:
+            raise HubDatasetUnavailableError(f"Hugging Face dataset {repo_id!r} holds no jsonl, parquet or text data files")
+    # The snapshot folder is named after the commit: the content's identity, whatever ref was asked for.
     commit = os.path.basename(os.path.normpath(local_dir))
-    all_files = [os.path.relpath(os.path.join(root, name), local_dir)
-                 for root, _, names in os.walk(local_dir) for name in names]
-    splits: dict[str, list[str]] = {}
-    for relative in _data_files(all_files):
-        split = _split_of(relative) or "train"
-        splits.setdefault(split, []).append(os.path.join(local_dir, relative))
-    if not splits:
-        raise HubDatasetUnavailableError(f"Hugging Face dataset {repo_id!r} (cached at {local_dir}) holds no readable data files")
     return HubDataset(repo_id=repo_id, revision=commit, local_dir=local_dir, splits=splits)

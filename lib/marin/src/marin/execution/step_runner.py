@@ -302,8 +302,9 @@ class StepRunner:
         if not chosen:
             names = ", ".join(s.name for s in specs)
             raise RunOptionError(f"run_only {run_only!r} matches no step. Step names: {names}.")
-        needed = {id(s) for s in topological_order(chosen)}
-        return [s for s in specs if id(s) in needed]
+        # By identity: a dependency may be a different (but equal) object from the one kept in specs.
+        needed = {s.identity for s in topological_order(chosen)}
+        return [s for s in specs if s.identity in needed]
 
     def _plan(self, specs: list[StepSpec]) -> list[PlannedStep]:
         planned = []
@@ -530,6 +531,8 @@ class StepRunner:
             result = self._call(spec, output_path, dep_paths, lease)
             lease.check()
             save_artifact(output_path, result, step=spec.name, identity=spec.identity)
+            # Confirm with the lock file itself, not only the heartbeat thread's last look.
+            lease.heartbeat()
             lease.check()
             # SUCCESS goes last: a reader who sees it can trust the output and artifact are complete.
             write_status(output_path, STATUS_SUCCESS, holder=self.runner_id)

@@ -13,10 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from levanter.data import CacheSource
 from levanter.tokenization import load_tokenizer
-from marin.execution.lazy import LazyStep, lazy_step
 from marin.datasets.sources import ResolvedSource, resolve_source
 from marin.datasets.tokenizer_ref import ResolvedTokenizer, TokenizerRef, resolve_tokenizer_ref
+from marin.execution.lazy import LazyStep, lazy_step
 from marin.processing.tokenize import (
     MissingSplitError,
     TokenizeConfig,
@@ -111,6 +112,27 @@ def tokenized(
         resources=resources,
         output_path=output_path,
     )
+
+
+def cache_sources(ctx: Any, datasets: Mapping[LazyStep, float]) -> list[CacheSource]:
+    """Inside a step that depends on tokenized handles: a weighted :class:`CacheSource` per handle.
+
+    ``datasets`` is ``{tokenized handle: weight}`` as in the tutorial; validation comes from each
+    handle's validation split when it has one (else the loader holds out a slice of train).
+    """
+    sources = []
+    for handle, weight in datasets.items():
+        result = ctx.load_artifact(handle, TokenizedDataset).result
+        validation = result.splits.get("validation")
+        sources.append(
+            CacheSource(
+                name=handle.name,
+                train=result.cache_path("train"),
+                validation=validation.cache_path if validation is not None else None,
+                weight=float(weight),
+            )
+        )
+    return sources
 
 
 def _fields(config: TokenizeConfig) -> dict[str, Any]:

@@ -294,4 +294,8 @@ def _describe_source(source: Mapping[str, Any]) -> str:
     if isinstance(description, str):
         return description
     kind = source.get("kind", "source")
-    return f"{kind} {source.get('id') or source.get('name') or ''}".strip()
+    if source.get("stands_in_for"):
+        return f"{kind} (stands in for {source['stands_in_for']})"
+    if source.get("repo_id"):
+        return f"{kind} {source['repo_id']}@{str(source.get('revision', ''))[:12]}"
+    return str(kind)

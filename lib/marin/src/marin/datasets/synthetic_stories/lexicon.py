@@ -224,7 +224,7 @@ SEASONS = ("spring", "summer", "fall", "winter")
 
 # Feelings as adjectives that fit "felt ..." and "was very ...".
 HAPPY_FEELINGS = ("happy", "glad", "proud", "excited", "cheerful", "joyful", "thankful", "calm", "safe", "warm inside")
-SAD_FEELINGS = ("sad", "upset", "worried", "hurt", "gloomy", "unhappy", "grumpy", "disappointed", "blue")
+SAD_FEELINGS = ("sad", "upset", "worried", "hurt", "gloomy", "unhappy", "grumpy", "disappointed", "lonely")
 SCARED_FEELINGS = ("scared", "afraid", "nervous", "frightened", "shaky", "uneasy")
 ANGRY_FEELINGS = ("angry", "cross", "mad", "annoyed", "upset", "huffy")
 
@@ -272,7 +272,7 @@ TRIPS = (
     ("the forest camp", "in the car", ("tall trees", "a little cabin", "a campfire ring"), "roasted marshmallows and listened to owls"),
     ("the apple orchard", "on a tractor", ("rows of apple trees", "baskets of apples", "a cider stand"), "picked apples and drank cider"),
     ("the snowy woods", "on a sled", ("snowy trees", "icicles on branches", "tracks of a fox"), "made snow angels and drank hot cocoa"),
-    ("the space museum", "by train", ("a real rocket", "pictures of the stars", "a moon rock"), "sat in a pretend rocket and counted planets"),
+    ("the space museum", "by train", ("a real rocket", "a big map of the stars", "a moon rock"), "sat in a pretend rocket and counted planets"),
 )
 
 TRIP_PROBLEMS = (
@@ -371,15 +371,21 @@ FOOTWEAR = ("boots", "sneakers", "sandals", "slippers", "rain boots", "shoes", "
 PATTERNS = ("with white dots", "with blue stripes", "with tiny stars", "with a big pocket", "with shiny buttons",
             "with a picture of a rocket", "with yellow flowers", "with a hood", "with a zipper", "with little hearts")
 
-# Where a character lives, as a phrase that fits "lived in ...".
-HOMES = (
+# Where a character lives, as phrases that fit "lived in ...", by kind of character.
+CHILD_HOMES = (
     "a little house with a red door", "a tall blue house on a hill", "a cozy cottage by the sea",
     "a small flat above a bakery", "a farmhouse at the end of a dusty road", "a yellow house with a big garden",
-    "a tiny cabin in the woods", "a white house next to the school", "a burrow under an old oak",
-    "a nest at the top of a tall tree", "a hollow log near the pond", "a basket by the kitchen fire",
-    "a box full of soft blankets", "a toy chest in a child's bedroom", "a shelf in a busy toy shop",
-    "a barn full of warm hay", "a boat on a quiet river", "a house made of bricks near the market",
-    "an old windmill", "a houseboat on the canal", "a lighthouse by the rocky shore", "a castle made of sand",
+    "a tiny cabin in the woods", "a white house next to the school", "a house made of bricks near the market",
+    "an old windmill", "a houseboat on the canal", "a lighthouse by the rocky shore", "a green house with a round window",
+)
+ANIMAL_HOMES = (
+    "a burrow under an old oak", "a nest at the top of a tall tree", "a hollow log near the pond",
+    "a basket by the kitchen fire", "a barn full of warm hay", "a cozy den under the roots of a tree",
+    "a little hut at the edge of the field", "a hole in the garden wall",
+)
+TOY_HOMES = (
+    "a box full of soft blankets", "a toy chest in a child's bedroom", "a corner of a busy toy shop",
+    "a basket under the bed", "a dollhouse in the playroom", "a drawer full of socks",
 )
 
 # Short scene-setting sentences, complete on their own.
@@ -393,11 +399,26 @@ SKY_LINES = (
     "Thunder grumbled far away, but the sun was still shining.", "Frost made the windows glitter.",
 )
 
-# Hair and looks, as phrases that fit "had ...".
-LOOKS = (
+# Looks, as phrases that fit "had ...".
+CHILD_LOOKS = (
     "curly red hair", "long brown braids", "short black hair", "golden curls", "freckles on both cheeks",
     "a gap between two front teeth", "big round glasses", "a bright smile", "rosy cheeks",
     "a bouncy ponytail", "spiky hair that stuck up", "dark eyes that sparkled", "a button nose",
+)
+ANIMAL_LOOKS = (
     "soft fluffy fur", "a long bushy tail", "big floppy ears", "shiny whiskers", "tiny paws",
     "a spotted coat", "a stripy tail", "a wet black nose", "bright green eyes", "a pink nose",
 )
+TOY_LOOKS = (
+    "a missing button", "shiny painted eyes", "a patch on one arm", "a tiny key in the back",
+    "wheels that squeaked", "a little bow tie", "stitches that showed love",
+)
+
+# Foods that can be carried in a basket and shared by hand (no drinks, no soups).
+_NOT_PORTABLE = {
+    "soup", "warm soup", "lemonade", "juice", "milk", "hot cocoa", "porridge", "yogurt", "ice cream",
+    "scrambled eggs", "rice", "noodles", "chocolate pudding", "peas", "corn",
+}
+SNACKS = tuple(food for food in FOODS if food not in _NOT_PORTABLE)
+
+QUIET_SOUNDS = ("a soft crying sound", "a tiny voice", "a quiet sniffle", "someone humming a sad song")

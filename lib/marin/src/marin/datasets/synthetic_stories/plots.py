@@ -36,6 +36,7 @@ def cast_story(w: StoryWriter) -> None:
         activity2=w.pick(lexicon.ACTIVITIES),
         move=w.pick(lexicon.MOVES),
         food=w.pick(lexicon.FOODS),
+        snack=w.pick(lexicon.SNACKS),
         thing=w.thing(),
         happy=w.pick(lexicon.HAPPY_FEELINGS),
         sad=w.pick(lexicon.SAD_FEELINGS),
@@ -69,8 +70,14 @@ def introduce_hero(w: StoryWriter) -> None:
 def describe(w: StoryWriter, who: str) -> None:
     """An optional detail or two about a character: looks, clothes, home, animal habits."""
     character = w.slots[who]
+    if character.is_child:
+        looks, homes = lexicon.CHILD_LOOKS, lexicon.CHILD_HOMES
+    elif character.eats:
+        looks, homes = lexicon.ANIMAL_LOOKS, lexicon.ANIMAL_HOMES
+    else:
+        looks, homes = lexicon.TOY_LOOKS, lexicon.TOY_HOMES
     w.slots.update(
-        looks=w.pick(lexicon.LOOKS), home=w.pick(lexicon.HOMES), clothes=w.pick(lexicon.CLOTHES),
+        looks=w.pick(looks), home=w.pick(homes), clothes=w.pick(lexicon.CLOTHES),
         footwear=w.pick(lexicon.FOOTWEAR), pattern=w.pick(lexicon.PATTERNS), color=w.pick(lexicon.COLORS),
         color2=w.pick(lexicon.COLORS), sky=w.pick(lexicon.SKY_LINES),
     )
@@ -171,7 +178,7 @@ def lost_and_found(w: StoryWriter) -> None:
     w.slots["finder"] = w.slots[finder]
     w.one_of(
         "At last, {finder} looked {spot3}, and there it was!",
-        "Then {finder} saw something peeking out from {spot3}. It was {thing.the}!",
+        "Then {finder} saw something poking out {spot3}. It was {thing.the}!",
         "Finally, {finder} found {thing.the} {spot3}.",
     )
     w.say(w.slots["hero"], "You found it! Thank you, {friend}!", "My {thing.noun}! Thank you so much!", verb="shouted")
@@ -196,13 +203,13 @@ def sharing(w: StoryWriter) -> None:
     w.paragraph()
     if w.rng.random() < 0.5:
         w.one_of(
-            "{hero} had a big basket of {food}. {friend} had nothing to eat.",
-            "{hero.possessive} mom had packed {food} for {hero.his} lunch. {friend} had forgotten {friend.his} lunch at home.",
+            "{hero} had a big basket of {snack}. {friend} had nothing to eat.",
+            "{hero.possessive} mom had packed {snack} for {hero.his} lunch. {friend} had forgotten {friend.his} lunch at home.",
         )
-        w.one_of("{friend.possessive} tummy made a loud rumble.", "{friend} looked at the {food} and felt {sad}.")
+        w.one_of("{friend.possessive} tummy made a loud rumble.", "{friend} looked at the {snack} and felt {sad}.")
         w.one_of(
-            "At first, {hero} wanted to keep all the {food} for {hero.himself}.",
-            "{hero} did not want to share. {hero.He} wanted all the {food}.",
+            "At first, {hero} wanted to keep all the {snack} for {hero.himself}.",
+            "{hero} did not want to share. {hero.He} wanted all the {snack}.",
         )
         w.say("hero", "These are mine.", "I want to eat them all!")
         w.one_of(
@@ -211,8 +218,8 @@ def sharing(w: StoryWriter) -> None:
         )
         w.say(w.slots["hero"], "Here, {friend}. You can have half.", "Let's share. There is enough for both of us.")
         w.one_of(
-            "{friend} smiled a big smile. They ate the {food} together, and somehow it tasted even better.",
-            "They sat side by side and shared the {food}. It was the best lunch ever.",
+            "{friend} smiled a big smile. They ate the {snack} together, and somehow the food tasted even better.",
+            "They sat side by side and shared the {snack}. It was the best lunch ever.",
         )
     else:
         w.one_of(
@@ -325,7 +332,7 @@ def trip(w: StoryWriter) -> None:
     w.one_of(
         "{friend} came along, and they went {travel}.",
         "So {hero}, {friend} and {adult} went {travel}.",
-        "They packed a bag with {food} and went {travel}.",
+        "{hero} and {friend} packed a bag with {snack}, and everyone went {travel}.",
     )
     if w.maybe(0.7):
         w.one_of(
@@ -339,7 +346,7 @@ def trip(w: StoryWriter) -> None:
         "Then something went wrong: {problem}.",
         "Halfway there, {problem}.",
     )
-    w.one_of("{hero} felt {sad}.", "{friend} was {scared} they would never get there.", "Everyone was {sad} for a moment.")
+    w.one_of("{hero} felt {sad}.", "{friend} was worried that they would never get there.", "Everyone was {sad} for a moment.")
     w.one_of("Then {fix}.", "Luckily, {fix}.", "But soon {fix}.")
     w.paragraph()
     w.one_of(
@@ -471,7 +478,8 @@ def new_friend(w: StoryWriter) -> None:
     set_the_day(w)
     w.paragraph()
     if w.rng.random() < 0.5:
-        w.add("Then {hero} heard {sound} {spot1}.")
+        w.slots["quiet_sound"] = w.pick(lexicon.QUIET_SOUNDS)
+        w.add("Then {hero} heard {quiet_sound} {spot1}.")
         w.one_of(
             "It was {friend.a_kind} named {friend}. {friend.He} looked {sad}.",
             "It was {friend}, {friend.a_trait_kind}. {friend.He} was shy and looked at the ground.",

@@ -1,0 +1,77 @@
+"""Hugging Face Llama export/import, checked against transformers' own LlamaForCausalLM (torch, CPU)."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from levanter.compat.hf_checkpoints import HfFormatError, export_llama_to_hf, import_llama_from_hf  # noqa: E402
+from levanter.models import LlamaConfig  # noqa: E402
+
+VOCAB = 67
+GPT2_TOKENIZER_DIR = Path(__file__).resolve().parents[3] / ".." / "shared" / "tokenizers" / "gpt2"
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
+
+
+def _torch_logits(hf_model, tokens):
+    with torch.no_grad():
+        return hf_model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+
+
+@jax.jit
+def _our_logits(model, tokens):
+    return model(tokens)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_loads_in_transformers_with_matching_logits(tmp_path, tokens, tied):
+    config = LlamaConfig(
+        hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=64,
+        rope_theta=5000.0, tie_word_embeddings=tied,
+    )
+    model = config.build(VOCAB, key=jax.random.PRNGKey(4))
+    export_llama_to_hf(model, tmp_path, tokenizer_dir_or_obj=GPT2_TOKENIZER_DIR if tied else None)
+
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(hf_model).__name__ == "LlamaForCausalLM"
+    np.testing.assert_allclose(_torch_logits(hf_model, tokens), _our_logits(model, tokens), atol=1e-4)
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is tied
+    if tied:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+        assert tokenizer("Once upon a time")["input_ids"] == [7454, 2402, 257, 640]
+
+
+def test_transformers_model_imports_with_matching_logits(tmp_path, tokens):
+    hf_config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=128, rope_theta=20000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(hf_config).eval()
+    hf_model.save_pretrained(tmp_path)
+
+    model = import_llama_from_hf(tmp_path, use_scan=True)
+    assert model.config.num_kv_heads == 2 and model.config.rope_theta == 20000.0 and model.config.norm_eps == 1e-6
+    np.testing.assert_allclose(_our_logits(model, tokens), _torch_logits(hf_model, tokens), atol=1e-4)
+
+
+def test_unsupported_checkpoints_fail_clearly(tmp_path):
+    with pytest.raises(HfFormatError, match="config.json"):
+        import_llama_from_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "vocab_size": 10, "rope_scaling": {"rope_type": "llama3", "factor": 8.0},
+    }))
+    with pytest.raises(HfFormatError, match="llama3"):
+        import_llama_from_hf(tmp_path)
