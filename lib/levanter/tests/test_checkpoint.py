@@ -124,12 +124,43 @@ def test_partial_checkpoint_is_never_loaded(killed_and_resumed):
         f.write(b"\0" * 100)
     checkpointer = Checkpointer(root)
     assert checkpointer.latest_step() == 2 * N
-    assert not os.path.exists(partial)  # cleaned up when the manager starts
+    assert checkpointer.all_steps() == [N, 2 * N]
 
 
 def test_a_checkpoint_of_another_model_is_refused(killed_and_resumed):
     *_, killed_dir = killed_and_resumed
     other = dict(MODEL, hidden_dim=48)
     trainer = Trainer(trainer_config(), optimizer(), output_dir=killed_dir)
-    with pytest.raises(CheckpointError, match="does not match"):
+    with pytest.raises(CheckpointError, match=r"does not match.*stored \(64, 32\) float32, expected \(64, 48\)"):
         trainer.train(lambda key: LlamaConfig(**other).build(VOCAB, key=key), source())
+
+
+def test_save_policy_by_steps_and_minutes(tmp_path, monkeypatch):
+    import levanter.trainer.checkpoint as checkpoint_module
+
+    now = [1000.0]
+    monkeypatch.setattr(checkpoint_module.time, "monotonic", lambda: now[0])
+    by_steps = Checkpointer(str(tmp_path / "a"), every_steps=5)
+    assert [s for s in range(1, 16) if by_steps.due(s)] == [5, 10, 15]
+    by_time = Checkpointer(str(tmp_path / "b"), every_minutes=2)
+    assert not by_time.due(1)
+    now[0] += 121
+    assert by_time.due(2)
+    never = Checkpointer(str(tmp_path / "c"))
+    assert not any(never.due(s) for s in range(1, 50))
+
+
+def test_sigterm_checkpoints_then_stops(tmp_path):
+    from levanter.trainer import TrainingPreempted
+
+    def preempt(trainer, step, metrics):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = Trainer(trainer_config(), optimizer(), output_dir=str(tmp_path), hooks=[preempt])
+    # Step 3's metrics are read while step 4 runs, so the signal lands during step 4: that step
+    # completes, is saved, and the run stops.
+    with pytest.raises(TrainingPreempted, match="after step 4"):
+        trainer.train(init_model, source())
+    assert trainer.checkpointer.all_steps() == [4]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from levanter.compat.hf_checkpoints import HfFormatError, export_llama_to_hf, import_llama_from_hf  # noqa: E402
 from levanter.models import LlamaConfig  # noqa: E402
 
-VOCAB = 67
+VOCAB = 64
 GPT2_TOKENIZER_DIR = Path(__file__).resolve().parents[3] / ".." / "shared" / "tokenizers" / "gpt2"
 
 
@@ -36,11 +36,14 @@ def _our_logits(model, tokens):
 @pytest.mark.parametrize("tied", [False, True])
 def test_export_loads_in_transformers_with_matching_logits(tmp_path, tokens, tied):
     config = LlamaConfig(
-        hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=64,
-        rope_theta=5000.0, tie_word_embeddings=tied,
+        hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=64,
+        rope_theta=5000.0, tie_word_embeddings=tied, use_scan=tied,
     )
     model = config.build(VOCAB, key=jax.random.PRNGKey(4))
-    export_llama_to_hf(model, tmp_path, tokenizer_dir_or_obj=GPT2_TOKENIZER_DIR if tied else None)
+    # The tied model is also written in small shards with an index, as large models are.
+    shard_bytes = 20_000 if tied else 5 * 2**30
+    export_llama_to_hf(model, tmp_path, tokenizer_dir_or_obj=GPT2_TOKENIZER_DIR if tied else None, max_shard_bytes=shard_bytes)
+    assert (tmp_path / "model.safetensors.index.json").exists() == tied
 
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     assert type(hf_model).__name__ == "LlamaForCausalLM"
@@ -49,6 +52,10 @@ def test_export_loads_in_transformers_with_matching_logits(tmp_path, tokens, tie
     if tied:
         tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
         assert tokenizer("Once upon a time")["input_ids"] == [7454, 2402, 257, 640]
+    # Reading our own export back (sharded or not) gives the very same parameters.
+    again = import_llama_from_hf(tmp_path, use_scan=config.use_scan)
+    for ours, back in zip(jax.tree.leaves(model), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(ours, back)
 
 
 def test_transformers_model_imports_with_matching_logits(tmp_path, tokens):

@@ -42,7 +42,7 @@ def test_routed_experts_match_dense_reference(model):
     mlp = model.layers[0].moe
     x = jax.random.normal(jax.random.PRNGKey(2), (3, 7, 16))
     y, balance = jax.jit(lambda m, x: m(x))(mlp, x)
-    np.testing.assert_allclose(y, _dense_reference(mlp, x), atol=1e-6)
+    np.testing.assert_allclose(y, jax.jit(_dense_reference)(mlp, x), atol=1e-6)
     assert 1.0 <= float(balance) <= mlp.num_experts
 
 
@@ -65,13 +65,6 @@ def test_forward_aux_loss_and_gradients_reach_router(model, tokens):
     grads = jax.jit(jax.grad(objective))(model)
     assert float(jnp.abs(grads.layers[0].moe.router.weight).sum()) > 0
     assert float(jnp.abs(grads.layers[1].moe.down_proj).sum()) > 0
-
-
-def test_scanned_model_matches_unrolled(model, tokens):
-    scanned = dataclasses.replace(TINY, use_scan=True).build(VOCAB, key=jax.random.PRNGKey(0))
-    a, b = model.forward(tokens), scanned.forward(tokens)
-    np.testing.assert_allclose(a.logits, b.logits, atol=1e-5)
-    np.testing.assert_allclose(a.aux_loss, b.aux_loss, rtol=1e-5)
 
 
 def test_parameter_counts(model):

@@ -190,12 +190,17 @@ def test_rerun_of_a_finished_run_trains_nothing(short_run, tmp_path):
 # -- errors ----------------------------------------------------------------------------------------
 
 
+def plain_config():
+    # The same settings as test_checkpoint's runs, so the compiled step is shared through the cache.
+    return TrainerConfig(num_train_steps=8, batch_size=8, keep_last_checkpoints=None, log_every=2, mesh=MeshConfig(data=1))
+
+
 def test_nan_loss_names_the_step(tmp_path):
     def poisoned(key):
         model = tiny_model(key)
         return eqx.tree_at(lambda m: m.final_norm.weight, model, jnp.full_like(model.final_norm.weight, jnp.nan))
 
-    trainer = Trainer(TrainerConfig(num_train_steps=3, batch_size=8, mesh=MeshConfig(data=1)), AdamConfig(1e-3), output_dir=str(tmp_path))
+    trainer = Trainer(plain_config(), AdamConfig(3e-3, 0.1, warmup=2), output_dir=str(tmp_path))
     with pytest.raises(NonFiniteLossError, match="at step 1"):
         trainer.train(poisoned, pattern_source())
 
@@ -206,7 +211,7 @@ def test_short_data_source_is_reported(tmp_path):
             source = pattern_source()
             return iter([source.batch_at(start), source.batch_at(start + 1)])
 
-    trainer = Trainer(TrainerConfig(num_train_steps=4, batch_size=8, mesh=MeshConfig(data=1)), AdamConfig(1e-3), output_dir=str(tmp_path))
+    trainer = Trainer(plain_config(), AdamConfig(3e-3, 0.1, warmup=2), output_dir=str(tmp_path))
     with pytest.raises(DataSourceError, match="ended after 2 batches"):
         trainer.train(tiny_model, TwoBatches())
 
@@ -233,3 +238,104 @@ def test_mesh_larger_than_the_machine(tmp_path):
 def test_trainer_config_round_trips_through_json():
     config = TrainerConfig(num_train_steps=5, batch_size=4, mesh=MeshConfig(data=2, model=2), trackers=("jsonl", "tensorboard"))
     assert TrainerConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+# -- MoE -------------------------------------------------------------------------------------------
+
+
+def test_moe_model_trains_and_logs_its_aux_loss(tmp_path):
+    from levanter.models.moe import MoeConfig
+
+    moe = MoeConfig(
+        hidden_dim=32, intermediate_dim=32, num_layers=2, num_heads=2, num_kv_heads=2,
+        num_experts=4, num_experts_per_token=2, max_seq_len=SEQ,
+    )
+    config = TrainerConfig(num_train_steps=12, batch_size=8, log_every=4, mesh=MeshConfig(data=1))
+    trainer = Trainer(config, AdamConfig(3e-3, 0.1, warmup=2), output_dir=str(tmp_path))
+    result = trainer.train(lambda key: moe.build(VOCAB, key=key), pattern_source())
+    rows = [r for r in read_metrics(result.metrics_path) if "loss" in r]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
+    aux = [r["aux_loss"] for r in rows]
+    # Switch-style balance loss: coef * E * sum(f_i * p_i), about coef (0.01) per layer when balanced.
+    assert all(0.0 < a < 1.0 for a in aux)
+    assert aux[0] == pytest.approx(0.01 * moe.num_layers, rel=0.5)
+
+
+# -- the entry point -------------------------------------------------------------------------------
+
+
+def test_train_lm_writes_the_output_folder(tmp_path):
+    from levanter.main.train_lm import TrainLmConfig, train_lm
+
+    source = pattern_source(seed=9)
+    config = TrainLmConfig(
+        model=TINY,
+        optimizer=AdamConfig(3e-3, 0.1, warmup=2),
+        trainer=plain_config(),
+        vocab_size=VOCAB,
+        output_path=str(tmp_path / "run"),
+    )
+    json.dumps(config.to_dict())
+    result = train_lm(config, source, {"validation": lambda: source.sequential_batches(limit=2)})
+    assert result.final_step == 8
+    assert os.path.exists(result.metrics_path)
+    with open(result.eval_path) as f:
+        record = json.load(f)
+    assert record["step"] == 8 and record["eval"]["validation"] == pytest.approx(result.eval_losses["validation"])
+    assert record["train_loss"] == pytest.approx(result.final_train_loss)
+    assert result.checkpoint_paths == [os.path.join(result.checkpoint_dir, "8")]
+    assert os.path.exists(os.path.join(result.hf_path, "config.json"))
+    assert os.path.exists(os.path.join(result.hf_path, "model.safetensors"))
+    json.dumps(result.to_dict())
+
+
+# -- mixed precision and the peak-FLOPs table -------------------------------------------------------
+
+
+def test_compute_dtype_policy_and_casting():
+    from levanter.trainer import cast_floating, resolve_compute_dtype
+
+    assert resolve_compute_dtype("auto", platform="cpu") == jnp.float32
+    assert resolve_compute_dtype("auto", platform="gpu") == jnp.bfloat16
+    assert resolve_compute_dtype("auto", platform="tpu") == jnp.bfloat16
+    tree = {"w": jnp.ones((2, 2)), "ids": jnp.arange(3), "name": "x"}
+    cast = cast_floating(tree, jnp.bfloat16)
+    assert cast["w"].dtype == jnp.bfloat16 and cast["ids"].dtype == tree["ids"].dtype and cast["name"] == "x"
+
+
+def test_peak_flops_table_and_mfu():
+    from levanter.trainer import model_flops_utilization, peak_flops_per_device
+
+    assert peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops_per_device("NVIDIA A100-SXM4-40GB") == 312e12
+    assert peak_flops_per_device("TPU v5 lite") == 197e12
+    assert peak_flops_per_device("TPU v4") == 275e12
+    assert peak_flops_per_device("Some Unknown Chip") is None
+    assert peak_flops_per_device() is None  # the CPU the tests run on
+    assert model_flops_utilization(1e9, 1e5, 2, 1e14) == pytest.approx(0.5)
+    assert model_flops_utilization(1e9, 1e5, 1, None) is None
+
+
+# -- trackers --------------------------------------------------------------------------------------
+
+
+def test_jsonl_tracker_writes_strict_json(tmp_path):
+    from levanter.trainer.tracker import build_trackers
+
+    trackers = build_trackers(["jsonl"], metrics_path=str(tmp_path / "m.jsonl"), log_dir=str(tmp_path))
+    trackers.log(3, {"loss": float("nan"), "mfu": None, "lr": 0.5})
+    trackers.close()
+    assert read_metrics(str(tmp_path / "m.jsonl")) == [{"step": 3, "loss": None, "mfu": None, "lr": 0.5}]
+
+
+@pytest.mark.parametrize("name, module", [("tensorboard", "tensorboard"), ("wandb", "wandb")])
+def test_optional_trackers_explain_a_missing_package(name, module, tmp_path):
+    import importlib.util
+
+    from levanter.trainer.tracker import TrackerUnavailableError, build_trackers
+
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here")
+    with pytest.raises(TrackerUnavailableError, match=f"pip install {module}"):
+        build_trackers(["jsonl", name], metrics_path=str(tmp_path / "m.jsonl"), log_dir=str(tmp_path))

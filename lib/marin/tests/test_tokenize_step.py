@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -186,3 +185,39 @@ def _run_plain(handle, prefix: Path):
     runner = StepRunner(prefix=str(prefix))
     runner.run([handle])
     return load_artifact(runner.output_path_for(lower(handle)[-1])).result
+
+
+def test_process_pool_writes_the_same_cache_as_in_process(tmp_path):
+    from marin.processing.tokenize import TokenizeConfig, TokenizeInputs, run_tokenize
+
+    lines = VALIDATION.read_text(encoding="utf-8").splitlines(keepends=True)
+    files = []
+    for i in range(2):
+        files.append(str(tmp_path / f"part-{i}.jsonl"))
+        Path(files[-1]).write_text("".join(lines[i * 100 : (i + 1) * 100]), encoding="utf-8")
+    config = TokenizeConfig(source={"kind": "files"}, tokenizer=None)
+    inputs = TokenizeInputs({"train": files}, str(GPT2))
+    pooled = run_tokenize(config, inputs, str(tmp_path / "pooled"), backend="processes").splits["train"]
+    inline = run_tokenize(config, inputs, str(tmp_path / "inline"), backend="inline").splits["train"]
+    assert (pooled.documents, pooled.tokens) == (inline.documents, inline.tokens) == (200, 39_463 + 200)
+    a, b = TokenCache.open(pooled.cache_path), TokenCache.open(inline.cache_path)
+    np.testing.assert_array_equal(a.read_tokens(0, a.num_tokens), b.read_tokens(0, b.num_tokens))
+    assert [s["documents"] for s in a.ledger["shards"]] == [100, 100]
+
+
+def test_source_built_by_a_step(tmp_path):
+    def write_corpus(ctx):
+        Path(ctx.output_path).mkdir(parents=True, exist_ok=True)
+        for split, count in (("train", 30), ("validation", 5)):
+            with open(Path(ctx.output_path) / f"{split}.jsonl", "w", encoding="utf-8") as f:
+                for i in range(count):
+                    f.write(json.dumps({"text": f"{split} story number {i}."}) + "\n")
+        return {"path": ctx.output_path, "split_files": {"train": "train.jsonl", "validation": "validation.jsonl"}}
+
+    corpus = lazy_step("datasets/tiny-corpus", write_corpus, hash_attrs={"count": 30})
+    handle = tokenized("tokenized/tiny-corpus", corpus, str(GPT2))
+    assert corpus in handle.deps
+    result = _run(handle, tmp_path)
+    assert result.splits["train"].documents == 30 and result.splits["validation"].documents == 5
+    expected = tokenizers.Tokenizer.from_file(str(GPT2)).encode("validation story number 4.").ids + [50256]
+    assert TokenCache.open(result.splits["validation"].cache_path).document(4).tolist() == expected

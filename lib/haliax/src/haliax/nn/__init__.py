@@ -1,6 +1,6 @@
 """Neural-network layers whose parameters declare their logical axis names."""
 
-from haliax.nn.attention import attention_mask, dot_product_attention
+from haliax.nn.attention import attend, attention_mask, dot_product_attention
 from haliax.nn.embedding import Embedding
 from haliax.nn.linear import Linear
 from haliax.nn.norm import RMSNorm
@@ -11,6 +11,7 @@ __all__ = [
     "Linear",
     "RMSNorm",
     "apply_rotary",
+    "attend",
     "attention_mask",
     "dot_product_attention",
     "rotary_cos_sin",

@@ -11,9 +11,10 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import equinox as eqx
 import jax
@@ -130,42 +131,76 @@ def _layers_of(model: LlamaLMHeadModel) -> list[LlamaDecoderLayer]:
     return model.layers.unstack() if isinstance(model.layers, Stacked) else list(model.layers)
 
 
-def llama_to_hf_tensors(model: LlamaLMHeadModel) -> dict[str, np.ndarray]:
-    """Every weight under its ``LlamaForCausalLM`` state-dict name, as contiguous numpy arrays."""
-    config = model.config
-    tensors = {"model.embed_tokens.weight": np.asarray(model.embed.weight), "model.norm.weight": np.asarray(model.final_norm.weight)}
-    specs = _layer_tensors(config)
+def iter_hf_tensors(model: LlamaLMHeadModel) -> Iterator[tuple[str, np.ndarray]]:
+    """Every weight under its ``LlamaForCausalLM`` state-dict name, one at a time (host numpy)."""
+    specs = _layer_tensors(model.config)
+    yield "model.embed_tokens.weight", np.asarray(model.embed.weight)
     for i, layer in enumerate(_layers_of(model)):
         for spec in specs:
-            tensors[f"model.layers.{i}.{spec.theirs}"] = spec.to_hf(np.asarray(attrgetter(spec.ours)(layer)))
+            yield f"model.layers.{i}.{spec.theirs}", np.ascontiguousarray(spec.to_hf(np.asarray(attrgetter(spec.ours)(layer))))
+    yield "model.norm.weight", np.asarray(model.final_norm.weight)
     if model.lm_head is not None:
-        tensors["lm_head.weight"] = np.asarray(model.lm_head.weight).T
-    return {name: np.ascontiguousarray(t) for name, t in tensors.items()}
+        yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head.weight).T)
 
 
-def export_llama_to_hf(model: LlamaLMHeadModel, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj: Any = None) -> str:
+def llama_to_hf_tensors(model: LlamaLMHeadModel) -> dict[str, np.ndarray]:
+    return dict(iter_hf_tensors(model))
+
+
+def _save_atomically(tensors: dict[str, np.ndarray], path: str) -> None:
+    # A crash never leaves a truncated file under the real name.
+    save_file(tensors, path + ".tmp", metadata={"format": "pt"})
+    os.replace(path + ".tmp", path)
+
+
+def export_llama_to_hf(
+    model: LlamaLMHeadModel,
+    out_dir: str | os.PathLike,
+    *,
+    tokenizer_dir_or_obj: Any = None,
+    max_shard_bytes: int = 5 * 2**30,
+) -> str:
     """Write ``model`` as a ``LlamaForCausalLM`` checkpoint folder; returns the folder.
 
     ``tokenizer_dir_or_obj``: a ``tokenizers.Tokenizer`` (saved as ``tokenizer.json``) or a folder
-    whose tokenizer files are copied. Weights are written in the model's parameter dtype.
+    whose tokenizer files are copied. Weights are written in the model's (float32) parameter
+    dtype: one ``model.safetensors``, or shards plus ``model.safetensors.index.json`` when they
+    exceed ``max_shard_bytes``, the layout ``from_pretrained`` expects.
     """
     if not isinstance(model, LlamaLMHeadModel):
         raise TypeError(f"export_llama_to_hf needs a LlamaLMHeadModel, got {type(model).__name__}.")
-    out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
     dtype = model.embed.weight.dtype
-    tensors = llama_to_hf_tensors(model)
     if dtype == jnp.bfloat16:
         raise HfFormatError("Export float32 parameters (safetensors.numpy cannot write bfloat16); cast with jax.tree.map first.")
-    # Write to a temporary name first so a crash never leaves a truncated file under the real name.
-    tmp = os.path.join(out_dir, WEIGHTS_FILE + ".tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(out_dir, WEIGHTS_FILE))
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+
+    shards: list[dict[str, np.ndarray]] = [{}]
+    shard_bytes = 0
+    for name, tensor in iter_hf_tensors(model):
+        if shards[-1] and shard_bytes + tensor.nbytes > max_shard_bytes:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = tensor
+        shard_bytes += tensor.nbytes
+    total = sum(t.nbytes for shard in shards for t in shard.values())
+    if len(shards) == 1:
+        _save_atomically(shards[0], os.path.join(out_dir, WEIGHTS_FILE))
+    else:
+        weight_map = {}
+        started = time.monotonic()
+        for i, shard in enumerate(shards):
+            file_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            _save_atomically(shard, os.path.join(out_dir, file_name))
+            weight_map.update({name: file_name for name in shard})
+            logger.info("Exported shard %d/%d (%.1fs elapsed)", i + 1, len(shards), time.monotonic() - started)
+        with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(hf_config_dict(model.config, model.vocab_size, dtype), f, indent=2)
     if tokenizer_dir_or_obj is not None:
         _write_tokenizer(tokenizer_dir_or_obj, out_dir)
-    logger.info("Exported %d tensors (%d parameters) to %s", len(tensors), sum(t.size for t in tensors.values()), out_dir)
+    logger.info("Exported %d parameters (%.1f MB) in %d file(s) to %s", model.config.num_parameters(model.vocab_size), total / 1e6, len(shards), out_dir)
     return out_dir
 
 

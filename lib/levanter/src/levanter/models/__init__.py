@@ -2,7 +2,7 @@
 
 from levanter.models.llama import LlamaConfig, LlamaLMHeadModel
 from levanter.models.lm import LmOutput
-from levanter.models.loss import LossSums, next_token_loss
+from levanter.models.loss import LossSums, fused_next_token_loss, next_token_loss
 from levanter.models.moe import MoeConfig, MoeLMHeadModel
 from levanter.models.transformer import ConfigError
 
@@ -14,5 +14,6 @@ __all__ = [
     "LossSums",
     "MoeConfig",
     "MoeLMHeadModel",
+    "fused_next_token_loss",
     "next_token_loss",
 ]

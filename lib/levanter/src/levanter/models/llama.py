@@ -100,6 +100,12 @@ class LlamaDecoderLayer(eqx.Module):
         x = constrain(x, (BATCH, SEQ, EMBED))
         return x, jnp.zeros((), jnp.float32)
 
+    def decode(self, x, cos, sin, k_cache, v_cache, start):
+        """As ``__call__`` for new positions over a KV cache (see ``Attention.decode``)."""
+        attn, k_cache, v_cache = self.attention.decode(self.input_norm(x), cos, sin, k_cache, v_cache, start)
+        x = x + attn
+        return x + self.mlp(self.post_attention_norm(x)), k_cache, v_cache
+
 
 class LlamaLMHeadModel(eqx.Module):
     """Tokens -> next-token logits. Parameters are plain arrays; dtype of the embedding table is

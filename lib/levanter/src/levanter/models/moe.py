@@ -171,6 +171,13 @@ class MoeDecoderLayer(eqx.Module):
         x = constrain(x + y, (BATCH, SEQ, EMBED))
         return x, balance
 
+    def decode(self, x, cos, sin, k_cache, v_cache, start):
+        """As ``__call__`` for new positions over a KV cache (see ``Attention.decode``)."""
+        attn, k_cache, v_cache = self.attention.decode(self.input_norm(x), cos, sin, k_cache, v_cache, start)
+        x = x + attn
+        y, _ = self.moe(self.post_attention_norm(x))
+        return x + y, k_cache, v_cache
+
 
 class MoeLMHeadModel(eqx.Module):
     """Tokens -> logits; ``forward`` also returns the weighted mean balance loss over layers."""

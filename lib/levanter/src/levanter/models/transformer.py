@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from haliax import Stacked
 from haliax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP, SEQ
-from haliax.nn import Linear, apply_rotary, dot_product_attention
+from haliax.nn import Linear, apply_rotary, attend, dot_product_attention
 from haliax.partitioning import constrain
 
 
@@ -51,6 +51,25 @@ class Attention(eqx.Module):
         q = constrain(q, (BATCH, SEQ, HEADS, HEAD_DIM))
         out = dot_product_attention(q, k, v, segment_ids=segment_ids)
         return self.o_proj(out)
+
+    def decode(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Attention for new positions ``start .. start + T`` of ``x`` [B, T, embed] over a KV cache.
+
+        ``k_cache``/``v_cache`` [B, max_len, kv_heads, head_dim] hold keys and values of the earlier
+        positions; this call writes the new ones at ``start`` and returns the updated caches. Slots
+        past the current position are masked out, so the cache can be preallocated.
+        """
+        q = apply_rotary(self.q_proj(x), cos, sin)
+        k = apply_rotary(self.k_proj(x), cos, sin).astype(k_cache.dtype)
+        v = self.v_proj(x).astype(v_cache.dtype)
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, start, 0, 0))
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, start, 0, 0))
+        query_positions = start + jnp.arange(x.shape[1])
+        mask = jnp.arange(k_cache.shape[1])[None, :] <= query_positions[:, None]
+        out = attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask[None, None, None])
+        return self.o_proj(out), k_cache, v_cache
 
 
 class SwiGluMlp(eqx.Module):

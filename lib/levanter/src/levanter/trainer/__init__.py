@@ -7,7 +7,14 @@ from levanter.trainer.data_feed import DataSourceError
 from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.state import TrainState
-from levanter.trainer.trainer import DataSource, EvalSources, NonFiniteLossError, Trainer, TrainResult
+from levanter.trainer.trainer import (
+    DataSource,
+    EvalSources,
+    NonFiniteLossError,
+    Trainer,
+    TrainingPreempted,
+    TrainResult,
+)
 
 __all__ = [
     "CheckpointError",
@@ -20,6 +27,7 @@ __all__ = [
     "TrainResult",
     "TrainState",
     "Trainer",
+    "TrainingPreempted",
     "TrainerConfig",
     "TrainerConfigError",
     "cast_floating",

@@ -76,7 +76,10 @@ class Checkpointer:
             cleanup_tmp_directories=True,
             enable_async_checkpointing=asynchronous,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",))
+        # Naming the handler up front lets a fresh manager (a resumed run) read metadata before restoring.
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers={"state": ocp.StandardCheckpointHandler()}
+        )
 
     # -- policy ---------------------------------------------------------------------------------
 
@@ -115,6 +118,7 @@ class Checkpointer:
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
             for k, v in flat_template.items()
         }
+        self._check_matches(step, abstract)
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         except (KeyError, ValueError) as e:
@@ -123,6 +127,29 @@ class Checkpointer:
                 "Point the run at a fresh output folder or use the same configuration."
             ) from e
         return unflatten_state(restored["state"], template)
+
+    def _check_matches(self, step: int, abstract: dict[str, jax.ShapeDtypeStruct]) -> None:
+        """Compare names, shapes and dtypes with the stored metadata first, so a mismatch is one
+        clear error instead of a failure deep inside the restore's worker tasks."""
+        stored = self._manager.item_metadata(step)["state"]
+        stored = getattr(stored, "tree", stored)
+        problems = []
+        for name in sorted(set(abstract) | set(stored)):
+            if name not in stored:
+                problems.append(f"{name}: missing from the checkpoint")
+            elif name not in abstract:
+                problems.append(f"{name}: in the checkpoint but not in this run's state")
+            elif tuple(stored[name].shape) != tuple(abstract[name].shape) or stored[name].dtype != abstract[name].dtype:
+                problems.append(
+                    f"{name}: stored {tuple(stored[name].shape)} {stored[name].dtype}, "
+                    f"expected {tuple(abstract[name].shape)} {abstract[name].dtype}"
+                )
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise CheckpointError(
+                f"Checkpoint {self.path_of(step)} does not match this run's model/optimizer: {shown}. "
+                "Point the run at a fresh output folder or use the same configuration."
+            )
 
     def wait(self) -> None:
         """Block until every started save is committed to disk."""

@@ -18,11 +18,20 @@ class DataSourceError(RuntimeError):
 
 
 def to_device(batch: Batch, sharding: Any) -> DeviceBatch:
+    """Place a host batch on the devices. With several processes (multi-host), each one passes
+    its own rows (as ``levanter.data.DataLoader(process_index=...)`` yields them) and together
+    they form the global batch."""
+    multi_process = jax.process_count() > 1
+
     def put(x, dtype):
         if x is None:
             return None
         x = np.asarray(x, dtype=dtype)
-        return jax.device_put(x, sharding) if sharding is not None else jax.device_put(x)
+        if sharding is None:
+            return jax.device_put(x)
+        if multi_process:
+            return jax.make_array_from_process_local_data(sharding, x)
+        return jax.device_put(x, sharding)
 
     return DeviceBatch(
         tokens=put(batch.tokens, np.int32),

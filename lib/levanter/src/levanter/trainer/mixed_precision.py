@@ -37,6 +37,8 @@ def cast_floating(tree, dtype):
     def cast(x):
         if isinstance(x, jax.Array | jax.ShapeDtypeStruct) or hasattr(x, "dtype"):
             if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+                if isinstance(x, jax.ShapeDtypeStruct):
+                    return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
                 return x.astype(dtype)
         return x
 

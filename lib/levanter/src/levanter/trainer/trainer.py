@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,9 +31,9 @@ from levanter.trainer.checkpoint import Checkpointer
 from levanter.trainer.config import TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError, Prefetcher, to_device
 from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
-from levanter.trainer.mixed_precision import resolve_compute_dtype
+from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.state import TrainState
-from levanter.trainer.step import StepFunctions, build_step_functions
+from levanter.trainer.step import build_step_functions
 from levanter.trainer.tracker import build_trackers
 
 logger = logging.getLogger("levanter.trainer")
@@ -39,6 +41,11 @@ logger = logging.getLogger("levanter.trainer")
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
+
+
+class TrainingPreempted(RuntimeError):
+    """SIGTERM arrived (a preemption notice); the state was checkpointed and the run stopped.
+    Running the same command again resumes from that checkpoint."""
 
 
 class DataSource(Protocol):
@@ -75,7 +82,8 @@ class Trainer:
     """Trains one model with one optimizer config on one data source.
 
     ``output_dir`` receives ``checkpoints/``, ``metrics.jsonl`` and tracker folders. If it already
-    holds checkpoints, training resumes from the newest one.
+    holds checkpoints, training resumes from the newest one. ``flops_per_token`` (a number, or a
+    function of the sequence length, called once the first batch arrives) enables MFU.
     """
 
     def __init__(
@@ -84,7 +92,7 @@ class Trainer:
         optimizer: OptimizerConfig,
         *,
         output_dir: str,
-        flops_per_token: float | None = None,
+        flops_per_token: float | Callable[[int], float] | None = None,
         run_config: Mapping[str, Any] | None = None,
         hooks: Iterable[StepHook] = (),
         asynchronous_checkpoints: bool = True,
@@ -184,12 +192,14 @@ class Trainer:
         from haliax.partitioning import shardings_for
 
         def floating_part(k):
-            return eqx.partition(init_model(k), _is_floating)[0]
+            # Master weights are f32 whatever dtype the model was built in; compute casts per step.
+            return cast_floating(eqx.partition(init_model(k), _is_floating)[0], jnp.float32)
 
         abstract_params, static = eqx.partition(eqx.filter_eval_shape(init_model, key), _is_floating)
         if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(static)):
             # Integer buffers in the model: materialise the non-trainable part for real.
             static = eqx.filter_jit(lambda k: eqx.partition(init_model(k), _is_floating)[1])(key)
+        abstract_params = cast_floating(abstract_params, jnp.float32)
         param_shardings = shardings_for(abstract_params, self.mesh)
         params = jax.jit(floating_part, out_shardings=param_shardings)(key)
         return params, static
@@ -240,6 +250,7 @@ class Trainer:
         history: list[dict[str, Any]] = []
         eval_losses: dict[str, float] = {}
         last_loss: float | None = None
+        previous_handler = self._install_sigterm_handler()
         try:
             if start_step < cfg.num_train_steps:
                 state, last_loss, eval_losses = self._run_loop(
@@ -255,6 +266,8 @@ class Trainer:
             trackers.log_summary({"final/train_loss": last_loss, **{f"final/eval/{k}/loss": v for k, v in eval_losses.items()}})
         finally:
             trackers.close()
+            if previous_handler is not None:
+                signal.signal(signal.SIGTERM, previous_handler)
 
         return TrainResult(
             state=state,
@@ -269,6 +282,19 @@ class Trainer:
             history=history,
         )
 
+    def _install_sigterm_handler(self):
+        """Turn SIGTERM (how schedulers announce preemption) into checkpoint-then-stop at the end of
+        the current step. Signals can only be handled in the main thread; elsewhere, nothing."""
+        self._sigterm_received = False
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_sigterm(signum, frame):
+            logger.warning("SIGTERM received: checkpointing after the current step, then stopping.")
+            self._sigterm_received = True
+
+        return signal.signal(signal.SIGTERM, on_sigterm)
+
     def _run_loop(self, state, start_step, train_source, eval_sources, trackers, history):
         cfg = self.config
         prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
@@ -277,7 +303,7 @@ class Trainer:
         last_fetch = loop_start
         window_start, window_steps = loop_start, 0
         pending: tuple[int, dict[str, jax.Array]] | None = None
-        cumulative_tokens = start_step * 0  # filled once the sequence length is known
+        cumulative_tokens = 0  # set once the first batch gives the sequence length
         last_loss = None
         eval_losses: dict[str, float] = {}
 
@@ -316,7 +342,11 @@ class Trainer:
             history.append({"step": step, **line})
             last_loss = values["loss"]
             window_steps += 1
-            if step % cfg.log_every == 0 or step == cfg.num_train_steps:
+            is_log_step = step % cfg.log_every == 0 or step == cfg.num_train_steps
+            if step == start_step + 1 and not is_log_step:
+                # The first step includes compilation; leave it out of the rate and the ETA.
+                window_start, window_steps = now, 0
+            if is_log_step:
                 window = now - window_start
                 window_rate = window_steps * tokens_per_step / window if window > 0 else float("nan")
                 seconds_per_step = window / max(window_steps, 1)
@@ -341,14 +371,17 @@ class Trainer:
                         f"The training data source ended after {step_index - start_step} batches (at step "
                         f"{step_index}); it must yield at least num_train_steps={cfg.num_train_steps} batches."
                     ) from None
-                if host_batch.batch_size != cfg.batch_size:
+                local_rows = cfg.batch_size // jax.process_count()  # each process feeds its own rows
+                if host_batch.batch_size != local_rows:
                     raise DataSourceError(
-                        f"Batch at step {step_index} has {host_batch.batch_size} rows; TrainerConfig.batch_size "
-                        f"is {cfg.batch_size}."
+                        f"Batch at step {step_index} has {host_batch.batch_size} rows; expected {local_rows} "
+                        f"(TrainerConfig.batch_size={cfg.batch_size} over {jax.process_count()} process(es))."
                     )
                 if tokens_per_step is None:
-                    tokens_per_step = host_batch.batch_size * host_batch.seq_len
+                    tokens_per_step = cfg.batch_size * host_batch.seq_len
                     cumulative_tokens = start_step * tokens_per_step
+                    if callable(self.flops_per_token):
+                        self.flops_per_token = float(self.flops_per_token(host_batch.seq_len))
                 state, metrics = self._steps.train_step(state, device_batch)
                 if pending is not None:
                     record(*pending)  # the previous step, while this one runs
@@ -357,18 +390,27 @@ class Trainer:
 
                 is_last = step == cfg.num_train_steps
                 do_eval = bool(eval_sources) and (is_last or (cfg.eval_every and step % cfg.eval_every == 0))
-                do_checkpoint = not is_last and self.checkpointer.due(step)
+                preempted = self._sigterm_received and not is_last
+                do_checkpoint = not is_last and (preempted or self.checkpointer.due(step))
                 if do_eval or do_checkpoint or is_last:
                     record(*pending)
                     pending = None
                 if do_checkpoint:
                     self.checkpointer.save(step, state)
+                if preempted:
+                    self.checkpointer.wait()
+                    raise TrainingPreempted(
+                        f"Stopped by SIGTERM after step {step}; checkpoint saved in {self.checkpointer.path_of(step)}. "
+                        "Run again to resume."
+                    )
                 if do_eval:
                     eval_losses = self.evaluate(state.params, eval_sources)
                     eval_line = {f"eval/{name}/loss": loss for name, loss in eval_losses.items()}
                     trackers.log(step, eval_line)
                     history.append({"step": step, **eval_line})
                     logger.info("step %d eval: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in eval_losses.items()))
+                if do_eval or do_checkpoint:
+                    last_fetch = time.monotonic()  # the next step's rate should not include eval/saving
             if pending is not None:
                 record(*pending)
         finally:

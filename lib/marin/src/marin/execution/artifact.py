@@ -232,3 +232,32 @@ def load_artifact(output_path: str, cls: type[T] | Any = None) -> Artifact:
         provenance=provenance,
         result_type=record.get("result_type"),
     )
+
+
+def result_summary(output_path: str) -> str | None:
+    """The saved result's own ``summary()`` text, when its type defines one and can be imported.
+
+    Result types opt in by defining ``summary(self) -> str``; the runner prints it for the final
+    steps of a run, whether they ran now or were cached.
+    """
+    try:
+        artifact = load_artifact(output_path)
+    except ArtifactError:
+        return None
+    if not artifact.result_type or ":" not in artifact.result_type:
+        return None
+    module_name, _, qualname = artifact.result_type.partition(":")
+    try:
+        import importlib
+
+        cls: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError):
+        return None
+    if not callable(getattr(cls, "summary", None)):
+        return None
+    try:
+        return decode_result(artifact.result, cls).summary()
+    except (ArtifactError, TypeError, ValueError):
+        return None

@@ -36,7 +36,7 @@ from rigging.lease import DEFAULT_TTL_S, Lease
 from rigging.log import get_logger, is_configured, setup_logging
 
 from marin.execution import run_defaults
-from marin.execution.artifact import save_artifact
+from marin.execution.artifact import result_summary, save_artifact
 from marin.execution.executor_files import (
     LOCK_FILE,
     STATUS_DEP_FAILED,
@@ -279,9 +279,27 @@ class StepRunner:
             return report
         self._execute(planned, force_run_failed, max_concurrent, report)
         logger.info("Run finished: %s", report.summary())
+        self._print_final_summaries(planned)
         if raise_on_failure and not report.ok:
             raise StepRunFailed(report)
         return report
+
+    def _print_final_summaries(self, planned: list[PlannedStep]) -> None:
+        """Print what the run produced: the ``summary()`` of each final step's result, if it has one.
+
+        Final steps are those no other planned step depends on (the model, not its data), so a
+        cached rerun shows the same summary as the run that made it.
+        """
+        depended_on = {dep for item in planned for dep in item.spec.deps}
+        for item in planned:
+            if item.spec in depended_on:
+                continue
+            record = read_status(item.output_path)
+            if record is None or record.status != STATUS_SUCCESS:
+                continue
+            text = result_summary(item.output_path)
+            if text:
+                print(f"\n== {item.spec.name} ({item.output_path})\n{text}", flush=True)
 
     def plan(self, steps: Iterable[Any], *, run_only: str | None = None) -> list[PlannedStep]:
         """The steps ``run`` would consider, in topological order, with output paths and current status.

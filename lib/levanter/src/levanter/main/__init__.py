@@ -1,0 +1,1 @@
+"""Entry points that wire models, data, optimizer and trainer into one call."""
