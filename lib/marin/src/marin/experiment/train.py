@@ -80,7 +80,8 @@ class TrainedModel:
 
     def summary(self) -> str:
         """What a person wants to see when the run ends (printed by the runner)."""
-        lines = [f"Trained {self.model_type} ({self.parameters:,} parameters) for {self.final_step} steps, "
+        family = self.model_type.removesuffix("Config")
+        lines = [f"Trained {family} ({self.parameters:,} parameters) for {self.final_step} steps, "
                  f"{self.tokens_trained:,} tokens, in {self.train_seconds:.0f} s."]
         for d in self.datasets:
             origin = "BUILT-IN OFFLINE corpus" if d.builtin_source else "source"
@@ -171,6 +172,9 @@ def train_lm(
 
 
 def _check_request(model: Any, datasets: Mapping[LazyStep, float], batch_size: int, seq_len: int, steps: int) -> None:
+    for label, value in (("batch_size", batch_size), ("seq_len", seq_len), ("num_train_steps", steps)):
+        if not isinstance(value, int) or value < 1:
+            raise TrainConfigError(f"{label} must be a positive integer, got {value!r}.")
     if not datasets:
         raise TrainConfigError("train_lm needs at least one dataset: datasets={tokenized(...): 1.0}.")
     for handle, weight in datasets.items():
@@ -181,9 +185,6 @@ def _check_request(model: Any, datasets: Mapping[LazyStep, float], batch_size: i
             )
         if not weight > 0:
             raise TrainConfigError(f"dataset {handle.name!r} has weight {weight!r}; weights must be positive.")
-    for label, value in (("batch_size", batch_size), ("seq_len", seq_len), ("num_train_steps", steps)):
-        if not isinstance(value, int) or value < 1:
-            raise TrainConfigError(f"{label} must be a positive integer, got {value!r}.")
     max_len = getattr(model, "max_seq_len", None)
     if max_len is not None and seq_len > max_len:
         raise TrainConfigError(
@@ -252,6 +253,14 @@ def _describe(source: Mapping[str, Any]) -> str:
     for key in ("description", "stands_in_for", "repo_id"):
         if isinstance(source.get(key), str):
             return source[key]
+    splits = source.get("splits")
+    if isinstance(splits, Mapping):
+        # Local files: name each split's files (their digests are in the artifact, not the summary).
+        parts = []
+        for split, files in splits.items():
+            names = [f.get("name", "?") if isinstance(f, Mapping) else str(f) for f in files]
+            parts.append(f"{split}: {', '.join(names)}")
+        return "files (" + "; ".join(parts) + ")"
     return str(dict(source))
 
 

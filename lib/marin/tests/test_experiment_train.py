@@ -1,0 +1,118 @@
+"""``train_lm()``: a lazy training step over tokenized handles, its artifact, summary and caching."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from levanter.models.llama import LlamaConfig
+from levanter.optim import AdamConfig
+from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
+from marin.execution.artifact import load_artifact
+from marin.execution.step_runner import StepRunner
+from marin.experiment.data import tokenized
+from marin.experiment.train import TrainConfigError, TrainedModel, train_lm
+
+SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "tinystories"
+TINY = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=128)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    lines = (SHARED / "train.jsonl").read_text().splitlines()
+    (root / "train.jsonl").write_text("\n".join(lines[:150]) + "\n")
+    (root / "validation.jsonl").write_text("\n".join((SHARED / "validation.jsonl").read_text().splitlines()[:30]) + "\n")
+    texts = [json.loads(line)["text"] for line in lines[:150]]
+    save_tokenizer(train_bpe_tokenizer(texts, 512), str(root / "tokenizer"))
+    return root
+
+
+def _model(inputs, steps: int, **kwargs):
+    data = tokenized(
+        "tokenized/stories",
+        str(inputs / "train.jsonl"),
+        str(inputs / "tokenizer"),
+        validation=str(inputs / "validation.jsonl"),
+    )
+    model = train_lm(
+        name="checkpoints/tiny",
+        model=TINY,
+        optimizer=AdamConfig(learning_rate=3e-3),
+        datasets={data: 1.0},
+        batch_size=8,
+        seq_len=128,
+        num_train_steps=steps,
+        num_samples=1,
+        **kwargs,
+    )
+    return data, model
+
+
+@pytest.fixture(scope="module")
+def first_run(inputs, tmp_path_factory):
+    prefix = str(tmp_path_factory.mktemp("prefix"))
+    data, model = _model(inputs, steps=6)
+    report = StepRunner(prefix=prefix).run([model])
+    return prefix, data, model, report
+
+
+def test_training_step_writes_checkpoints_metrics_export_and_artifact(first_run):
+    prefix, data, model, report = first_run
+    assert set(report.ran) == {"tokenized/stories", "checkpoints/tiny"}
+    out = StepRunner(prefix=prefix).output_path_for(model)
+    result = load_artifact(out, TrainedModel).result
+    assert result.final_step == 6 and result.tokens_trained == 6 * 8 * 128
+    assert result.final_train_loss is not None and set(result.validation_losses) == {"tokenized/stories"}
+    assert os.path.exists(os.path.join(result.hf_path, "config.json"))
+    assert os.path.exists(os.path.join(result.hf_path, "tokenizer.json"))
+    steps = [json.loads(line)["step"] for line in open(result.metrics_path) if '"loss"' in line]
+    assert steps == list(range(1, 7))
+    assert len(result.samples) == 1 and result.samples[0].startswith("Once upon a time")
+    assert result.datasets[0].builtin_source is False and result.builtin_tokenizer is False
+
+
+def test_rerun_is_cached_and_still_prints_the_summary(first_run, capsys):
+    prefix, _, model, _ = first_run
+    capsys.readouterr()
+    report = StepRunner(prefix=prefix).run([model])
+    assert not report.ran and set(report.cached) == {"tokenized/stories", "checkpoints/tiny"}
+    printed = capsys.readouterr().out
+    assert "== checkpoints/tiny" in printed and "train loss:" in printed and "sample 1:" in printed
+
+
+def test_changing_num_train_steps_retrains_without_retokenizing(first_run, inputs):
+    prefix, data, _, _ = first_run
+    _, longer = _model(inputs, steps=8)
+    report = StepRunner(prefix=prefix).run([longer])
+    assert report.ran == ["checkpoints/tiny"]
+    assert report.cached == ["tokenized/stories"]
+
+
+def test_placement_does_not_change_identity(inputs):
+    from fray.cluster import ResourceConfig
+
+    _, on_cpu = _model(inputs, steps=6)
+    _, on_gpu = _model(inputs, steps=6, resources=ResourceConfig.with_gpu("H100", 8), steps_per_checkpoint=2)
+    runner = StepRunner(prefix="/tmp/unused-prefix")
+    assert runner.output_path_for(on_cpu) == runner.output_path_for(on_gpu)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"seq_len": 4096}, "seq_len=4096 is longer than the model's max_seq_len=128"),
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"datasets": {}}, "needs at least one dataset"),
+        ({"datasets": {"tokenized/stories": 1.0}}, "datasets keys must be tokenized"),
+    ],
+)
+def test_impossible_requests_fail_when_declared(kwargs, message):
+    data = tokenized("tokenized/unused", str(SHARED / "validation.jsonl"), str(SHARED / ".." / ".." / "tokenizers" / "gpt2"))
+    args = dict(name="checkpoints/bad", model=TINY, datasets={data: 1.0}, batch_size=4, seq_len=128, num_train_steps=1)
+    args.update(kwargs)
+    with pytest.raises(TrainConfigError, match=message):
+        train_lm(**args)
