@@ -41,6 +41,42 @@ def token_loss_sums(logits, tokens, loss_mask):
     return loss_sum, z_sum, weight_sum
 
 
+# The trainer picks the fused (blocked) cross-entropy by itself up to this hidden size ...
+FUSED_LOSS_MAX_HIDDEN = 64
+# ... and from this many logits per (micro)batch (32 MiB in float32): smaller logits stay in cache,
+# where the plain loss has nothing to lose.
+FUSED_LOSS_MIN_LOGITS = 1 << 23
+
+
+def prefers_fused_loss(model: Any, num_tokens: int, num_devices: int) -> bool:
+    """Whether the train and eval steps compute the loss with ``fused_next_token_loss``.
+
+    The rule: the model exposes ``hidden_states``/``unembedding`` (the decoder-only models do),
+    its hidden size is at most ``FUSED_LOSS_MAX_HIDDEN``, the [tokens, vocab] logits of one
+    (micro)batch of ``num_tokens`` tokens hold at least ``FUSED_LOSS_MIN_LOGITS`` elements, and the
+    step runs on one device. With so narrow a hidden size the output layer's cost is the memory
+    traffic of the large logits, not its matmul FLOPs; the fused loss keeps each block of logits
+    in cache for one extra matmul and wins (``llama_nano`` at 4 x 2048 tokens); from hidden ~128 up
+    the extra matmul costs more than it saves (``docs/models.md``,
+    ``bench/attention_long_context.py``). Across several devices the plain loss stays: the fused
+    one loops over blocks of the flattened batch, which the partitioner would not spread over the
+    mesh. Both give the same sums up to float rounding.
+    """
+    if not (callable(getattr(model, "hidden_states", None)) and callable(getattr(model, "unembedding", None))):
+        return False
+    hidden, vocab = model.unembedding().shape
+    return num_devices == 1 and hidden <= FUSED_LOSS_MAX_HIDDEN and num_tokens * vocab >= FUSED_LOSS_MIN_LOGITS
+
+
+def fused_token_loss_sums(model, batch: "DeviceBatch"):
+    """``token_loss_sums`` from the model's hidden states, without materialising the logits."""
+    from levanter.models.loss import fused_next_token_loss
+
+    hidden, aux = model.hidden_states(batch.tokens, segment_ids=batch.segment_ids)
+    sums = fused_next_token_loss(hidden, model.unembedding(), batch.tokens, batch.loss_mask, z_loss_weight=1.0)
+    return (sums.loss_sum, sums.z_loss_sum, sums.weight_sum), aux
+
+
 @dataclass(frozen=True)
 class StepFunctions:
     train_step: Callable[[TrainState, DeviceBatch], tuple[TrainState, dict[str, jax.Array]]]
@@ -74,18 +110,27 @@ def build_step_functions(
     state_shardings: Any = None,
     batch_sharding: Any = None,
     mesh_context: Callable[[], Any] | None = None,
+    fused_loss: bool | None = None,
 ) -> StepFunctions:
     """``static_model`` is the non-trainable part of the model (``eqx.partition``'s second half).
 
     With shardings given, the step keeps parameters and optimizer state where they are (output
-    shardings = input shardings) and lays each microbatch out like the batch.
+    shardings = input shardings) and lays each microbatch out like the batch. ``fused_loss``:
+    compute the loss with ``fused_next_token_loss`` (True), from the logits (False), or by the rule
+    of ``prefers_fused_loss`` (None, the default).
     """
+    num_devices = 1 if batch_sharding is None else len(batch_sharding.device_set)
 
     def forward_sums(params, batch: DeviceBatch):
         model = eqx.combine(cast_floating(params, compute_dtype), static_model)
-        out = model.forward(batch.tokens, segment_ids=batch.segment_ids)
-        loss_sum, z_sum, weight_sum = token_loss_sums(out.logits, batch.tokens, batch.loss_mask)
-        return loss_sum, z_sum, weight_sum, jnp.asarray(out.aux_loss, jnp.float32)
+        use_fused = prefers_fused_loss(model, batch.tokens.size, num_devices) if fused_loss is None else fused_loss
+        if use_fused:
+            (loss_sum, z_sum, weight_sum), aux = fused_token_loss_sums(model, batch)
+        else:
+            out = model.forward(batch.tokens, segment_ids=batch.segment_ids)
+            loss_sum, z_sum, weight_sum = token_loss_sums(out.logits, batch.tokens, batch.loss_mask)
+            aux = out.aux_loss
+        return loss_sum, z_sum, weight_sum, jnp.asarray(aux, jnp.float32)
 
     def objective(params, batch: DeviceBatch, total_weight):
         loss_sum, z_sum, _, aux = forward_sums(params, batch)
