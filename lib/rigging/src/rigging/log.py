@@ -15,6 +15,10 @@ DATE_FORMAT = "%H:%M:%S"
 
 _HANDLER_MARK = "_marin_handler"
 
+# Libraries whose INFO lines read like failures on an ordinary machine (JAX reports at INFO that it
+# found no TPU); they are shown only at DEBUG.
+QUIET_LOGGERS = ("jax._src.xla_bridge",)
+
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
@@ -44,6 +48,8 @@ def setup_logging(level: int | str | None = None, *, stream=None, force: bool = 
         setattr(handler, _HANDLER_MARK, True)
         root.addHandler(handler)
     root.setLevel(level)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else logging.WARNING)
 
 
 def is_configured() -> bool:

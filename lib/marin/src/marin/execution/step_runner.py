@@ -21,7 +21,11 @@ runs (:class:`OutputPathConflict`), naming both identities: delete the folder or
 from __future__ import annotations
 
 import concurrent.futures as futures
+import logging
+import os
 import re
+import sysconfig
+import tempfile
 import threading
 import time
 import traceback
@@ -73,6 +77,72 @@ class OutputPathConflict(RuntimeError):
 
 class RunOptionError(ValueError):
     """An option of ``run`` that cannot be used (bad ``run_only`` pattern, ``max_concurrent`` < 1)."""
+
+
+class PrefixNotWritableError(RunOptionError):
+    """The output prefix is a local path where step outputs cannot be written."""
+
+
+# Exceptions these packages define are raised on purpose, with a message that says what to do
+# (a bad setting, a missing file); for them the traceback only buries the message.
+_PROJECT_PACKAGES = frozenset({"rigging", "haliax", "fray", "iris", "zephyr", "levanter", "marin"})
+_MESSAGE_ONLY_BASES = (ValueError, LookupError, OSError)
+
+
+def _is_explained_error(exc: BaseException) -> bool:
+    module = type(exc).__module__.split(".", 1)[0]
+    return module in _PROJECT_PACKAGES and isinstance(exc, _MESSAGE_ONLY_BASES)
+
+
+def _user_frame(exc: BaseException) -> str:
+    """`` (in FUNC at FILE:LINE)`` for the deepest frame of the user's own code, or ``""``.
+
+    A message-only error raised by a library call still points at the line that made the call.
+    """
+    found = ""
+    tb = exc.__traceback__
+    library_paths = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        module = str(tb.tb_frame.f_globals.get("__name__", "")).split(".", 1)[0]
+        if module not in _PROJECT_PACKAGES and not code.co_filename.startswith(library_paths) and code.co_filename != __file__:
+            found = f" (in {code.co_name} at {code.co_filename}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return found
+
+
+def _step_traceback(exc: BaseException) -> str:
+    """The traceback from the step function down, without the runner's own frames above it."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _ensure_logging() -> None:
+    """Show the runner's progress lines unless the application chose its own logging set-up.
+
+    A bare ``logging.basicConfig()`` handler at WARNING is not such a choice: absl installs one
+    when orbax logs during import, which would otherwise hide every INFO line of a plain
+    ``python script.py`` run.
+    """
+    root = logging.getLogger()
+    if len(root.handlers) == 1 and root.level == logging.WARNING:
+        handler = root.handlers[0]
+        if type(handler) is logging.StreamHandler and getattr(handler.formatter, "_fmt", None) == logging.BASIC_FORMAT:
+            root.removeHandler(handler)
+    if not is_configured():
+        setup_logging()
+
+
+def _describe_prefix_source(source: str) -> str:
+    if source == "argument":
+        return "the prefix argument (or marin run --prefix)"
+    if source.startswith("env:"):
+        return f"the environment variable {source[4:]}"
+    if source == "default":
+        return "the default"
+    return f"the prefix setting in {source}"
 
 
 class StepRunFailed(RuntimeError):
@@ -196,7 +266,9 @@ class StepRunner:
     ) -> None:
         override = run_defaults.current_overrides().prefix
         chosen = override or prefix
-        self.prefix = discover_config(prefix=chosen).prefix
+        config = discover_config(prefix=chosen)
+        self.prefix = config.prefix
+        self._prefix_source = config.source_of("prefix")
         self.lease_ttl_s = lease_ttl_s
         self.heartbeat_s = heartbeat_s
         self.poll_s = poll_s
@@ -266,9 +338,8 @@ class StepRunner:
         max_concurrent = overrides.max_concurrent if overrides.max_concurrent is not None else max_concurrent
         if max_concurrent is not None and max_concurrent < 1:
             raise RunOptionError(f"max_concurrent must be at least 1 (or None for the default, {DEFAULT_MAX_CONCURRENT}), got {max_concurrent}.")
-        if not is_configured():
-            setup_logging()
-
+        _ensure_logging()
+        self._check_prefix(writing=not dry_run)
         planned = self.plan(steps, run_only=run_only)
         logger.info(
             "Running %d step(s) under %s (%d already done)", len(planned), self.prefix, sum(p.cached for p in planned)
@@ -283,6 +354,37 @@ class StepRunner:
         if raise_on_failure and not report.ok:
             raise StepRunFailed(report)
         return report
+
+    def _check_prefix(self, *, writing: bool) -> None:
+        """Fail before any step starts if a local prefix can never hold outputs.
+
+        Otherwise the first status read or write fails deep inside the runner, once per step.
+        A dry run writes nothing, so it only checks that the prefix is not inside a file.
+        Object stores are not probed: their permissions show on the first write.
+        """
+        if not fsx.is_local(self.prefix):
+            return
+        path = self.prefix.removeprefix("file://")
+        existing = path
+        while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+            existing = os.path.dirname(existing)
+        problem = None
+        if not os.path.isdir(existing):
+            problem = f"{existing} is a file, not a folder" if existing == path else f"{existing} is a file, so no folder can be made under it"
+        elif writing:
+            try:
+                os.makedirs(path, exist_ok=True)
+                with tempfile.TemporaryFile(dir=path, prefix=".marin-write-check-"):
+                    pass
+            except OSError as exc:
+                problem = f"{exc.strerror or exc} ({exc.filename or path})"
+        if problem:
+            raise PrefixNotWritableError(
+                f"Step outputs cannot be written under the prefix {self.prefix}, set by "
+                f"{_describe_prefix_source(self._prefix_source)}: {problem}. Point the prefix at a folder you can "
+                "write: `export MARIN_PREFIX=$HOME/marin-outputs`, `marin run --prefix DIR`, StepRunner(prefix=DIR), "
+                "or `prefix: DIR` in marin.yaml."
+            )
 
     def _print_final_summaries(self, planned: list[PlannedStep]) -> None:
         """Print what the run produced: the ``summary()`` of each final step's result, if it has one.
@@ -564,7 +666,12 @@ class StepRunner:
                     write_status(output_path, STATUS_FAILED, holder=self.runner_id, error=message)
                 except Exception:
                     logger.exception("Could not record FAILED for %s", output_path)
-            logger.error("Step %s failed: %s\n%s", spec.name, message, traceback.format_exc())
+            if _is_explained_error(exc):
+                # The message says what to do; the traceback is there for whoever wants it.
+                logger.error("Step %s failed (output folder %s): %s%s", spec.name, output_path, message, _user_frame(exc))
+                logger.debug("Traceback of step %s:\n%s", spec.name, _step_traceback(exc))
+            else:
+                logger.error("Step %s failed (output folder %s):\n%s", spec.name, output_path, _step_traceback(exc).rstrip())
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             return outcome(FAILED, message)
@@ -583,6 +690,7 @@ class StepRunner:
 __all__ = [
     "OutputPathConflict",
     "PlannedStep",
+    "PrefixNotWritableError",
     "RunOptionError",
     "RunReport",
     "StepGraphError",

@@ -90,7 +90,7 @@ def tokenized(
         append_eos=append_eos,
         num_shards=num_shards,
     )
-    logger.info("tokenized(%r): source %s; tokenizer %s", name, resolved.description, tokenizer_location or tokenizer_dep.name)
+    logger.info("tokenized(%r): %s Tokenizer: %s", name, resolved.description, tokenizer_location or tokenizer_dep.name)
     deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
 
     def run(ctx) -> TokenizedDataset:

@@ -250,7 +250,10 @@ def _train(ctx, model_config, optimizer, trainer: TrainerConfig, weights, seq_le
 
 
 def _describe(source: Mapping[str, Any]) -> str:
-    for key in ("description", "stands_in_for", "repo_id"):
+    if source.get("kind") == "builtin":
+        return (f"{source.get('generator')} v{source.get('generator_version')} (seed {source.get('seed')}), "
+                f"standing in for {source.get('stands_in_for')}")
+    for key in ("description", "repo_id"):
         if isinstance(source.get(key), str):
             return source[key]
     splits = source.get("splits")

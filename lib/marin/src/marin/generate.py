@@ -1,0 +1,258 @@
+"""Text from a trained model: ``marin generate CHECKPOINT-OR-STEP --prompt "..."``.
+
+CHECKPOINT-OR-STEP is a training step's output folder, the ``hf/`` folder inside it (any
+Hugging Face Llama folder works), or a step name such as ``checkpoints/marin-nano-tinystories``,
+looked up under the prefix the way ``marin explain`` does (the newest finished run wins). The model
+is read from its Hugging Face export and the tokenizer from the same folder, where training saves
+it; ``--tokenizer`` names another one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rigging.config.discovery import discover_config
+from rigging.log import get_logger
+
+from marin.execution.artifact import ArtifactError, load_artifact
+from marin.execution.catalog import find_step_folders
+from marin.execution.executor_files import STATUS_SUCCESS, read_status
+
+logger = get_logger(__name__)
+
+HF_FOLDER = "hf"  # where train_lm puts the Hugging Face export inside its output folder
+MODEL_CONFIG = "config.json"
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """CHECKPOINT-OR-STEP names no folder with a model that can be loaded; the message says what to do."""
+
+
+class TokenizerMismatchError(ValueError):
+    """The tokenizer has ids the model has no embedding for: it is not the one the model was trained with."""
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where the model to sample from lives: its HF folder, and the step output it came from (if any)."""
+
+    hf_path: str
+    step_output: str | None = None
+
+
+def _has_model(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, MODEL_CONFIG))
+
+
+def _export_of_step(output_path: str) -> str | None:
+    """The HF folder of a finished step: ``<output>/hf``, else the artifact's ``hf_path``.
+
+    The folder beside the step's own files comes first: a prefix copied elsewhere (a bucket synced
+    to a laptop) keeps its recorded paths pointing at the old place.
+    """
+    try:
+        result = load_artifact(output_path).result
+    except ArtifactError:
+        result = None
+    recorded = result.get("hf_path") if isinstance(result, dict) else None
+    for candidate in (os.path.join(output_path, HF_FOLDER), recorded):
+        if candidate and _has_model(candidate):
+            return candidate
+    return None
+
+
+def _no_model_message(folder: str) -> str:
+    status = read_status(folder)
+    if status is not None and status.status != STATUS_SUCCESS:
+        return (
+            f"{folder} holds no model yet: its step is {status.status}"
+            + (f" ({status.error})" if status.error else "")
+            + ". Run the training step to completion first (`marin status` shows each step's state)."
+        )
+    if os.path.isdir(os.path.join(folder, "checkpoints")):
+        return (
+            f"{folder} has training checkpoints but no Hugging Face export ({HF_FOLDER}/{MODEL_CONFIG}); "
+            "only Llama models are exported, and only when training finishes."
+        )
+    return (
+        f"{folder} holds no model: neither {MODEL_CONFIG} nor {HF_FOLDER}/{MODEL_CONFIG} is in it. Pass the output "
+        "folder of a train_lm step, its hf/ folder, or a step name (`marin status` lists them)."
+    )
+
+
+def _is_remote(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def _remote_message(location: str) -> str:
+    return (f"{location} is not on this machine; generation reads local folders only. Copy its hf/ folder here "
+            "(with your storage tool, e.g. `gcloud storage cp -r`) and pass that folder.")
+
+
+def locate_model(checkpoint_or_step: str, prefix: str | None = None) -> ModelLocation:
+    """Resolve CHECKPOINT-OR-STEP (see the module docstring) to a loadable HF folder.
+
+    Raises :class:`ModelNotFoundError` with what to do when nothing loadable is found.
+    """
+    what = os.path.expanduser(checkpoint_or_step)
+    if _is_remote(what):
+        raise ModelNotFoundError(_remote_message(what))
+    what = what.removeprefix("file://")
+    if os.path.isdir(what):
+        folder = os.path.abspath(what)
+        if _has_model(folder):
+            return ModelLocation(folder)
+        export = _export_of_step(folder)
+        if export is not None:
+            return ModelLocation(export, step_output=folder)
+        raise ModelNotFoundError(_no_model_message(folder))
+    if os.path.exists(what):
+        raise ModelNotFoundError(f"{what} is a file; pass the folder holding the model (its hf/ folder or the step's output folder).")
+
+    prefix = discover_config(prefix=prefix).prefix
+    folders = find_step_folders(prefix, what.rstrip("/"))
+    if not folders:
+        raise ModelNotFoundError(
+            f"{checkpoint_or_step!r} is neither a folder nor a step under the prefix {prefix}. "
+            "`marin status` lists the steps there; pass --prefix if your outputs are elsewhere."
+        )
+    if _is_remote(folders[0]):
+        raise ModelNotFoundError(_remote_message(folders[0]))
+    # Newest first; a run still in progress (or failed) may hold a half-written export, so only
+    # finished runs are candidates when the user named a step rather than a folder.
+    finished = [f for f in folders if (status := read_status(f)) is not None and status.status == STATUS_SUCCESS]
+    for folder in finished:
+        export = _export_of_step(folder)
+        if export is not None:
+            if len(folders) > 1:
+                logger.info("%d runs of %s exist; using the newest finished one, %s (pass a folder to choose another)",
+                            len(folders), what, folder)
+            return ModelLocation(export, step_output=folder)
+    raise ModelNotFoundError(_no_model_message(folders[0]))
+
+
+def generate(
+    checkpoint_or_step: str,
+    prompts: Sequence[str],
+    sampling: Any = None,
+    *,
+    prefix: str | None = None,
+    tokenizer: str | None = None,
+) -> list[str]:
+    """Each prompt followed by its sampled continuation, from the model CHECKPOINT-OR-STEP names.
+
+    ``sampling`` is a :class:`levanter.inference.SamplingConfig` (default: its defaults).
+    """
+    # Imported here so that `marin status` and friends do not pay for JAX at start-up.
+    from levanter.compat.hf_checkpoints import import_llama_from_hf
+    from levanter.inference import SamplingConfig, generate_text
+    from levanter.tokenization import load_tokenizer
+    from levanter.tokenization.loading import TokenizerNotFoundError
+
+    location = locate_model(checkpoint_or_step, prefix)
+    tokenizer_location = tokenizer or location.hf_path
+    try:
+        loaded_tokenizer = load_tokenizer(tokenizer_location)
+    except TokenizerNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"No tokenizer for the model in {location.hf_path}: {exc} Pass --tokenizer with the tokenizer it was trained with."
+        ) from exc
+    logger.info("Loading the model from %s", location.hf_path)
+    model = import_llama_from_hf(location.hf_path)
+    if loaded_tokenizer.vocab_size > model.vocab_size:
+        raise TokenizerMismatchError(
+            f"The tokenizer at {tokenizer_location} has {loaded_tokenizer.vocab_size:,} tokens but the model only "
+            f"{model.vocab_size:,}: it is not the tokenizer this model was trained with."
+        )
+    return generate_text(model, loaded_tokenizer, list(prompts), sampling or SamplingConfig())
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    # Defaults stay None here and come from SamplingConfig when the command runs: importing it
+    # would load JAX for every `marin` command. The numbers in the help are SamplingConfig's
+    # (a test keeps them in step).
+    parser = subparsers.add_parser(
+        "generate",
+        help="sample text from a trained model (a train step's output folder, its hf/ folder, or a step name)",
+        description=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("model", metavar="CHECKPOINT-OR-STEP", help="a train step's output folder, its hf/ folder, or a step name")
+    parser.add_argument("--prompt", action="append", required=True, help="text to continue (repeat for several prompts)")
+    parser.add_argument("--max-new-tokens", type=int, metavar="N", help="at most N new tokens (default 128); generation also stops at end of text")
+    parser.add_argument("--temperature", type=float, metavar="T", help="0 is greedy (default 0.8)")
+    parser.add_argument("--top-k", type=int, metavar="K", help="sample among the K likeliest tokens; 0 turns it off (default 50)")
+    parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling; 1 turns it off (default 0.95)")
+    parser.add_argument("--seed", type=int, metavar="S", help="random seed; the same seed gives the same text (default 0)")
+    parser.add_argument("--tokenizer", help="a tokenizer.json, folder or hub id (default: the one saved beside the model)")
+    parser.add_argument("--prefix", help="where to look up step names (default: the discovered prefix)")
+    parser.set_defaults(handler=generate_command)
+
+
+def sampling_from_args(args: argparse.Namespace) -> Any:
+    """The SamplingConfig the options ask for (0 turns top-k off, 1 turns top-p off); ValueError if impossible."""
+    from levanter.inference import SamplingConfig
+
+    defaults = SamplingConfig()
+
+    def given(name: str, default: Any) -> Any:
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    max_new_tokens = given("max_new_tokens", defaults.max_new_tokens)
+    temperature = given("temperature", defaults.temperature)
+    top_k = given("top_k", defaults.top_k or 0)
+    top_p = given("top_p", defaults.top_p or 1.0)
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"--temperature must be 0 (greedy) or more, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"--top-k must be 0 (off) or more, got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
+    return SamplingConfig(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k or None,
+        top_p=None if top_p == 1 else top_p,
+        seed=given("seed", defaults.seed),
+    )
+
+
+def _usage_error(message: str) -> int:
+    print(f"marin generate: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from levanter.compat.hf_checkpoints import HfFormatError
+    from levanter.inference.sampling import SamplingError
+    from levanter.tokenization.loading import TokenizerFormatError, TokenizerNotFoundError
+
+    try:
+        sampling = sampling_from_args(args)
+    except ValueError as exc:
+        return _usage_error(str(exc))
+    try:
+        texts = generate(args.model, args.prompt, sampling, prefix=args.prefix, tokenizer=args.tokenizer)
+    except (ModelNotFoundError, TokenizerMismatchError, HfFormatError, TokenizerNotFoundError, TokenizerFormatError, SamplingError) as exc:
+        return _usage_error(str(exc))
+    for i, text in enumerate(texts):
+        if i:
+            print()
+        print(text, flush=True)
+    return EXIT_OK
+
+
+__all__ = ["ModelLocation", "ModelNotFoundError", "TokenizerMismatchError", "generate", "generate_command", "locate_model", "register", "sampling_from_args"]
