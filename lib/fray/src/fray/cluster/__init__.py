@@ -1,5 +1,20 @@
-"""Cluster-facing types of fray: resource requests (and, later, clients)."""
+"""Cluster-facing types of fray: resource requests, the ``DistributedClient`` protocol and its backends.
 
+``RayClient`` lives in :mod:`fray.cluster.ray_client` and imports Ray only when used.
+"""
+
+from fray.cluster.client import (
+    ActorHandle,
+    DistributedClient,
+    InvalidJobRequest,
+    JobHandle,
+    JobRequest,
+    JobStatus,
+    UnschedulableError,
+)
+from fray.cluster.current import ClusterConfigError, client_from_spec, current_client, use_client
+from fray.cluster.local import LocalClient
+from fray.cluster.pickling import ship_by_value
 from fray.cluster.resources import (
     CpuDevice,
     GpuDevice,
@@ -9,4 +24,35 @@ from fray.cluster.resources import (
     parse_size,
 )
 
-__all__ = ["CpuDevice", "GpuDevice", "InvalidResourceConfig", "ResourceConfig", "TpuDevice", "parse_size"]
+
+def __getattr__(name: str):
+    # RayClient without importing ray (or its module) until someone asks for it.
+    if name == "RayClient":
+        from fray.cluster.ray_client import RayClient
+
+        return RayClient
+    raise AttributeError(name)
+
+
+__all__ = [
+    "ActorHandle",
+    "ClusterConfigError",
+    "CpuDevice",
+    "DistributedClient",
+    "GpuDevice",
+    "InvalidJobRequest",
+    "InvalidResourceConfig",
+    "JobHandle",
+    "JobRequest",
+    "JobStatus",
+    "LocalClient",
+    "RayClient",
+    "ResourceConfig",
+    "TpuDevice",
+    "UnschedulableError",
+    "client_from_spec",
+    "current_client",
+    "parse_size",
+    "ship_by_value",
+    "use_client",
+]

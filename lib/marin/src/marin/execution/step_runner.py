@@ -14,6 +14,11 @@
 5. returns a :class:`RunReport`, or raises :class:`StepRunFailed` (carrying the report) once all
    runnable work is done, if any step failed. ``raise_on_failure=False`` returns the report instead.
 
+Step functions run where :mod:`marin.execution.step_executor` sends them: in the runner's threads
+by default, or through a fray client (``StepRunner(client=RayClient())`` or ``MARIN_CLUSTER``) with
+each step's ``resources``. The lease, status and artifact files are written by the runner the same
+way on every backend.
+
 An explicit ``output_path`` that already holds another identity's output is refused before anything
 runs (:class:`OutputPathConflict`), naming both identities: delete the folder or choose another path.
 """
@@ -34,12 +39,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fray.cluster import DistributedClient, current_client
 from rigging import filesystem as fsx
 from rigging.config.discovery import discover_config
 from rigging.lease import DEFAULT_TTL_S, Lease
 from rigging.log import get_logger, is_configured, setup_logging
 
-from marin.execution import run_defaults
+from marin.execution import run_defaults, step_executor
 from marin.execution.artifact import result_summary, save_artifact
 from marin.execution.executor_files import (
     LOCK_FILE,
@@ -54,8 +60,9 @@ from marin.execution.executor_files import (
     write_status,
 )
 from marin.execution.lazy import LazyStep, StepGraphError, lower, topological_order
-from marin.execution.step_context import LeaseLostError, StepContext
-from marin.execution.step_spec import CALL_CONTEXT, CALL_NO_ARGS, StepSpec
+from marin.execution.step_context import LeaseLostError
+from marin.execution.step_executor import InProcessStepExecutor, StepCall, StepExecutor, executor_for
+from marin.execution.step_spec import StepSpec
 
 logger = get_logger(__name__)
 
@@ -111,10 +118,14 @@ def _user_frame(exc: BaseException) -> str:
     return found
 
 
+# The runner's and the step executor's own frames sit above every step function's traceback.
+_ENGINE_FILES = frozenset({__file__, step_executor.__file__})
+
+
 def _step_traceback(exc: BaseException) -> str:
     """The traceback from the step function down, without the runner's own frames above it."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in _ENGINE_FILES:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
@@ -253,7 +264,9 @@ class StepRunner:
 
     ``lease_ttl_s`` is how long a silent runner's lease survives before others take its steps
     over (a crashed runner on the same host is detected at once); ``poll_s`` is how often a
-    runner waiting on another's step looks again.
+    runner waiting on another's step looks again. ``client`` is the fray client step functions run
+    on (default: :func:`fray.cluster.current_client`: threads of this process unless configured
+    otherwise, e.g. ``MARIN_CLUSTER=ray:auto``).
     """
 
     def __init__(
@@ -263,6 +276,7 @@ class StepRunner:
         lease_ttl_s: float = DEFAULT_TTL_S,
         heartbeat_s: float | None = None,
         poll_s: float = 0.5,
+        client: DistributedClient | None = None,
     ) -> None:
         override = run_defaults.current_overrides().prefix
         chosen = override or prefix
@@ -274,6 +288,9 @@ class StepRunner:
         self.poll_s = poll_s
         self.runner_id = uuid.uuid4().hex[:12]
         self._cancelled = threading.Event()
+        # Where step functions run; None: fray's current client when a run starts (see step_executor).
+        self.client = client
+        self._executor: StepExecutor = InProcessStepExecutor()
 
     # -- placement ----------------------------------------------------------------------------------
 
@@ -479,6 +496,7 @@ class StepRunner:
         paths = {item.spec.identity: item.output_path for item in planned}
         pending: list[PlannedStep] = []
         self._run_started_at = time.time()
+        self._executor = executor_for(self.client if self.client is not None else current_client())
         for item in planned:
             spec, status = item.spec, item.status
             if status is not None and status.status == STATUS_SUCCESS:
@@ -648,7 +666,7 @@ class StepRunner:
             logger.info("Step %s started: %s", spec.name, output_path)
             write_info(output_path, self._info(item, dep_paths))
             write_status(output_path, STATUS_RUNNING, holder=self.runner_id)
-            result = self._call(spec, output_path, dep_paths, lease)
+            result = self._executor.run(StepCall(spec, output_path, dep_paths, lease.lost_event, self._cancelled))
             lease.check()
             save_artifact(output_path, result, step=spec.name, identity=spec.identity)
             # Confirm with the lock file itself, not only the heartbeat thread's last look.
@@ -677,14 +695,6 @@ class StepRunner:
             return outcome(FAILED, message)
         finally:
             lease.release()
-
-    def _call(self, spec: StepSpec, output_path: str, dep_paths: dict[str, str], lease: Lease) -> Any:
-        style = spec.call_style
-        if style == CALL_NO_ARGS:
-            return spec.fn()
-        if style == CALL_CONTEXT:
-            return spec.fn(StepContext(output_path, spec, dep_paths, lease.lost_event, self._cancelled))
-        return spec.fn(output_path)
 
 
 __all__ = [

@@ -3,7 +3,7 @@
 Precedence, highest first:
 
 1. explicit keyword arguments to :func:`discover_config`;
-2. environment variables (``MARIN_PREFIX``, ``MARIN_LOG_LEVEL``);
+2. environment variables (``MARIN_PREFIX``, ``MARIN_LOG_LEVEL``, ``MARIN_CLUSTER``);
 3. the nearest ``marin.yaml`` found walking up from the working directory;
 4. ``[tool.marin]`` in the nearest ``pyproject.toml`` walking up from the working directory;
 5. defaults: ``prefix`` is the folder ``marin-outputs`` next to the project file found in (3)/(4),
@@ -29,6 +29,7 @@ DEFAULT_OUTPUT_FOLDER = "marin-outputs"
 ENVIRONMENT_VARIABLES = {
     "prefix": "MARIN_PREFIX",
     "log_level": "MARIN_LOG_LEVEL",
+    "cluster": "MARIN_CLUSTER",
 }
 
 
@@ -47,6 +48,7 @@ class MarinConfig:
 
     prefix: str
     log_level: str = "INFO"
+    cluster: str | None = None  # where work runs: "local", "ray:auto", "ray://host:port" (see fray.cluster.current)
     project_root: str | None = None
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -54,7 +56,7 @@ class MarinConfig:
         return dict(self.sources).get(setting, "default")
 
 
-_SETTINGS = ("prefix", "log_level")
+_SETTINGS = ("prefix", "log_level", "cluster")
 
 
 def _is_url(value: str) -> bool:

@@ -1,0 +1,167 @@
+"""The ``DistributedClient`` protocol: how a program asks a cluster to run work.
+
+Three shapes of work, the same on every backend:
+
+* **remote functions**: ``client.remote(fn, *args, resources=..., **kwargs)`` returns a
+  :class:`concurrent.futures.Future` with ``fn``'s return value;
+* **actors**: ``client.create_actor(cls, *args, resources=...)`` starts one long-lived instance
+  and returns an :class:`ActorHandle`; ``handle.method.remote(...)`` returns a future. Calls to one
+  actor run one at a time, in the order they were made, so the actor's state is never raced;
+* **jobs**: ``client.submit(JobRequest(...))`` runs a command or a callable in its own process and
+  returns a :class:`JobHandle` (``wait``, ``status``, ``logs``, ``terminate``).
+
+Futures are plain ``concurrent.futures.Future`` objects, so ``concurrent.futures.wait`` and
+``as_completed`` work across backends.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from fray.cluster.resources import ResourceConfig
+
+
+class UnschedulableError(ValueError):
+    """A request asks for more than any node of the cluster can ever provide.
+
+    Raised when the work is submitted, instead of letting it wait in a queue forever.
+    """
+
+
+class InvalidJobRequest(ValueError):
+    """A ``JobRequest`` that cannot be run as written."""
+
+
+class JobStatus(enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job: a command (``["python", "train.py"]``) or a Python callable, with its resources.
+
+    A callable ``entrypoint`` is called with ``args`` and ``kwargs`` in a fresh process (shipped
+    there with cloudpickle); a command is run as is. ``env`` adds environment variables.
+    """
+
+    name: str
+    entrypoint: Callable[..., Any] | Sequence[str]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    resources: ResourceConfig = field(default_factory=ResourceConfig)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise InvalidJobRequest("A job needs a non-empty name, e.g. JobRequest(name='tokenize', ...).")
+        if callable(self.entrypoint):
+            return
+        if isinstance(self.entrypoint, str):
+            raise InvalidJobRequest(
+                f"Job {self.name!r}: give the command as a list of arguments, e.g. {self.entrypoint.split()!r}, "
+                "not as one string."
+            )
+        command = list(self.entrypoint)
+        if not command or not all(isinstance(part, str) for part in command):
+            raise InvalidJobRequest(f"Job {self.name!r}: entrypoint must be a callable or a non-empty list of strings.")
+        if self.args or self.kwargs:
+            raise InvalidJobRequest(f"Job {self.name!r}: args and kwargs apply to callables; put a command's arguments in the list.")
+        object.__setattr__(self, "entrypoint", tuple(command))
+
+    @property
+    def is_command(self) -> bool:
+        return not callable(self.entrypoint)
+
+
+@runtime_checkable
+class JobHandle(Protocol):
+    """A submitted job."""
+
+    job_id: str
+
+    def status(self) -> JobStatus: ...
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        """Block until the job finishes (or ``timeout`` seconds pass) and return its status."""
+        ...
+
+    def logs(self) -> str:
+        """Everything the job wrote to stdout and stderr so far."""
+        ...
+
+    def terminate(self) -> None: ...
+
+
+class ActorMethod:
+    """``handle.method``: call ``.remote(*args, **kwargs)`` to get a future of the method's result."""
+
+    def __init__(self, call: Callable[[str, tuple, dict], Future], name: str) -> None:
+        self._call = call
+        self._name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Future:
+        return self._call(self._name, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"Actor methods run remotely: call handle.{self._name}.remote(...) and take .result() of the future.")
+
+
+class ActorHandle:
+    """A live actor. Backends pass a function that sends one method call and returns its future."""
+
+    def __init__(self, name: str, call: Callable[[str, tuple, dict], Future], stop: Callable[[], None]) -> None:
+        self._actor_name = name
+        self._send = call
+        self._stop = stop
+
+    def __getattr__(self, method: str) -> ActorMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return ActorMethod(self._send, method)
+
+    def terminate(self) -> None:
+        """Stop the actor; its state is lost."""
+        self._stop()
+
+    def __repr__(self) -> str:
+        return f"ActorHandle({self._actor_name!r})"
+
+
+@runtime_checkable
+class DistributedClient(Protocol):
+    """Where work runs. See the module docstring; backends: ``LocalClient`` and ``RayClient``."""
+
+    def remote(self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> Future: ...
+
+    def create_actor(self, cls: type, *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> ActorHandle: ...
+
+    def submit(self, request: JobRequest) -> JobHandle: ...
+
+    def check_fits(self, resources: ResourceConfig | None, *, what: str = "this request") -> None:
+        """Raise :class:`UnschedulableError` if no node can ever provide ``resources``."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+def describe_request(resources: ResourceConfig) -> str:
+    """``"64 CPUs, 4g RAM"`` / ``"1 CPU, 16g RAM, 8 x H100"``: what a user asked for, in words."""
+    parts = [f"{resources.cpu:g} CPU{'s' if resources.cpu != 1 else ''}", f"{resources.ram} RAM"]
+    device = resources.device
+    if device.kind == "gpu":
+        parts.append(f"{device.count} x {device.variant} GPU")
+    elif device.kind == "tpu":
+        parts.append(f"TPU {device.type} x {device.slice_count} slice(s)")
+    return ", ".join(parts)

@@ -1,0 +1,225 @@
+"""``LocalClient``: run remote functions, actors and jobs on this machine.
+
+``LocalClient()`` runs functions and actors in threads of this process (cheap; what the step
+runner uses by default). ``LocalClient(processes=True)`` runs each function in a worker process
+and each actor in its own process, so CPU-bound Python runs in parallel and a crash stays
+contained; callables, arguments and results travel with cloudpickle, so lambdas and closures
+work. Jobs always run as child processes.
+
+Resources are advisory here: the work runs on this machine whatever it asks for, so a request
+larger than the machine is logged, not refused.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from rigging.log import get_logger
+
+from fray.cluster.client import ActorHandle, JobRequest, describe_request
+from fray.cluster.process_job import ProcessJob
+from fray.cluster.resources import ResourceConfig
+
+logger = get_logger(__name__)
+
+
+def _call_pickled(payload: bytes) -> bytes:
+    """Worker-process side of a remote call: unpickle, call, pickle the result (or the exception)."""
+    fn, args, kwargs = cloudpickle.loads(payload)
+    try:
+        return cloudpickle.dumps((True, fn(*args, **kwargs)))
+    except BaseException as exc:  # noqa: BLE001 - sent back to raise in the caller
+        return cloudpickle.dumps((False, exc))
+
+
+def _unpickle_into(source: cf.Future, target: cf.Future) -> None:
+    if target.cancelled():
+        return
+    error = source.exception()
+    if error is not None:
+        target.set_exception(error)
+        return
+    ok, value = cloudpickle.loads(source.result())
+    if ok:
+        target.set_result(value)
+    else:
+        target.set_exception(value)
+
+
+def _actor_process_main(connection: Any, payload: bytes) -> None:
+    """Actor process: build the instance, then answer ``(method, args, kwargs)`` messages until ``None``."""
+    cls, args, kwargs = cloudpickle.loads(payload)
+    try:
+        instance = cls(*args, **kwargs)
+        connection.send_bytes(cloudpickle.dumps((True, None)))
+    except BaseException as exc:  # noqa: BLE001
+        connection.send_bytes(cloudpickle.dumps((False, exc)))
+        return
+    while True:
+        try:
+            message = connection.recv_bytes()
+        except EOFError:
+            return
+        request = cloudpickle.loads(message)
+        if request is None:
+            return
+        method, args, kwargs = request
+        try:
+            reply = (True, getattr(instance, method)(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001
+            reply = (False, exc)
+        connection.send_bytes(cloudpickle.dumps(reply))
+
+
+class LocalJobHandle:
+    """A job running as a child process of this one."""
+
+    def __init__(self, job: ProcessJob) -> None:
+        self._job = job
+        self.job_id = job.job_id
+
+    def status(self):
+        return self._job.status()
+
+    def wait(self, timeout: float | None = None):
+        return self._job.wait(timeout)
+
+    def logs(self) -> str:
+        return self._job.logs()
+
+    def terminate(self) -> None:
+        self._job.terminate()
+
+
+class LocalClient:
+    """Runs work on this machine; see the module docstring."""
+
+    def __init__(self, *, processes: bool = False, max_workers: int | None = None) -> None:
+        self.processes = processes
+        self.max_workers = max_workers or max(2, os.cpu_count() or 1)
+        self._lock = threading.Lock()
+        self._pool: cf.Executor | None = None
+        self._actors: list[Callable[[], None]] = []
+        self._jobs: list[ProcessJob] = []
+        self._warned_sizes: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"LocalClient(processes={self.processes})"
+
+    # -- remote functions ---------------------------------------------------------------------------
+
+    def _executor(self) -> cf.Executor:
+        with self._lock:
+            if self._pool is None:
+                if self.processes:
+                    # spawn, not fork: forking a process that runs threads (or JAX) can deadlock the child.
+                    context = multiprocessing.get_context("spawn")
+                    self._pool = cf.ProcessPoolExecutor(max_workers=self.max_workers, mp_context=context)
+                else:
+                    self._pool = cf.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="fray-local")
+            return self._pool
+
+    def remote(self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> cf.Future:
+        self.check_fits(resources, what=getattr(fn, "__name__", "a remote function"))
+        if not self.processes:
+            return self._executor().submit(fn, *args, **kwargs)
+        inner = self._executor().submit(_call_pickled, cloudpickle.dumps((fn, args, kwargs)))
+        outer: cf.Future = cf.Future()
+        inner.add_done_callback(lambda source: _unpickle_into(source, outer))
+        return outer
+
+    # -- actors ------------------------------------------------------------------------------------
+
+    def create_actor(self, cls: type, *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> ActorHandle:
+        name = getattr(cls, "__name__", "actor")
+        self.check_fits(resources, what=f"actor {name}")
+        # One thread per actor serialises its calls, in order, like an actor on a cluster.
+        caller = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fray-actor-{name}")
+        if not self.processes:
+            instance = cls(*args, **kwargs)
+
+            def send(method: str, call_args: tuple, call_kwargs: dict) -> cf.Future:
+                return caller.submit(lambda: getattr(instance, method)(*call_args, **call_kwargs))
+
+            def stop() -> None:
+                caller.shutdown(wait=False, cancel_futures=True)
+
+        else:
+            context = multiprocessing.get_context("spawn")
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_actor_process_main, args=(child, cloudpickle.dumps((cls, args, kwargs))), daemon=True, name=f"fray-actor-{name}"
+            )
+            process.start()
+            child.close()
+            ok, error = cloudpickle.loads(parent.recv_bytes())
+            if not ok:
+                process.join()
+                raise error
+
+            def exchange(method: str, call_args: tuple, call_kwargs: dict) -> Any:
+                parent.send_bytes(cloudpickle.dumps((method, call_args, call_kwargs)))
+                ok, value = cloudpickle.loads(parent.recv_bytes())
+                if not ok:
+                    raise value
+                return value
+
+            def send(method: str, call_args: tuple, call_kwargs: dict) -> cf.Future:
+                return caller.submit(exchange, method, call_args, call_kwargs)
+
+            def stop() -> None:
+                caller.shutdown(wait=True, cancel_futures=True)
+                if process.is_alive():
+                    try:
+                        parent.send_bytes(cloudpickle.dumps(None))
+                    except OSError:
+                        pass
+                    process.join(timeout=5)
+                    if process.is_alive():
+                        process.kill()
+                parent.close()
+
+        self._actors.append(stop)
+        return ActorHandle(name, send, stop)
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    def submit(self, request: JobRequest) -> LocalJobHandle:
+        self.check_fits(request.resources, what=f"job {request.name!r}")
+        job = ProcessJob(request, job_id=f"{request.name}-{uuid.uuid4().hex[:8]}")
+        self._jobs.append(job)
+        logger.info("Job %s started locally (pid %s)", job.job_id, job._process.pid)
+        return LocalJobHandle(job)
+
+    # -- resources and lifetime -----------------------------------------------------------------------
+
+    def check_fits(self, resources: ResourceConfig | None, *, what: str = "this request") -> None:
+        """Never refuses: this machine runs whatever it is given. Says once when a request is larger."""
+        if resources is None:
+            return
+        cpus = os.cpu_count() or 1
+        if resources.cpu > cpus or resources.device_kind != "cpu":
+            key = describe_request(resources)
+            if key not in self._warned_sizes:
+                self._warned_sizes.add(key)
+                logger.info("%s asks for %s; running it on this machine (%d CPUs) anyway", what, key, cpus)
+
+    def shutdown(self) -> None:
+        for stop in self._actors:
+            stop()
+        self._actors.clear()
+        for job in self._jobs:
+            job.terminate()
+        self._jobs.clear()
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None

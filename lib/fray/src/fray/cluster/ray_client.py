@@ -1,0 +1,256 @@
+"""``RayClient``: remote functions as Ray tasks, actors as Ray actors, jobs as processes on Ray nodes.
+
+``ray`` is imported on first use, so fray works without it installed (``pip install 'marin[ray]'``).
+
+How a :class:`ResourceConfig` becomes Ray scheduling options:
+
+* ``cpu`` -> ``num_cpus``; ``ram`` -> ``memory`` (bytes);
+* GPU -> ``num_gpus=count``, and ``accelerator_type=variant`` unless the variant is ``"auto"``;
+* TPU -> the custom resource ``TPU`` (chips on one host) plus ``TPU-<type>-head`` so the work lands
+  on the first host of a slice of that type (Ray's own TPU node labels).
+
+Before anything is submitted the request is checked against the nodes that are alive: if none
+could ever hold it, :class:`UnschedulableError` says what was asked for and what the largest node
+has, instead of a task that waits forever. On an autoscaling cluster whose nodes appear on demand
+pass ``check_resources=False``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from rigging.log import get_logger
+
+from fray.cluster.client import ActorHandle, JobRequest, JobStatus, UnschedulableError, describe_request
+from fray.cluster.pickling import apply_to_ray
+from fray.cluster.process_job import ProcessJob
+from fray.cluster.resources import GpuDevice, ResourceConfig, TpuDevice
+
+logger = get_logger(__name__)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("The Ray backend needs Ray: `pip install 'marin[ray]'` (or `pip install ray`).") from exc
+    return ray
+
+
+def ray_options(resources: ResourceConfig | None) -> dict[str, Any]:
+    """Ray ``.options(...)`` for ``resources`` (``None``: one CPU)."""
+    if resources is None:
+        return {"num_cpus": 1}
+    options: dict[str, Any] = {"num_cpus": resources.cpu, "memory": resources.ram_bytes}
+    device = resources.device
+    if isinstance(device, GpuDevice):
+        options["num_gpus"] = device.count
+        if device.variant != "auto":
+            options["accelerator_type"] = device.variant
+    elif isinstance(device, TpuDevice):
+        chips_on_host = min(device.chips_per_slice, _chips_per_host(device))
+        options["resources"] = {"TPU": chips_on_host, f"TPU-{device.type}-head": 1}
+    return options
+
+
+def _chips_per_host(device: TpuDevice) -> int:
+    return max(1, device.chips_per_slice // device.hosts_per_slice)
+
+
+def _required(options: dict[str, Any]) -> dict[str, float]:
+    """The node resources ``options`` consume, in the names ``ray.nodes()`` reports."""
+    needed: dict[str, float] = {"CPU": float(options.get("num_cpus", 1))}
+    if options.get("memory"):
+        needed["memory"] = float(options["memory"])
+    if options.get("num_gpus"):
+        needed["GPU"] = float(options["num_gpus"])
+    if options.get("accelerator_type"):
+        needed[f"accelerator_type:{options['accelerator_type']}"] = 0.001
+    for name, amount in options.get("resources", {}).items():
+        needed[name] = float(amount)
+    return needed
+
+
+def _describe_node(resources: dict[str, float]) -> str:
+    cpus = resources.get("CPU", 0)
+    memory = resources.get("memory", 0) / (1 << 30)
+    text = f"{cpus:g} CPUs, {memory:.1f} GiB memory"
+    if resources.get("GPU"):
+        text += f", {resources['GPU']:g} GPUs"
+    if resources.get("TPU"):
+        text += f", {resources['TPU']:g} TPU chips"
+    return text
+
+
+class RayFuture(cf.Future):
+    """A future for a Ray object; ``cancel()`` also cancels the Ray task."""
+
+    def __init__(self, ref: Any) -> None:
+        super().__init__()
+        self.ref = ref
+        ref.future().add_done_callback(self._copy)
+
+    def _copy(self, source: cf.Future) -> None:
+        if self.done():
+            return
+        try:
+            error = source.exception()
+        except cf.CancelledError as exc:
+            error = exc
+        try:
+            if error is not None:
+                self.set_exception(error)
+            else:
+                self.set_result(source.result())
+        except cf.InvalidStateError:
+            pass  # cancelled meanwhile
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        try:
+            _ray().cancel(self.ref, force=True)
+        except Exception:  # noqa: BLE001 - already finished or gone; the local state is what matters
+            logger.debug("ray.cancel failed", exc_info=True)
+        return super().cancel()
+
+
+class _JobRunner:
+    """Lives in a Ray actor on the job's node and runs the job there as a child process."""
+
+    def __init__(self, request: JobRequest, job_id: str) -> None:
+        self._job = ProcessJob(request, job_id)
+
+    def status(self) -> str:
+        return self._job.status().value
+
+    def wait(self, timeout: float | None) -> str:
+        return self._job.wait(timeout).value
+
+    def logs(self) -> str:
+        return self._job.logs()
+
+    def terminate(self) -> None:
+        self._job.terminate()
+
+
+class RayJobHandle:
+    """A job running as a process inside a Ray actor that holds the job's resources."""
+
+    def __init__(self, actor: Any, job_id: str) -> None:
+        self._actor = actor
+        self.job_id = job_id
+        self._final: JobStatus | None = None
+
+    def _get(self, ref: Any, timeout: float | None = None) -> Any:
+        return _ray().get(ref, timeout=timeout)
+
+    def status(self) -> JobStatus:
+        if self._final is None:
+            status = JobStatus(self._get(self._actor.status.remote()))
+            if status.finished:
+                self._final = status
+            return status
+        return self._final
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        if self._final is not None:
+            return self._final
+        status = JobStatus(self._get(self._actor.wait.remote(timeout)))
+        if status.finished:
+            self._final = status
+        return status
+
+    def logs(self) -> str:
+        return self._get(self._actor.logs.remote())
+
+    def terminate(self) -> None:
+        self._get(self._actor.terminate.remote())
+
+
+class RayClient:
+    """Runs work on a Ray cluster.
+
+    ``address``: ``"auto"`` (the cluster this machine belongs to), ``"ray://host:10001"`` (Ray
+    client), or ``None`` to start a private local cluster. If Ray is already initialised in this
+    process the existing connection is used. ``init_kwargs`` go to ``ray.init`` (for example a
+    ``runtime_env`` that ships the project's code to remote nodes).
+    """
+
+    def __init__(self, address: str | None = "auto", *, check_resources: bool = True, **init_kwargs: Any) -> None:
+        self.address = address
+        self.check_resources = check_resources
+        self.init_kwargs = init_kwargs
+
+    def __repr__(self) -> str:
+        return f"RayClient(address={self.address!r})"
+
+    def _connect(self):
+        ray = _ray()
+        apply_to_ray()
+        if not ray.is_initialized():
+            logger.info("Connecting to Ray at %s", self.address or "a new local cluster")
+            ray.init(address=self.address, **self.init_kwargs)
+        return ray
+
+    # -- resources ---------------------------------------------------------------------------------
+
+    def check_fits(self, resources: ResourceConfig | None, *, what: str = "this request") -> None:
+        if not self.check_resources:
+            return
+        ray = self._connect()
+        needed = _required(ray_options(resources))
+        nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+        if any(all(node.get(name, 0) >= amount for name, amount in needed.items()) for node in nodes):
+            return
+        asked = describe_request(resources) if resources is not None else "1 CPU"
+        if nodes:
+            largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("TPU", 0), n.get("CPU", 0), n.get("memory", 0)))
+            has = f"the largest of its {len(nodes)} node(s) has {_describe_node(largest)}"
+        else:
+            has = "it has no live nodes"
+        raise UnschedulableError(
+            f"{what} asks for {asked}, but no node of the Ray cluster can ever provide that: {has}. "
+            "Ask for less (e.g. ResourceConfig.with_cpu(cpu=1)), or add a node that large; on an autoscaling "
+            "cluster create the client with RayClient(check_resources=False)."
+        )
+
+    # -- remote functions and actors -------------------------------------------------------------
+
+    def remote(self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> RayFuture:
+        self.check_fits(resources, what=getattr(fn, "__name__", "a remote function"))
+        ray = self._connect()
+        task = ray.remote(**ray_options(resources))(fn)
+        return RayFuture(task.remote(*args, **kwargs))
+
+    def create_actor(self, cls: type, *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> ActorHandle:
+        name = getattr(cls, "__name__", "actor")
+        self.check_fits(resources, what=f"actor {name}")
+        ray = self._connect()
+        actor = ray.remote(**ray_options(resources))(cls).remote(*args, **kwargs)
+
+        def send(method: str, call_args: tuple, call_kwargs: dict) -> cf.Future:
+            return RayFuture(getattr(actor, method).remote(*call_args, **call_kwargs))
+
+        def stop() -> None:
+            ray.kill(actor)
+
+        return ActorHandle(name, send, stop)
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    def submit(self, request: JobRequest) -> RayJobHandle:
+        self.check_fits(request.resources, what=f"job {request.name!r}")
+        ray = self._connect()
+        job_id = f"{request.name}-{uuid.uuid4().hex[:8]}"
+        # Several threads, so status/logs/terminate answer while wait() blocks in another call.
+        runner = ray.remote(max_concurrency=4, **ray_options(request.resources))(_JobRunner)
+        actor = runner.remote(request, job_id)
+        logger.info("Job %s submitted to Ray", job_id)
+        return RayJobHandle(actor, job_id)
+
+    def shutdown(self) -> None:
+        """Leaves the Ray connection as it is: other code in this process may still use it."""

@@ -1,0 +1,165 @@
+"""LocalClient: remote functions in threads and in processes, actors, jobs, and choosing a client."""
+
+import os
+import sys
+import threading
+
+import pytest
+
+from fray.cluster import (
+    ClusterConfigError,
+    DistributedClient,
+    InvalidJobRequest,
+    JobRequest,
+    JobStatus,
+    LocalClient,
+    ResourceConfig,
+    client_from_spec,
+    current_client,
+    ship_by_value,
+    use_client,
+)
+
+# Worker processes cannot import this test file by name; send its classes with their code.
+ship_by_value(__name__)
+
+
+class Counter:
+    def __init__(self, start):
+        self.value = start
+        self.pid = os.getpid()
+
+    def add(self, amount):
+        self.value += amount
+        return self.value
+
+    def where(self):
+        return self.pid
+
+    def fail(self):
+        raise KeyError("no such key")
+
+
+@pytest.fixture(scope="module")
+def thread_client():
+    client = LocalClient()
+    yield client
+    client.shutdown()
+
+
+@pytest.fixture(scope="module")
+def process_client():
+    client = LocalClient(processes=True, max_workers=2)
+    yield client
+    client.shutdown()
+
+
+def test_clients_satisfy_the_protocol(thread_client):
+    assert isinstance(thread_client, DistributedClient)
+
+
+def test_thread_client_runs_functions_in_this_process(thread_client):
+    future = thread_client.remote(lambda x, y=1: (x + y, os.getpid(), threading.current_thread().name), 2, y=3)
+    value, pid, thread = future.result(timeout=10)
+    assert value == 5 and pid == os.getpid() and thread.startswith("fray-local")
+
+
+def test_process_client_runs_closures_in_another_process(process_client):
+    offset = 40  # captured by the lambda: only cloudpickle can ship this
+
+    futures = [process_client.remote(lambda x: (x + offset, os.getpid()), i, resources=ResourceConfig.with_cpu()) for i in range(3)]
+    results = [f.result(timeout=60) for f in futures]
+    assert [r[0] for r in results] == [40, 41, 42]
+    assert all(pid != os.getpid() for _, pid in results)
+
+
+def test_process_client_reraises_the_functions_exception(process_client):
+    def broken():
+        raise ValueError("bad input 7")
+
+    with pytest.raises(ValueError, match="bad input 7"):
+        process_client.remote(broken).result(timeout=60)
+
+
+@pytest.mark.parametrize("client_name", ["thread_client", "process_client"])
+def test_actor_keeps_state_and_runs_calls_in_order(client_name, request):
+    client = request.getfixturevalue(client_name)
+    actor = client.create_actor(Counter, 10)
+    futures = [actor.add.remote(i) for i in range(1, 6)]
+    assert [f.result(timeout=60) for f in futures] == [11, 13, 16, 20, 25]
+    in_this_process = actor.where.remote().result(timeout=60) == os.getpid()
+    assert in_this_process == (client_name == "thread_client")
+    with pytest.raises(KeyError, match="no such key"):
+        actor.fail.remote().result(timeout=60)
+    assert actor.add.remote(0).result(timeout=60) == 25  # an error in one call keeps the state
+    with pytest.raises(TypeError, match=r"\.remote"):
+        actor.add(1)
+    actor.terminate()
+
+
+def test_command_job_succeeds_and_keeps_its_logs(thread_client):
+    job = thread_client.submit(JobRequest("echo", [sys.executable, "-c", "import os; print('hello', os.environ['GREETING'])"], env={"GREETING": "fray"}))
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    assert "hello fray" in job.logs()
+
+
+def test_callable_job_failure_shows_the_traceback(thread_client):
+    def crash(code):
+        print("about to fail")
+        raise RuntimeError(f"crash code {code}")
+
+    job = thread_client.submit(JobRequest("crash", crash, args=(3,)))
+    assert job.wait(timeout=60) == JobStatus.FAILED
+    logs = job.logs()
+    assert "about to fail" in logs and "RuntimeError: crash code 3" in logs
+
+
+def test_terminated_job_is_stopped(thread_client):
+    job = thread_client.submit(JobRequest("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"]))
+    assert job.status() == JobStatus.RUNNING
+    job.terminate()
+    assert job.wait(timeout=10) == JobStatus.STOPPED
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: JobRequest("x", "python train.py"), "list of arguments"),
+        (lambda: JobRequest("x", []), "non-empty list"),
+        (lambda: JobRequest("", ["ls"]), "non-empty name"),
+        (lambda: JobRequest("x", ["ls"], args=(1,)), "args and kwargs apply to callables"),
+    ],
+)
+def test_invalid_job_requests_are_refused(make, message):
+    with pytest.raises(InvalidJobRequest, match=message):
+        make()
+
+
+def test_client_choice_explicit_then_configuration_then_local(monkeypatch):
+    monkeypatch.delenv("MARIN_CLUSTER", raising=False)
+    default = current_client()
+    assert isinstance(default, LocalClient) and not default.processes
+
+    monkeypatch.setenv("MARIN_CLUSTER", "local:processes")
+    configured = current_client()
+    assert isinstance(configured, LocalClient) and configured.processes
+
+    explicit = LocalClient()
+    with use_client(explicit):
+        assert current_client() is explicit
+    assert current_client() is configured
+
+
+def test_cluster_setting_from_marin_yaml(monkeypatch, tmp_path):
+    monkeypatch.delenv("MARIN_CLUSTER", raising=False)
+    (tmp_path / "marin.yaml").write_text("cluster: ray:auto\n")
+    monkeypatch.chdir(tmp_path)
+    client = current_client()
+    assert type(client).__name__ == "RayClient" and client.address == "auto"
+
+
+def test_cluster_settings_name_their_backend():
+    assert client_from_spec("ray://head:10001").address == "ray://head:10001"
+    assert client_from_spec("ray:local").address is None
+    with pytest.raises(ClusterConfigError, match="Unknown cluster setting 'slurm'.*ray:auto"):
+        client_from_spec("slurm")

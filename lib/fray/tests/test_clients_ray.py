@@ -1,0 +1,84 @@
+"""RayClient against a real local Ray cluster of 2 CPUs (started once for this module)."""
+
+import sys
+
+import pytest
+
+from fray.cluster import JobRequest, JobStatus, ResourceConfig, UnschedulableError, ship_by_value
+
+# Ray starts its processes with fork+exec; JAX, if another test imported it, warns about any fork.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+
+ray = pytest.importorskip("ray", reason="the Ray backend needs `pip install 'marin[ray]'`")
+
+from fray.cluster.ray_client import RayClient, ray_options  # noqa: E402
+
+ship_by_value(__name__)
+
+
+class Accumulator:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+        return len(self.items)
+
+    def contents(self):
+        return list(self.items)
+
+
+@pytest.fixture(scope="module")
+def client():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield RayClient()
+    ray.shutdown()
+
+
+def test_remote_function_runs_as_a_ray_task(client):
+    futures = [client.remote(lambda x: x * x, i, resources=ResourceConfig.with_cpu(ram="64m")) for i in range(4)]
+    assert [f.result(timeout=60) for f in futures] == [0, 1, 4, 9]
+
+
+def test_task_error_reaches_the_caller(client):
+    def broken():
+        raise ValueError("bad shard 3")
+
+    with pytest.raises(Exception, match="bad shard 3"):
+        client.remote(broken).result(timeout=60)
+
+
+def test_actor_keeps_state_across_calls(client):
+    actor = client.create_actor(Accumulator, resources=ResourceConfig.with_cpu(ram="64m"))
+    assert [actor.push.remote(x).result(timeout=60) for x in "abc"] == [1, 2, 3]
+    assert actor.contents.remote().result(timeout=60) == ["a", "b", "c"]
+    actor.terminate()
+
+
+def test_request_larger_than_any_node_fails_at_once(client):
+    with pytest.raises(UnschedulableError, match=r"asks for 64 CPUs.*largest of its 1 node\(s\) has 2 CPUs"):
+        client.remote(lambda: None, resources=ResourceConfig.with_cpu(cpu=64))
+    with pytest.raises(UnschedulableError, match=r"1 x H100 GPU"):
+        client.create_actor(Accumulator, resources=ResourceConfig.with_gpu("H100", 1))
+
+
+def test_job_runs_on_a_ray_node_with_logs(client):
+    def greet(name):
+        print(f"hello {name}")
+
+    job = client.submit(JobRequest("greet", greet, args=("ray",), resources=ResourceConfig.with_cpu(ram="64m")))
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    assert "hello ray" in job.logs()
+    failing = client.submit(JobRequest("fail", [sys.executable, "-c", "raise SystemExit(3)"], resources=ResourceConfig.with_cpu(ram="64m")))
+    assert failing.wait(timeout=60) == JobStatus.FAILED
+
+
+def test_resource_mapping_for_accelerators():
+    assert ray_options(ResourceConfig.with_gpu("H100", 8, cpu=4)) == {
+        "num_cpus": 4,
+        "memory": 16 << 30,
+        "num_gpus": 8,
+        "accelerator_type": "H100",
+    }
+    assert ray_options(ResourceConfig.with_tpu("v4-32"))["resources"] == {"TPU": 4, "TPU-v4-32-head": 1}
+    assert ray_options(ResourceConfig.with_tpu("v5e-4"))["resources"] == {"TPU": 4, "TPU-v5e-4-head": 1}
