@@ -17,6 +17,7 @@ from rigging.log import setup_logging
 COMMAND_MODULES: list[str] = [
     "marin.execution.commands",  # run, status, explain
     "marin.generate",  # generate
+    "marin.reports.cli",  # report
 ]
 
 
