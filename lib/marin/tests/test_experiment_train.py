@@ -116,3 +116,15 @@ def test_impossible_requests_fail_when_declared(kwargs, message):
     args.update(kwargs)
     with pytest.raises(TrainConfigError, match=message):
         train_lm(**args)
+
+
+def test_tutorial_variant_without_resources_uses_the_local_cpu(inputs):
+    # The tutorial's variant: ResourceConfig from iris.cluster, or no resources= at all.
+    from fray.cluster import ResourceConfig as FrayResourceConfig
+    from iris.cluster import ResourceConfig
+
+    assert ResourceConfig is FrayResourceConfig
+    _, implicit = _model(inputs, steps=6)
+    _, explicit = _model(inputs, steps=6, resources=ResourceConfig.with_cpu())
+    assert implicit.resources == ResourceConfig.with_cpu()
+    assert implicit == explicit
