@@ -10,19 +10,16 @@ runs (every token is scored once whatever the batch size), so they are not hashe
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fray.cluster import ResourceConfig
-from levanter.tokenization import load_tokenizer
-from marin.evaluation import EvalResults, checkpoint_folder_identity, load_hf_checkpoint, run_evaluation
+from marin.evaluation import EvalResults, run_evaluation
 from marin.evaluation.eval_step import EvalConfigError
 from marin.evaluation.model_source import ModelSourceError
 from marin.execution.lazy import LazyStep, lazy_step
-from marin.experiment.train import TrainedModel
+from marin.experiment.model_ref import ModelRef
 from marin.processing.tokenize import TokenizedDataset
 
 # Bumped when the eval step's results change meaning, so old results are never reused for it.
@@ -53,47 +50,26 @@ def evaluate_lm(
     named = _named_datasets(datasets)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise EvalConfigError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    if isinstance(model, LazyStep):
-        seq_len = seq_len if seq_len is not None else model.hash_attrs.get("seq_len")
-        model_record: dict[str, Any] = {"kind": "step"}  # the step's identity enters through deps
-        deps = (model, *named.values())
-        folder = None
-    elif isinstance(model, (str, os.PathLike)):
-        folder = os.path.abspath(os.fspath(model)) if "://" not in os.fspath(model) else os.fspath(model)
-        model_record = checkpoint_folder_identity(folder)
-        deps = tuple(named.values())
-    else:
-        raise EvalConfigError(
-            f"model must be a train_lm(...) handle or a checkpoint folder, got {type(model).__name__}."
-        )
+    ref = ModelRef.of(model, error=EvalConfigError)
+    if ref.handle is not None:
+        seq_len = seq_len if seq_len is not None else ref.handle.hash_attrs.get("seq_len")
+    deps = ref.deps + tuple(named.values())
     if not isinstance(seq_len, int) or seq_len < 2:
         raise EvalConfigError(f"seq_len must be an integer >= 2, got {seq_len!r}; pass seq_len=... to evaluate_lm.")
 
     def run(ctx) -> EvalResults:
         data = {label: ctx.load_artifact(handle, TokenizedDataset).result for label, handle in named.items()}
-        if folder is None:
-            trained = ctx.load_artifact(model, TrainedModel).result
-            if trained.hf_path is None:
-                raise ModelSourceError(
-                    f"training step {model.name!r} has no Hugging Face export ({trained.model_type} models have none yet), "
-                    "which is what the eval step reads; evaluate a Llama model."
-                )
-            loaded = load_hf_checkpoint(trained.hf_path)
-            label, identity, tokenizer_identity = model.name, model.identity, trained.tokenizer_identity
-        else:
-            loaded = load_hf_checkpoint(folder)
-            label, identity = folder, _record_digest(model_record)
-            tokenizer_identity = _folder_tokenizer_identity(folder)
+        resolved = ref.load(ctx, reader="eval step")
         return run_evaluation(
-            loaded,
+            resolved.loaded,
             data,
-            model_label=label,
-            model_identity=identity,
+            model_label=resolved.label,
+            model_identity=resolved.identity,
             split=split,
             seq_len=seq_len,
             batch_size=batch_size,
             compute_dtype=compute_dtype,
-            model_tokenizer_identity=tokenizer_identity,
+            model_tokenizer_identity=resolved.tokenizer_identity(),
             between_datasets=ctx.check_lease,
         )
 
@@ -102,7 +78,7 @@ def evaluate_lm(
         run,
         deps=deps,
         hash_attrs={
-            "model": model_record,
+            "model": ref.record,
             # Labels name the results; the engine hashes each dataset's identity through deps.
             "datasets": [[label, handle.name] for label, handle in named.items()],
             "split": split,
@@ -140,14 +116,3 @@ def _named_datasets(datasets: Any) -> dict[str, LazyStep]:
                 "write datasets=[tokenized(name=..., source=..., tokenizer=...)]."
             )
     return named
-
-
-def _record_digest(record: Mapping[str, Any]) -> str:
-    return "sha256:" + hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
-
-
-def _folder_tokenizer_identity(folder: str) -> str | None:
-    # A checkpoint saved with its tokenizer says which tokenization its inputs must have.
-    if not os.path.exists(os.path.join(folder, "tokenizer.json")):
-        return None
-    return load_tokenizer(folder).identity

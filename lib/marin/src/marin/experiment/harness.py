@@ -9,19 +9,14 @@ budget, the compute dtype, the seed and lm-eval's version. ``batch_size`` only c
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Sequence
 from importlib import metadata
-from typing import Any
 
 from fray.cluster import ResourceConfig
-from levanter.tokenization import load_tokenizer
 from marin.evaluation.harness import HarnessConfigError, HarnessResults, include_path_identity, run_harness
-from marin.evaluation.model_source import ModelSourceError, checkpoint_folder_identity, load_hf_checkpoint
 from marin.execution.lazy import LazyStep, lazy_step
-from marin.experiment.train import TrainedModel
+from marin.experiment.model_ref import ModelRef
 
 # Bumped when the harness step's results change meaning, so old results are never reused for it.
 HARNESS_STEP_VERSION = "1"
@@ -62,34 +57,13 @@ def evaluate_harness(
         raise HarnessConfigError(f"batch_size must be a positive integer, got {batch_size!r}.")
     include = None if include_path is None else os.path.abspath(os.fspath(include_path))
     task_files = include_path_identity(include)
-    if isinstance(model, LazyStep):
-        model_record: dict[str, Any] = {"kind": "step"}  # the step's identity enters through deps
-        deps: tuple[LazyStep, ...] = (model,)
-        folder = None
-    elif isinstance(model, (str, os.PathLike)):
-        folder = os.path.abspath(os.fspath(model)) if "://" not in os.fspath(model) else os.fspath(model)
-        model_record = checkpoint_folder_identity(folder)
-        deps = ()
-    else:
-        raise HarnessConfigError(f"model must be a train_lm(...) handle or a checkpoint folder, got {type(model).__name__}.")
+    ref = ModelRef.of(model, error=HarnessConfigError)
 
     def run(ctx) -> HarnessResults:
-        if folder is None:
-            trained = ctx.load_artifact(model, TrainedModel).result
-            if trained.hf_path is None:
-                raise ModelSourceError(
-                    f"training step {model.name!r} has no Hugging Face export ({trained.model_type} models have none yet), "
-                    "which is what the harness step reads; evaluate a Llama model."
-                )
-            loaded = load_hf_checkpoint(trained.hf_path)
-            tokenizer = _tokenizer_of(trained.hf_path, fallback=trained.tokenizer)
-            label, identity = model.name, model.identity
-        else:
-            loaded = load_hf_checkpoint(folder)
-            tokenizer = _tokenizer_of(folder, fallback=None)
-            label, identity = folder, "sha256:" + hashlib.sha256(json.dumps(model_record, sort_keys=True).encode()).hexdigest()
+        resolved = ref.load(ctx, reader="harness step")
         return run_harness(
-            loaded, tokenizer, tasks=list(tasks), model_label=label, model_identity=identity, include_path=include,
+            resolved.loaded, resolved.tokenizer(), tasks=list(tasks), model_label=resolved.label,
+            model_identity=resolved.identity, include_path=include,
             limit=limit, num_fewshot=num_fewshot, max_seq_len=max_seq_len, batch_size=batch_size,
             max_gen_toks=max_gen_toks, compute_dtype=compute_dtype, seed=seed,
         )
@@ -97,9 +71,9 @@ def evaluate_harness(
     return lazy_step(
         name,
         run,
-        deps=deps,
+        deps=ref.deps,
         hash_attrs={
-            "model": model_record,
+            "model": ref.record,
             "tasks": list(tasks),
             "task_files": task_files,
             "limit": limit,
@@ -115,14 +89,6 @@ def evaluate_harness(
         resources=resources or ResourceConfig.with_cpu(),
         output_path=output_path,
     )
-
-
-def _tokenizer_of(folder: str, *, fallback: str | None):
-    if os.path.exists(os.path.join(folder.removeprefix("file://"), "tokenizer.json")):
-        return load_tokenizer(folder.removeprefix("file://"))
-    if fallback is not None:
-        return load_tokenizer(fallback)
-    raise ModelSourceError(f"{folder} has no tokenizer.json; save the model's tokenizer beside its weights.")
 
 
 def _lm_eval_version() -> str | None:
