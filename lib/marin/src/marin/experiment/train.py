@@ -151,8 +151,7 @@ def train_lm(
         run,
         deps=tuple(weights),
         hash_attrs={
-            "model": model,
-            "model_type": type(model).__name__,
+            "model": model,  # a frozen dataclass: hashed with its class name
             "optimizer": optimizer.to_dict(),
             # Weights are listed in dependency order; the engine hashes each dependency's identity.
             "mixture": [[handle.name, weight] for handle, weight in weights.items()],
