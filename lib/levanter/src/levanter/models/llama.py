@@ -3,7 +3,6 @@ embeddings. Weight layout matches Hugging Face ``LlamaForCausalLM`` up to transp
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import equinox as eqx
@@ -15,11 +14,11 @@ from haliax.axes import BATCH, EMBED, SEQ, VOCAB
 from haliax.nn import Embedding, Linear, RMSNorm, rotary_cos_sin
 from haliax.partitioning import constrain
 from levanter.models.lm import LmOutput
-from levanter.models.transformer import Attention, ConfigError, SwiGluMlp, build_layers, check_attention_shape, run_layers
+from levanter.models.transformer import Attention, ConfigError, DecoderShape, SwiGluMlp, build_layers, run_layers
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(DecoderShape):
     hidden_dim: int
     intermediate_dim: int
     num_layers: int
@@ -34,27 +33,12 @@ class LlamaConfig:
     gradient_checkpointing: bool = False
 
     def __post_init__(self):
-        for name in ("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"LlamaConfig.{name} must be positive, got {getattr(self, name)}.")
-        check_attention_shape(self.hidden_dim, self.num_heads, self.num_kv_heads)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_dim // self.num_heads
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        self.check_shape(("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"))
 
     def build(self, vocab_size: int, *, key: jax.Array) -> "LlamaLMHeadModel":
         return LlamaLMHeadModel(self, vocab_size, key=key)
 
     # -- sizes ---------------------------------------------------------------------------------
-
-    def attention_parameters(self) -> int:
-        q_and_o = 2 * self.hidden_dim * self.num_heads * self.head_dim
-        k_and_v = 2 * self.hidden_dim * self.num_kv_heads * self.head_dim
-        return q_and_o + k_and_v
 
     def mlp_parameters(self) -> int:
         return 3 * self.hidden_dim * self.intermediate_dim
@@ -62,8 +46,7 @@ class LlamaConfig:
     def num_parameters(self, vocab_size: int) -> int:
         """Every parameter, counting a tied embedding once."""
         per_layer = self.attention_parameters() + self.mlp_parameters() + 2 * self.hidden_dim
-        embeddings = vocab_size * self.hidden_dim * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embeddings + self.hidden_dim
+        return self.num_layers * per_layer + self.embedding_parameters(vocab_size) + self.hidden_dim
 
     def flops_per_token(self, vocab_size: int, seq_len: int) -> float:
         """Training (forward + backward) FLOPs per token, as in the PaLM paper's MFU appendix:
@@ -76,8 +59,7 @@ class LlamaConfig:
         weighted values), counted for the full square although causal masking could skip half.
         """
         matmul_params = self.num_layers * (self.attention_parameters() + self.mlp_parameters()) + vocab_size * self.hidden_dim
-        attention = 12 * self.num_layers * self.num_heads * self.head_dim * seq_len
-        return float(6 * matmul_params + attention)
+        return float(6 * matmul_params + self.attention_flops_per_token(seq_len))
 
 
 class LlamaDecoderLayer(eqx.Module):

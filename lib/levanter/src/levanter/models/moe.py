@@ -9,7 +9,6 @@ experts.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import equinox as eqx
@@ -22,11 +21,11 @@ from haliax.nn import Embedding, Linear, RMSNorm
 from haliax.partitioning import constrain
 from levanter.models.llama import _trunk
 from levanter.models.lm import LmOutput
-from levanter.models.transformer import Attention, ConfigError, build_layers, check_attention_shape
+from levanter.models.transformer import Attention, ConfigError, DecoderShape, build_layers
 
 
 @dataclass(frozen=True)
-class MoeConfig:
+class MoeConfig(DecoderShape):
     hidden_dim: int
     intermediate_dim: int  # of each expert
     num_layers: int
@@ -44,27 +43,14 @@ class MoeConfig:
     gradient_checkpointing: bool = False
 
     def __post_init__(self):
-        for name in ("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "num_experts", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"MoeConfig.{name} must be positive, got {getattr(self, name)}.")
+        self.check_shape(("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "num_experts", "max_seq_len"))
         if not 1 <= self.num_experts_per_token <= self.num_experts:
             raise ConfigError(
                 f"num_experts_per_token ({self.num_experts_per_token}) must be between 1 and num_experts ({self.num_experts})."
             )
-        check_attention_shape(self.hidden_dim, self.num_heads, self.num_kv_heads)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_dim // self.num_heads
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
     def build(self, vocab_size: int, *, key: jax.Array) -> "MoeLMHeadModel":
         return MoeLMHeadModel(self, vocab_size, key=key)
-
-    def attention_parameters(self) -> int:
-        return 2 * self.hidden_dim * self.head_dim * (self.num_heads + self.num_kv_heads)
 
     def expert_parameters(self) -> int:
         return 3 * self.hidden_dim * self.intermediate_dim
@@ -77,8 +63,7 @@ class MoeConfig:
             + self.num_experts * self.expert_parameters()
             + 2 * self.hidden_dim
         )
-        embeddings = vocab_size * self.hidden_dim * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embeddings + self.hidden_dim
+        return self.num_layers * per_layer + self.embedding_parameters(vocab_size) + self.hidden_dim
 
     def num_active_parameters(self, vocab_size: int) -> int:
         """Parameters one token uses: only its ``num_experts_per_token`` experts count."""
@@ -89,7 +74,7 @@ class MoeConfig:
         """As ``LlamaConfig.flops_per_token``, with only the active experts' weights (and the router)."""
         per_layer = self.attention_parameters() + self.hidden_dim * self.num_experts + self.num_experts_per_token * self.expert_parameters()
         matmul_params = self.num_layers * per_layer + vocab_size * self.hidden_dim
-        return float(6 * matmul_params + 12 * self.num_layers * self.num_heads * self.head_dim * seq_len)
+        return float(6 * matmul_params + self.attention_flops_per_token(seq_len))
 
 
 class MoeMlp(NamedModule):

@@ -3,6 +3,8 @@ and the loop over layers (unrolled or scanned, optionally rematerialised)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Callable, Sequence
 
 import equinox as eqx
@@ -26,6 +28,40 @@ def check_attention_shape(hidden_dim: int, num_heads: int, num_kv_heads: int) ->
         raise ConfigError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}).")
     if (hidden_dim // num_heads) % 2:
         raise ConfigError(f"head_dim = hidden_dim / num_heads = {hidden_dim // num_heads} must be even for RoPE.")
+
+
+class DecoderShape:
+    """What every decoder config (Llama, MoE) derives from its shape fields.
+
+    A mixin rather than a base dataclass so each config keeps its own field order and defaults;
+    it expects ``hidden_dim``, ``num_heads``, ``num_kv_heads``, ``num_layers`` and
+    ``tie_word_embeddings``.
+    """
+
+    def check_shape(self, positive_fields: tuple[str, ...]) -> None:
+        for name in positive_fields:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{type(self).__name__}.{name} must be positive, got {getattr(self, name)}.")
+        check_attention_shape(self.hidden_dim, self.num_heads, self.num_kv_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_dim // self.num_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def attention_parameters(self) -> int:
+        """q and o projections (heads) plus k and v projections (kv heads), no biases."""
+        return 2 * self.hidden_dim * self.head_dim * (self.num_heads + self.num_kv_heads)
+
+    def embedding_parameters(self, vocab_size: int) -> int:
+        """Input embedding and output projection, counted once when tied."""
+        return vocab_size * self.hidden_dim * (1 if self.tie_word_embeddings else 2)
+
+    def attention_flops_per_token(self, seq_len: int) -> float:
+        """Attention's two T x T products (scores, weighted values), forward + backward, full square."""
+        return float(12 * self.num_layers * self.num_heads * self.head_dim * seq_len)
 
 
 class Attention(eqx.Module):
