@@ -1,0 +1,135 @@
+"""What a job is: its command, resources, replica count, retry budgets and backend."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fray.cluster import InvalidResourceConfig, ResourceConfig
+from fray.cluster.resources import CpuDevice, GpuDevice, TpuDevice
+
+# EX_TEMPFAIL from sysexits.h: "temporary failure, try again later". A command exits with it to
+# say it was preempted (its checkpoint is safe; run it again) rather than broken.
+PREEMPTED_EXIT_CODE = 75
+
+BACKENDS = ("local", "ray")
+
+
+class InvalidJobSpec(ValueError):
+    """A job that cannot be run as written (empty command, negative budget, unknown backend...)."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job. ``resources`` describe one replica; ``replicas`` copies run together, all-or-nothing.
+
+    ``ray_address`` is only used by the Ray backend: ``"auto"`` (this machine's cluster),
+    ``"ray://host:10001"``, or ``None`` for a private local cluster started for the job.
+    """
+
+    name: str
+    command: tuple[str, ...]
+    resources: ResourceConfig = field(default_factory=ResourceConfig)
+    replicas: int = 1
+    max_retries_failure: int = 0
+    max_retries_preemption: int = 0
+    backend: str = "local"
+    ray_address: str | None = None
+    cwd: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.command, str):
+            raise InvalidJobSpec(f"Give the command as a list of arguments, e.g. {self.command.split()!r}, not one string.")
+        command = tuple(self.command)
+        if not command or not all(isinstance(part, str) and part for part in command):
+            raise InvalidJobSpec("A job needs a command: `iris job run -- python train.py`.")
+        object.__setattr__(self, "command", command)
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in dict(self.env).items()))
+        if not self.name:
+            raise InvalidJobSpec("A job needs a non-empty name (--name).")
+        if self.replicas < 1:
+            raise InvalidJobSpec(f"--replicas must be at least 1, got {self.replicas}.")
+        for budget in ("max_retries_failure", "max_retries_preemption"):
+            if getattr(self, budget) < 0:
+                raise InvalidJobSpec(f"--{budget.replace('_', '-')} must be 0 or more, got {getattr(self, budget)}.")
+        if self.backend not in BACKENDS:
+            raise InvalidJobSpec(f"Unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}.")
+
+    def to_json(self) -> str:
+        payload = {
+            "name": self.name,
+            "command": list(self.command),
+            "resources": _resources_to_dict(self.resources),
+            "replicas": self.replicas,
+            "max_retries_failure": self.max_retries_failure,
+            "max_retries_preemption": self.max_retries_preemption,
+            "backend": self.backend,
+            "ray_address": self.ray_address,
+            "cwd": self.cwd,
+            "env": dict(self.env),
+        }
+        return json.dumps(payload, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        payload = json.loads(text)
+        payload["resources"] = _resources_from_dict(payload["resources"])
+        payload["command"] = tuple(payload["command"])
+        payload["env"] = tuple(payload.get("env", {}).items())
+        return cls(**payload)
+
+
+def _resources_to_dict(resources: ResourceConfig) -> dict[str, Any]:
+    device = resources.device
+    if isinstance(device, GpuDevice):
+        device_dict = {"kind": "gpu", "variant": device.variant, "count": device.count}
+    elif isinstance(device, TpuDevice):
+        device_dict = {"kind": "tpu", "type": device.type, "slice_count": device.slice_count}
+    else:
+        device_dict = {"kind": "cpu"}
+    return {"cpu": resources.cpu, "ram": resources.ram, "disk": resources.disk, "device": device_dict}
+
+
+def _resources_from_dict(data: dict[str, Any]) -> ResourceConfig:
+    device = data["device"]
+    common = {"cpu": data["cpu"], "ram": data["ram"]}
+    if device["kind"] == "gpu":
+        return ResourceConfig.with_gpu(device["variant"], device["count"], disk=data["disk"], **common)
+    if device["kind"] == "tpu":
+        return ResourceConfig.with_tpu(device["type"], device["slice_count"], disk=data["disk"], **common)
+    return ResourceConfig(device=CpuDevice(), disk=data["disk"], **common)
+
+
+def resources_from_flags(
+    *, cpu: float | None = None, memory: str | None = None, gpu: str | None = None, tpu: str | None = None
+) -> ResourceConfig:
+    """``--cpu/--memory/--gpu VARIANT:N/--tpu TYPE`` as a ``ResourceConfig``; bad values raise ``InvalidJobSpec``."""
+    if gpu and tpu:
+        raise InvalidJobSpec("Ask for either --gpu or --tpu, not both.")
+    common: dict[str, Any] = {}
+    if cpu is not None:
+        common["cpu"] = cpu
+    if memory is not None:
+        common["ram"] = memory
+    try:
+        if gpu:
+            variant, _, count = gpu.partition(":")
+            try:
+                gpu_count = int(count) if count else 1
+            except ValueError:
+                raise InvalidJobSpec(f"--gpu takes VARIANT:COUNT, e.g. H100:8; got {gpu!r}.") from None
+            return ResourceConfig.with_gpu(variant or "auto", gpu_count, **common)
+        if tpu:
+            return ResourceConfig.with_tpu(tpu, **common)
+        return ResourceConfig(**common)
+    except InvalidResourceConfig as exc:
+        raise InvalidJobSpec(str(exc)) from exc
+
+
+def command_text(command: Sequence[str]) -> str:
+    import shlex
+
+    return shlex.join(command)
