@@ -131,11 +131,17 @@ class ProcessPoolBackend(Backend):
 
 
 def resolve_backend(backend: Backend | str | None) -> Backend:
-    """``None`` or ``"processes"`` gives the process pool (the default), ``"inline"`` runs in-process."""
+    """``None`` or ``"processes"`` gives the process pool (the default), ``"inline"`` runs in-process,
+    ``"ray"`` runs shards as Ray tasks (:class:`zephyr.ray_backend.RayBackend`)."""
     if isinstance(backend, Backend):
         return backend
     if backend in (None, "processes", "process_pool"):
         return ProcessPoolBackend()
     if backend in ("inline", "in_process", "sync"):
         return InProcessBackend()
-    raise ValueError(f"unknown zephyr backend {backend!r}; use 'processes', 'inline' or a Backend instance")
+    if backend == "ray":
+        # Imported here so that Ray stays optional.
+        from zephyr.ray_backend import RayBackend
+
+        return RayBackend()
+    raise ValueError(f"unknown zephyr backend {backend!r}; use 'processes', 'inline', 'ray' or a Backend instance")

@@ -26,6 +26,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from levanter.data.batch import Batch
+from levanter.distributed import initialize_distributed
 from levanter.optim import OptimizerConfig, weight_decay_mask_from_axes
 from levanter.trainer.checkpoint import Checkpointer
 from levanter.trainer.config import TrainerConfig, TrainerConfigError
@@ -103,7 +104,14 @@ class Trainer:
         self.flops_per_token = flops_per_token
         self.run_config = dict(run_config or {})
         self.hooks = list(hooks)
-        self.metrics_path = os.path.join(self.output_dir, "metrics.jsonl")
+        # A job launched as several replicas joins jax.distributed here, before anything asks JAX
+        # for its devices; the mesh below then spans the devices of every process.
+        initialize_distributed()
+        # Every process sees the same metrics; only the first reports them, the others keep a
+        # file of their own (for debugging) instead of writing over the shared one.
+        self.is_reporting_process = jax.process_index() == 0
+        metrics_name = "metrics.jsonl" if self.is_reporting_process else f"metrics.process-{jax.process_index()}.jsonl"
+        self.metrics_path = os.path.join(self.output_dir, metrics_name)
         self.compute_dtype = resolve_compute_dtype(config.compute_dtype)
         self.mesh = self._build_mesh()
         self.checkpointer = Checkpointer(
@@ -240,7 +248,7 @@ class Trainer:
         self._static = static
 
         trackers = build_trackers(
-            cfg.trackers,
+            cfg.trackers if self.is_reporting_process else ("jsonl",),
             metrics_path=self.metrics_path,
             log_dir=self.output_dir,
             run_config={"trainer": cfg.to_dict(), "optimizer": self.optimizer_config.to_dict(), **self.run_config},

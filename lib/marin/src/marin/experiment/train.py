@@ -18,8 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+
 from fray.cluster import ResourceConfig
 from levanter.data import build_text_data
+from levanter.distributed import initialize_distributed
 from levanter.inference import SamplingConfig, generate_text
 from levanter.main.train_lm import TrainLmConfig
 from levanter.main.train_lm import train_lm as run_training
@@ -199,7 +202,16 @@ def _train(ctx, model_config, optimizer, trainer: TrainerConfig, weights, seq_le
         names = ", ".join(f"{h.name}: {r.tokenizer_identity[:19]}" for h, r in tokenized.items())
         raise TrainConfigError(f"All datasets of one training run must share a tokenizer; got {names}.")
     first = next(iter(tokenized.values()))
-    data = build_text_data(cache_sources(ctx, weights), seq_len=seq_len, batch_size=trainer.batch_size, seed=trainer.seed)
+    # Under replicas > 1 each process joins the JAX run first, then reads only its rows of each batch.
+    initialize_distributed()
+    data = build_text_data(
+        cache_sources(ctx, weights),
+        seq_len=seq_len,
+        batch_size=trainer.batch_size,
+        seed=trainer.seed,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
 
     started = time.perf_counter()
     result = run_training(

@@ -1,0 +1,153 @@
+"""Joining JAX's multi-process runtime when a job runs as several replicas (one process per host).
+
+A job launched with ``replicas > 1`` starts the same command once per host; every process must
+call :func:`jax.distributed.initialize` with the same coordinator address and process count and
+its own index before JAX touches a device. After that ``jax.devices()`` lists the devices of every
+process, the trainer's mesh spans them all, and each process feeds only its own rows of each
+global batch.
+
+The settings come from the environment; for each, the iris name wins over JAX's own:
+
+* coordinator ``host:port``: ``IRIS_COORDINATOR_ADDRESS`` or ``JAX_COORDINATOR_ADDRESS``;
+* number of processes: ``IRIS_NUM_REPLICAS`` or ``JAX_NUM_PROCESSES``;
+* this process's index (``0 .. N-1``): ``IRIS_REPLICA_INDEX`` or ``JAX_PROCESS_ID``.
+
+One process (no variables, or a count of 1) needs nothing and nothing is done. On Cloud TPU and
+under SLURM, JAX finds these settings on its own; set ``LEVANTER_JAX_DISTRIBUTED=auto`` there to
+call ``jax.distributed.initialize()`` without arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import jax
+
+logger = logging.getLogger("levanter.distributed")
+
+_NAMES = {
+    "coordinator_address": ("IRIS_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS"),
+    "num_processes": ("IRIS_NUM_REPLICAS", "JAX_NUM_PROCESSES"),
+    "process_id": ("IRIS_REPLICA_INDEX", "JAX_PROCESS_ID"),
+}
+AUTO_VARIABLE = "LEVANTER_JAX_DISTRIBUTED"
+
+
+class DistributedConfigError(RuntimeError):
+    """The multi-process settings in the environment are incomplete or contradict each other."""
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+    initialization_timeout_s: int = 120
+
+
+def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    for name in names:
+        value = environ.get(name, "").strip()
+        if value:
+            return name, value
+    return None
+
+
+def distributed_config_from_env(environ: Mapping[str, str] | None = None) -> DistributedConfig | None:
+    """The settings for this process, or ``None`` when it runs alone."""
+    environ = os.environ if environ is None else environ
+    found = {key: _first(environ, names) for key, names in _NAMES.items()}
+    count = found["num_processes"]
+    if count is None:
+        if found["coordinator_address"] or found["process_id"]:
+            raise DistributedConfigError(
+                f"A coordinator address or process index is set but not the process count; set "
+                f"{' or '.join(_NAMES['num_processes'])} as well (or unset the others to run alone)."
+            )
+        return None
+    num_processes = _parse_int(*count)
+    if num_processes <= 1:
+        return None
+    missing = [" or ".join(_NAMES[key]) for key in ("coordinator_address", "process_id") if found[key] is None]
+    if missing:
+        raise DistributedConfigError(
+            f"{count[0]}={num_processes} asks for a multi-process run, but {' and '.join(missing)} "
+            "is not set; every process needs the coordinator's host:port and its own index."
+        )
+    process_id = _parse_int(*found["process_id"])
+    if not 0 <= process_id < num_processes:
+        raise DistributedConfigError(
+            f"{found['process_id'][0]}={process_id} is outside 0..{num_processes - 1} ({count[0]}={num_processes})."
+        )
+    address = found["coordinator_address"][1]
+    if ":" not in address:
+        raise DistributedConfigError(
+            f"{found['coordinator_address'][0]}={address!r} needs a port, e.g. '10.0.0.2:8476'."
+        )
+    return DistributedConfig(address, num_processes, process_id)
+
+
+def _parse_int(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedConfigError(f"{name}={value!r} is not an integer.") from None
+
+
+def is_initialized() -> bool:
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None
+
+
+def initialize_distributed(config: DistributedConfig | None = None) -> bool:
+    """Join the multi-process runtime if the environment (or ``config``) asks for it.
+
+    Returns whether this process is part of a multi-process run. Safe to call more than once.
+    Must run before anything asks JAX for its devices.
+    """
+    if is_initialized():
+        return True
+    if config is None and os.environ.get(AUTO_VARIABLE, "").lower() == "auto":
+        jax.distributed.initialize()
+        return jax.process_count() > 1
+    config = config or distributed_config_from_env()
+    if config is None:
+        return False
+    if _backend_started():
+        raise DistributedConfigError(
+            f"This process should join a {config.num_processes}-process JAX run, but JAX already started "
+            "its devices; jax.distributed must be initialised first. Call "
+            "levanter.distributed.initialize_distributed() (or build the Trainer) before any other JAX work "
+            "(jax.devices(), jax.process_index(), device_put, jit calls)."
+        )
+    if _platforms_include_cpu():
+        # Cross-process collectives on CPU devices need an implementation; gloo ships with jaxlib.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    logger.info(
+        "Joining a %d-process JAX run as process %d (coordinator %s).",
+        config.num_processes, config.process_id, config.coordinator_address,
+    )
+    jax.distributed.initialize(
+        coordinator_address=config.coordinator_address,
+        num_processes=config.num_processes,
+        process_id=config.process_id,
+        initialization_timeout=config.initialization_timeout_s,
+    )
+    logger.info("Process %d of %d: %d local devices, %d in all.", jax.process_index(), jax.process_count(),
+                jax.local_device_count(), jax.device_count())
+    return True
+
+
+def _backend_started() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def _platforms_include_cpu() -> bool:
+    platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
+    return not platforms or "cpu" in platforms
