@@ -15,11 +15,11 @@ from functools import cached_property
 from typing import Any
 
 from marin.execution.identity import (
+    IdentifiedStep,
     InvalidStepError,
     canonicalize,
     identity_hash,
     identity_record,
-    short_hash,
     validate_step_name,
 )
 from marin.execution.step_spec import StepSpec, takes_context
@@ -29,8 +29,8 @@ class StepGraphError(ValueError):
     """A dependency graph that cannot run: a cycle, or two different steps sharing an identity/output."""
 
 
-@dataclass(frozen=True, eq=False)
-class LazyStep:
+@dataclass(frozen=True, eq=False, repr=False)
+class LazyStep(IdentifiedStep):
     """A step not yet lowered. ``fn`` always receives a :class:`StepContext`."""
 
     name: str
@@ -56,21 +56,6 @@ class LazyStep:
     @cached_property
     def identity(self) -> str:
         return identity_hash(identity_record(self.name, self.version, self.hash_attrs, (d.identity for d in self.deps)))
-
-    @property
-    def short_hash(self) -> str:
-        return short_hash(self.identity)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, LazyStep):
-            return NotImplemented
-        return self is other or self.identity == other.identity
-
-    def __hash__(self) -> int:
-        return hash(self.identity)
-
-    def __repr__(self) -> str:
-        return f"LazyStep(name={self.name!r}, identity={self.short_hash}, deps={[d.name for d in self.deps]})"
 
 
 def lazy_step(

@@ -23,11 +23,11 @@ from functools import cached_property
 from typing import Any
 
 from marin.execution.identity import (
+    IdentifiedStep,
     InvalidStepError,
     canonicalize,
     identity_hash,
     identity_record,
-    short_hash,
     validate_step_name,
 )
 
@@ -90,8 +90,8 @@ def call_style(fn: Callable[..., Any]) -> str:
     return CALL_OUTPUT_PATH
 
 
-@dataclass(frozen=True, eq=False)
-class StepSpec:
+@dataclass(frozen=True, eq=False, repr=False)
+class StepSpec(IdentifiedStep):
     """One unit of cached work. See the module docstring for how ``fn`` is called.
 
     Two specs are equal (and hash alike) when their identities are equal.
@@ -141,24 +141,9 @@ class StepSpec:
         return identity_hash(self.identity_record)
 
     @property
-    def short_hash(self) -> str:
-        return short_hash(self.identity)
-
-    @property
     def call_style(self) -> str:
         return call_style(self.fn)
 
     @property
     def fn_description(self) -> str:
         return describe_function(self.fn)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, StepSpec):
-            return NotImplemented
-        return self is other or self.identity == other.identity
-
-    def __hash__(self) -> int:
-        return hash(self.identity)
-
-    def __repr__(self) -> str:
-        return f"StepSpec(name={self.name!r}, identity={self.short_hash}, deps={[d.name for d in self.deps]})"
