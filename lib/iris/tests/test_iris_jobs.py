@@ -92,6 +92,9 @@ def test_plain_failure_is_not_retried_beyond_its_failure_budget(store):
     assert (plain.state, plain.attempts, plain.failures, plain.exit_code) == (JobState.FAILED, 1, 1, 3)
     budget = run_to_end(shell("exit 3", max_retries_failure=1, max_retries_preemption=5), store)
     assert (budget.state, budget.attempts, budget.failures, budget.preemptions) == (JobState.FAILED, 2, 2, 0)
+    # A plain failure is never recorded as a preemption, even while it is being retried.
+    messages = [message for _, state, message in store.events(budget.job_id) if state == "RETRYING"]
+    assert messages == ["attempt 1 failed (exit codes [3]); failure retry 1 of 1"]
 
 
 def test_stop_ends_a_running_job(store, tmp_path):

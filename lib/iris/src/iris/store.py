@@ -31,7 +31,7 @@ class IrisHomeError(ValueError):
 class JobState(enum.Enum):
     PENDING = "PENDING"  # recorded, supervisor not started yet
     RUNNING = "RUNNING"  # an attempt is running
-    PREEMPTED = "PREEMPTED"  # the last attempt was preempted (or failed) and a retry is coming
+    RETRYING = "RETRYING"  # the last attempt was preempted or failed, and its budget allows another
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     STOPPED = "STOPPED"

@@ -100,32 +100,23 @@ class Supervisor:
             if outcome == "STOPPED":
                 self.store.transition(self.job_id, JobState.STOPPED, f"stopped during attempt {attempt}", exit_code=first_bad)
                 return JobState.STOPPED
+            # Preemptions and plain failures spend separate budgets; either way a retry reruns every replica.
             if outcome == "PREEMPTED":
                 preemptions += 1
-                if preemptions > spec.max_retries_preemption:
-                    self.store.transition(
-                        self.job_id, JobState.FAILED,
-                        f"preempted {preemptions} time(s); preemption budget {spec.max_retries_preemption} spent",
-                        exit_code=first_bad,
-                    )
-                    return JobState.FAILED
-                self.store.transition(
-                    self.job_id, JobState.PREEMPTED,
-                    f"attempt {attempt} preempted (exit codes {codes}); retry {preemptions} of {spec.max_retries_preemption}",
-                    exit_code=first_bad,
-                )
-                continue
-            failures += 1
-            if failures > spec.max_retries_failure:
+                what, kind, used, budget = "was preempted", "preemption", preemptions, spec.max_retries_preemption
+            else:
+                failures += 1
+                what, kind, used, budget = "failed", "failure", failures, spec.max_retries_failure
+            if used > budget:
                 self.store.transition(
                     self.job_id, JobState.FAILED,
-                    f"attempt {attempt} failed (exit codes {codes}); failure budget {spec.max_retries_failure} spent",
+                    f"attempt {attempt} {what} (exit codes {codes}); {kind} budget {budget} spent",
                     exit_code=first_bad,
                 )
                 return JobState.FAILED
             self.store.transition(
-                self.job_id, JobState.PREEMPTED,
-                f"attempt {attempt} failed (exit codes {codes}); retry {failures} of {spec.max_retries_failure}",
+                self.job_id, JobState.RETRYING,
+                f"attempt {attempt} {what} (exit codes {codes}); {kind} retry {used} of {budget}",
                 exit_code=first_bad,
             )
 
