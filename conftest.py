@@ -1,6 +1,7 @@
 """Suite-wide pytest settings."""
 
 import os
+import tempfile
 
 import pytest
 
@@ -11,6 +12,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Many tests build trainers that jit fresh closures over the same tiny models; with JAX's
+# persistent compilation cache, identical programs are compiled once per machine instead of once per
+# test (child processes inherit the variables, so subprocess tests share it too).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"marin-test-jax-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -1,8 +1,6 @@
 """Train steps on 8 simulated CPU devices: data=4 x model=2 and fsdp=8 give the single-device
 losses and parameters, with parameters and optimizer state really split across devices."""
 
-import os
-import tempfile
 
 import jax
 import numpy as np
@@ -17,17 +15,6 @@ VOCAB, SEQ, STEPS = 64, 16, 2
 MODEL = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=SEQ)
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
-
-
-def _share_compiled_programs_between_runs():
-    cache = os.path.join(tempfile.gettempdir(), f"levanter-test-jax-cache-{os.getuid()}")
-    jax.config.update("jax_compilation_cache_dir", cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-
-
-_share_compiled_programs_between_runs()
-
 
 def run(mesh: MeshConfig, out_dir):
     config = TrainerConfig(num_train_steps=STEPS, batch_size=8, microbatch_size=8, mesh=mesh, checkpoint_at_end=False)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import tempfile
 import math
 
 import equinox as eqx
@@ -29,21 +28,6 @@ from levanter.trainer.data_feed import to_device
 from levanter.trainer.sources import InMemoryWindows
 from levanter.trainer.step import build_step_functions
 from levanter.trainer.tracker import read_metrics
-
-
-def _share_compiled_programs_between_runs():
-    # Each Trainer jits fresh closures; identical programs (same model, same step) then hit JAX's
-    # persistent compilation cache instead of being compiled again, here and in child processes.
-    cache = os.path.join(tempfile.gettempdir(), f"levanter-test-jax-cache-{os.getuid()}")
-    jax.config.update("jax_compilation_cache_dir", cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", cache)
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-
-
-_share_compiled_programs_between_runs()
 
 VOCAB = 64
 SEQ = 16
