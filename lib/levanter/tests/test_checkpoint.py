@@ -67,7 +67,7 @@ def killed_and_resumed(tmp_path_factory):
     child = subprocess.run([sys.executable, "-c", CHILD, killed_dir], env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     steps_before_resume = Checkpointer(os.path.join(killed_dir, "checkpoints")).all_steps()
-    logged_before_resume = [r["step"] for r in read_metrics(os.path.join(killed_dir, "metrics.jsonl"))]
+    logged_before_resume = read_metrics(os.path.join(killed_dir, "metrics.jsonl"))
 
     resumed = Trainer(trainer_config(), optimizer(), output_dir=killed_dir).train(init_model, source())
     straight = Trainer(trainer_config(), optimizer(), output_dir=str(tmp_path_factory.mktemp("straight"))).train(
@@ -79,7 +79,7 @@ def killed_and_resumed(tmp_path_factory):
 def test_the_child_was_killed_after_its_step_n_checkpoint(killed_and_resumed):
     steps_before_resume, logged_before_resume, resumed, _, _ = killed_and_resumed
     assert steps_before_resume == [N]
-    assert logged_before_resume == list(range(1, N + 3))
+    assert [r["step"] for r in logged_before_resume] == list(range(1, N + 3))
     assert resumed.resumed_from == N and resumed.final_step == 2 * N
 
 
@@ -96,6 +96,16 @@ def test_resumed_run_is_bitwise_equal_to_the_uninterrupted_one(killed_and_resume
     rows = [r for r in read_metrics(resumed.metrics_path) if "loss" in r]
     straight_loss = {r["step"]: r["loss"] for r in read_metrics(straight.metrics_path) if "loss" in r}
     assert all(r["loss"] == straight_loss[r["step"]] for r in rows)
+
+
+def test_resumed_metrics_hold_each_step_once_with_the_original_lines_up_to_the_checkpoint(killed_and_resumed):
+    _, logged_before_resume, resumed, _, _ = killed_and_resumed
+    records = read_metrics(resumed.metrics_path)
+    # Steps N+1 and N+2 were logged by the killed run and again by the resumed one: once each now.
+    assert [r["step"] for r in records] == list(range(1, 2 * N + 1))
+    # Up to the checkpoint the lines are the killed run's own (wall_time differs between attempts).
+    assert records[:N] == logged_before_resume[:N]
+    assert records[N]["wall_time"] != logged_before_resume[N]["wall_time"]
 
 
 def test_partial_checkpoint_is_never_loaded(killed_and_resumed):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -94,6 +95,53 @@ def _protocol_prefix(url: str) -> str:
     return ""
 
 
+# Every atomic write in the project names its in-progress file with :func:`temporary_name_for`, so
+# one rule (:func:`is_temporary_name`) recognises what a killed writer can leave behind.
+TEMPORARY_MARKER = ".tmp-"
+_TEMPORARY_NAME = re.compile(r"^\..+\.tmp-[0-9a-f]{12}$")
+
+
+def temporary_name_for(path: str) -> str:
+    """The in-progress name for a write of ``path``: a hidden sibling ``.NAME.tmp-<12 hex>``.
+
+    A sibling, so the final rename stays within one folder (atomic on POSIX); hidden, so folder
+    listings meant for readers pass over it; random, so concurrent writers never share one. Works on
+    local paths and on the in-filesystem paths of fsspec URLs alike.
+    """
+    folder, separator, name = str(path).rpartition("/")
+    return f"{folder}{separator}.{name}{TEMPORARY_MARKER}{uuid.uuid4().hex[:12]}"
+
+
+def is_temporary_name(path: str) -> bool:
+    """True for names made by :func:`temporary_name_for` (strict, so no ordinary file matches)."""
+    return bool(_TEMPORARY_NAME.match(str(path).rstrip("/").rpartition("/")[2]))
+
+
+def find_files(url: str) -> list[str]:
+    """Every file under the folder ``url``, recursively, as paths relative to it (``sub/name``).
+
+    One recursive listing (a paginated list request on an object store), no per-file stat; ``[]``
+    when the folder does not exist.
+    """
+    fs, path = filesystem(url)
+    root = path.rstrip("/")
+    try:
+        found = fs.find(root)
+    except FileNotFoundError:
+        return []
+    return sorted(f[len(root) + 1 :] for f in found if f.startswith(root + "/"))
+
+
+def remove_files(url: str, names: list[str]) -> None:
+    """Delete ``names`` (relative to the folder ``url``) in one call, a batch delete on object stores."""
+    if not names:
+        return
+    fs, path = filesystem(url)
+    root = path.rstrip("/")
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm([f"{root}/{name}" for name in names])
+
+
 def atomic_write(url: str, data: str | bytes) -> None:
     """Replace ``url`` with ``data`` so that readers never observe a partial file."""
     mode = "w" if isinstance(data, str) else "wb"
@@ -113,9 +161,8 @@ def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
         raise ValueError(f"atomic_open supports modes 'w' and 'wb', got {mode!r}.")
     fs, path = filesystem(url)
     if isinstance(fs, LocalFileSystem):
-        folder = os.path.dirname(path) or "."
-        os.makedirs(folder, exist_ok=True)
-        temp_path = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        temp_path = temporary_name_for(path)
         try:
             with open(temp_path, mode, encoding="utf-8" if mode == "w" else None) as handle:
                 yield handle
@@ -145,11 +192,10 @@ def create_exclusive(url: str, data: str | bytes) -> bool:
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fs, path = filesystem(url)
     if isinstance(fs, LocalFileSystem):
-        folder = os.path.dirname(path) or "."
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         # Write a private file, then hard-link it into place: link() fails if the target exists,
         # and a reader never sees the file before its content is complete.
-        temp_path = os.path.join(folder, f".{os.path.basename(path)}.new-{uuid.uuid4().hex[:12]}")
+        temp_path = temporary_name_for(path)
         with open(temp_path, "wb") as handle:
             handle.write(payload)
         try:

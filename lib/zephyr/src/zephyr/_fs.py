@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import Iterator
 from typing import IO
 
@@ -20,7 +19,7 @@ import fsspec
 import fsspec.implementations.local
 from rigging import filesystem as rfs
 
-_TEMP_MARKER = ".tmp-"
+_TEMP_MARKER = rfs.TEMPORARY_MARKER
 
 
 def url_to_fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -37,7 +36,11 @@ def join_url(base: str, *parts: str) -> str:
 
 
 def is_temporary_name(path: str) -> bool:
-    """True for the names atomic writes use while a file is in progress."""
+    """True for the names atomic writes use while a file is in progress.
+
+    Looser than :func:`rigging.filesystem.is_temporary_name` on purpose: this decides what is never
+    read as input (skipping too much is harmless), while rigging's decides what may be deleted.
+    """
     return _TEMP_MARKER in os.path.basename(path)
 
 
@@ -51,7 +54,7 @@ def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
         return
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open supports modes 'w' and 'wb', got {mode!r}")
-    temp_path = f"{path}{_TEMP_MARKER}{uuid.uuid4().hex[:12]}"
+    temp_path = rfs.temporary_name_for(path)
     try:
         with fs.open(temp_path, mode) as handle:
             yield handle

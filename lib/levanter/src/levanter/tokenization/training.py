@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 import tokenizers
+from rigging import filesystem as fsx
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from levanter.tokenization.loading import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
@@ -68,15 +69,9 @@ def save_tokenizer(
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **specials}
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
-    _write_atomic(os.path.join(folder, TOKENIZER_FILE), tok.to_str())
-    _write_atomic(os.path.join(folder, SPECIAL_TOKENS_MAP_FILE), json.dumps(specials, indent=2, sort_keys=True))
-    _write_atomic(os.path.join(folder, TOKENIZER_CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True))
+    # Atomic: a crash mid-save must not leave a truncated tokenizer.json that later loads as garbage.
+    fsx.atomic_write(os.path.join(folder, TOKENIZER_FILE), tok.to_str())
+    fsx.atomic_write(os.path.join(folder, SPECIAL_TOKENS_MAP_FILE), json.dumps(specials, indent=2, sort_keys=True))
+    fsx.atomic_write(os.path.join(folder, TOKENIZER_CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True))
     return folder
 
-
-def _write_atomic(path: str, text: str) -> None:
-    # A crash mid-save must not leave a truncated tokenizer.json that later loads as garbage.
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -254,6 +254,8 @@ class Trainer:
             run_config={"trainer": cfg.to_dict(), "optimizer": self.optimizer_config.to_dict(), **self.run_config},
             wandb_project=cfg.wandb_project,
             wandb_run_name=cfg.wandb_run_name,
+            # The steps after the checkpoint are about to be logged again: cut the file back to it.
+            resume_step=start_step if resumed_from is not None else None,
         )
         history: list[dict[str, Any]] = []
         eval_losses: dict[str, float] = {}

@@ -48,9 +48,11 @@ from rigging.log import get_logger, is_configured, setup_logging
 from marin.execution import run_defaults, step_executor
 from marin.execution.artifact import result_summary, save_artifact
 from marin.execution.executor_files import (
+    INFO_FILE,
     LOCK_FILE,
     STATUS_DEP_FAILED,
     STATUS_FAILED,
+    STATUS_FILE,
     STATUS_RUNNING,
     STATUS_SUCCESS,
     StatusRecord,
@@ -154,6 +156,34 @@ def _describe_prefix_source(source: str) -> str:
     if source == "default":
         return "the default"
     return f"the prefix setting in {source}"
+
+
+def _remove_orphan_temporaries(output_path: str) -> int:
+    """Delete the in-progress files of atomic writes that an earlier, dead attempt left behind.
+
+    Called by the holder of the step's lease before the step function starts. The rule: at that
+    moment every temporary file in the folder is an orphan, because the lease admits one attempt at
+    a time and this attempt has written nothing yet (its own writers, zephyr shards included, start
+    after this). Two kinds of temporaries are left alone: those of the lock file (this runner's
+    heartbeat and competing runners' acquire attempts write them right now), and anything inside a
+    subfolder that is another step's output folder (that step has its own lease and may be running).
+    Deleting a temporary can never corrupt anything: at worst a writer that should not exist fails
+    its final rename. One recursive listing and one batch delete keep it cheap on object stores.
+    """
+    files = fsx.find_files(output_path)
+    control_files = (STATUS_FILE, INFO_FILE, LOCK_FILE)
+    other_steps = tuple(
+        folder + "/" for folder, _, name in (f.rpartition("/") for f in files) if folder and name in control_files
+    )
+    orphans = [
+        f
+        for f in files
+        if fsx.is_temporary_name(f)
+        and not f.rpartition("/")[2].startswith(f".{LOCK_FILE}.")
+        and not f.startswith(other_steps)
+    ]
+    fsx.remove_files(output_path, orphans)
+    return len(orphans)
 
 
 class StepRunFailed(RuntimeError):
@@ -663,6 +693,15 @@ class StepRunner:
             ):
                 # Another runner tried it while we waited; running it again now would double the work.
                 return outcome(FAILED, f"failed in another runner during this run: {status.error}")
+            try:
+                removed = _remove_orphan_temporaries(output_path)
+                if removed:
+                    logger.info(
+                        "Step %s: removed %d temporary file(s) a killed earlier attempt left in %s",
+                        spec.name, removed, output_path,
+                    )
+            except Exception as exc:  # housekeeping: never a reason to fail the step
+                logger.warning("Step %s: could not clean up temporary files in %s: %s", spec.name, output_path, exc)
             logger.info("Step %s started: %s", spec.name, output_path)
             write_info(output_path, self._info(item, dep_paths))
             write_status(output_path, STATUS_RUNNING, holder=self.runner_id)

@@ -7,7 +7,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from levanter.trainer.tracker.base import Tracker, TrackerUnavailableError
-from levanter.trainer.tracker.jsonl import JsonlTracker, read_metrics
+from levanter.trainer.tracker.jsonl import JsonlTracker, read_metrics, truncate_metrics
 
 TRACKER_NAMES = ("jsonl", "tensorboard", "wandb")
 
@@ -39,11 +39,14 @@ def build_trackers(
     run_config: Mapping[str, Any] | None = None,
     wandb_project: str | None = None,
     wandb_run_name: str | None = None,
+    resume_step: int | None = None,
 ) -> CompositeTracker:
+    """``resume_step``: the checkpoint step a resumed run starts from (None: a fresh run); the
+    metrics file is cut back to it so that no step appears twice."""
     unknown = [n for n in names if n not in TRACKER_NAMES]
     if unknown:
         raise ValueError(f"Unknown tracker(s) {unknown}; choose from {', '.join(TRACKER_NAMES)}.")
-    trackers: list[Tracker] = [JsonlTracker(metrics_path)]  # always, whatever else is asked for
+    trackers: list[Tracker] = [JsonlTracker(metrics_path, resume_step=resume_step)]  # always, whatever else is asked for
     if "tensorboard" in names:
         from levanter.trainer.tracker.tensorboard import TensorBoardTracker
 
@@ -65,4 +68,5 @@ __all__ = [
     "TrackerUnavailableError",
     "build_trackers",
     "read_metrics",
+    "truncate_metrics",
 ]
