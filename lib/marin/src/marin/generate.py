@@ -1,7 +1,7 @@
 """Text from a trained model: ``marin generate CHECKPOINT-OR-STEP --prompt "..."``.
 
 CHECKPOINT-OR-STEP is a training step's output folder, the ``hf/`` folder inside it (any
-Hugging Face Llama folder works), or a step name such as ``checkpoints/marin-nano-tinystories``,
+Hugging Face Llama or Mixtral folder works), or a step name such as ``checkpoints/marin-nano-tinystories``,
 looked up under the prefix the way ``marin explain`` does (the newest finished run wins). The model
 is read from its Hugging Face export and the tokenizer from the same folder, where training saves
 it; ``--tokenizer`` names another one.
@@ -80,7 +80,7 @@ def _no_model_message(folder: str) -> str:
     if os.path.isdir(os.path.join(folder, "checkpoints")):
         return (
             f"{folder} has training checkpoints but no Hugging Face export ({HF_FOLDER}/{MODEL_CONFIG}); "
-            "only Llama models are exported, and only when training finishes."
+            "only Llama and MoE models are exported, and only when training finishes."
         )
     return (
         f"{folder} holds no model: neither {MODEL_CONFIG} nor {HF_FOLDER}/{MODEL_CONFIG} is in it. Pass the output "
@@ -152,7 +152,7 @@ def generate(
     ``sampling`` is a :class:`levanter.inference.SamplingConfig` (default: its defaults).
     """
     # Imported here so that `marin status` and friends do not pay for JAX at start-up.
-    from levanter.compat.hf_checkpoints import import_llama_from_hf
+    from levanter.compat.hf_checkpoints import import_from_hf
     from levanter.inference import SamplingConfig, generate_text
     from levanter.tokenization import load_tokenizer
     from levanter.tokenization.loading import TokenizerNotFoundError
@@ -166,7 +166,7 @@ def generate(
             f"No tokenizer for the model in {location.hf_path}: {exc} Pass --tokenizer with the tokenizer it was trained with."
         ) from exc
     logger.info("Loading the model from %s", location.hf_path)
-    model = import_llama_from_hf(location.hf_path)
+    model = import_from_hf(location.hf_path)
     if loaded_tokenizer.vocab_size > model.vocab_size:
         raise TokenizerMismatchError(
             f"The tokenizer at {tokenizer_location} has {loaded_tokenizer.vocab_size:,} tokens but the model only "

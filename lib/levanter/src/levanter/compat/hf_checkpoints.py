@@ -1,12 +1,18 @@
-"""Llama checkpoints in the Hugging Face format: ``config.json`` + safetensors (+ tokenizer files).
+"""Decoder checkpoints in the Hugging Face format: ``config.json`` + safetensors (+ tokenizer files).
 
-Our weights differ from ``LlamaForCausalLM``'s only by layout: HF stores ``nn.Linear`` weights as
+This module holds what every family shares (the folder layout, sharded writing and reading, the
+attention and norm weights, the embedding and head) and the Llama family; ``hf_mixtral`` adds the
+Mixtral (MoE) family on the same machinery. ``export_to_hf`` / ``import_from_hf`` pick the family
+from the model or from ``config.json``'s ``model_type``, so callers need not know it.
+
+Our weights differ from the Hugging Face ones only by layout: HF stores ``nn.Linear`` weights as
 ``[out, in]`` with heads flattened, we store ``[in, out]`` with heads as their own dimension. Both
 use the "rotate halves" RoPE layout, so no permutation of query/key rows is needed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -30,53 +36,72 @@ logger = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 
 class HfFormatError(ValueError):
-    """A checkpoint folder that is not a Llama checkpoint we can read."""
+    """A checkpoint folder (or a model) that this module cannot read (or write) faithfully."""
+
+
+# -- how one weight of our decoder layer maps to Hugging Face tensors ---------------------------------
 
 
 @dataclass(frozen=True)
-class _Tensor:
-    """One per-layer weight: where it lives in our layer, its HF name, and the two layout maps."""
+class LayerWeight:
+    """One weight of our decoder layer and the HF tensor(s) of that layer it corresponds to.
 
-    ours: str
-    theirs: str
-    to_hf: Callable[[np.ndarray], np.ndarray]
-    from_hf: Callable[[np.ndarray], np.ndarray]
+    HF names are relative to ``model.layers.{i}.``. One of our weights may be several HF tensors
+    (stacked experts are one HF tensor per expert), hence the iterator and the ``take`` callback.
+    """
+
+    ours: str  # attribute path inside our layer
+    to_hf: Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]
+    from_hf: Callable[[Callable[[str], np.ndarray]], np.ndarray]
 
 
-def _layer_tensors(config: LlamaConfig) -> list[_Tensor]:
+def _same(w: np.ndarray) -> np.ndarray:
+    return w
+
+
+def _transpose(w: np.ndarray) -> np.ndarray:
+    return w.T
+
+
+def renamed(ours: str, theirs: str, to_hf: Callable = _same, from_hf: Callable = _same) -> LayerWeight:
+    """A weight that is exactly one HF tensor, up to a layout change."""
+    return LayerWeight(ours, lambda w: iter([(theirs, to_hf(w))]), lambda take: from_hf(take(theirs)))
+
+
+def transposed(ours: str, theirs: str) -> LayerWeight:
+    """A linear map: ours ``[in, out]``, theirs ``[out, in]``."""
+    return renamed(ours, theirs, _transpose, _transpose)
+
+
+def attention_weights(config: Any) -> list[LayerWeight]:
+    """The norms and attention weights every decoder layer of ours has (Llama and MoE alike)."""
     h, d = config.hidden_dim, config.head_dim
 
-    def heads_in(num_heads):  # ours [h, heads, d] <-> theirs [heads * d, h]
-        return (lambda w: w.reshape(h, num_heads * d).T, lambda t: t.T.reshape(h, num_heads, d))
-
-    def transpose():
-        return (lambda w: w.T, lambda t: t.T)
-
-    def same():
-        return (lambda w: w, lambda t: t)
+    def heads_in(ours: str, theirs: str, num_heads: int) -> LayerWeight:  # ours [h, heads, d] <-> theirs [heads * d, h]
+        return renamed(ours, theirs, lambda w: w.reshape(h, num_heads * d).T, lambda t: t.T.reshape(h, num_heads, d))
 
     return [
-        _Tensor("input_norm.weight", "input_layernorm.weight", *same()),
-        _Tensor("post_attention_norm.weight", "post_attention_layernorm.weight", *same()),
-        _Tensor("attention.q_proj.weight", "self_attn.q_proj.weight", *heads_in(config.num_heads)),
-        _Tensor("attention.k_proj.weight", "self_attn.k_proj.weight", *heads_in(config.num_kv_heads)),
-        _Tensor("attention.v_proj.weight", "self_attn.v_proj.weight", *heads_in(config.num_kv_heads)),
+        renamed("input_norm.weight", "input_layernorm.weight"),
+        renamed("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        heads_in("attention.q_proj.weight", "self_attn.q_proj.weight", config.num_heads),
+        heads_in("attention.k_proj.weight", "self_attn.k_proj.weight", config.num_kv_heads),
+        heads_in("attention.v_proj.weight", "self_attn.v_proj.weight", config.num_kv_heads),
         # ours [heads, d, h] <-> theirs [h, heads * d]
-        _Tensor("attention.o_proj.weight", "self_attn.o_proj.weight", lambda w: w.reshape(-1, h).T, lambda t: t.T.reshape(config.num_heads, d, h)),
-        _Tensor("mlp.gate_proj.weight", "mlp.gate_proj.weight", *transpose()),
-        _Tensor("mlp.up_proj.weight", "mlp.up_proj.weight", *transpose()),
-        _Tensor("mlp.down_proj.weight", "mlp.down_proj.weight", *transpose()),
+        renamed("attention.o_proj.weight", "self_attn.o_proj.weight",
+                lambda w: w.reshape(-1, h).T, lambda t: t.T.reshape(config.num_heads, d, h)),
     ]
 
 
-def hf_config_dict(config: LlamaConfig, vocab_size: int, dtype: Any = jnp.float32) -> dict:
-    """The ``config.json`` of ``LlamaForCausalLM`` for ``config``."""
+# -- config.json fields every family shares -------------------------------------------------------
+
+
+def decoder_config_dict(config: Any, vocab_size: int, dtype: Any) -> dict:
+    """The ``config.json`` fields of the attention/embedding part, common to Llama and Mixtral."""
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
         "hidden_size": config.hidden_dim,
         "intermediate_size": config.intermediate_dim,
         "num_hidden_layers": config.num_layers,
@@ -91,60 +116,74 @@ def hf_config_dict(config: LlamaConfig, vocab_size: int, dtype: Any = jnp.float3
         "vocab_size": vocab_size,
         "hidden_act": "silu",
         "attention_bias": False,
-        "mlp_bias": False,
         "initializer_range": config.initializer_range,
         "torch_dtype": jnp.dtype(dtype).name,
     }
 
 
-def llama_config_from_hf(hf: dict) -> tuple[LlamaConfig, int]:
-    """Our config and the vocabulary size from a ``LlamaForCausalLM`` ``config.json`` dict."""
-    if hf.get("model_type") not in (None, "llama"):
-        raise HfFormatError(f"Expected a Llama checkpoint (model_type 'llama'), got model_type {hf.get('model_type')!r}.")
+def decoder_fields_from_hf(hf: dict, *, default_rope_theta: float = 10000.0) -> dict:
+    """Our config's shared fields from a ``config.json`` dict; refuses what would change the logits."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise HfFormatError(f"RoPE scaling {rope_type!r} is not supported; only plain RoPE ('default') is.")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise HfFormatError("Llama checkpoints with attention or MLP biases are not supported.")
+        raise HfFormatError("Checkpoints with attention or MLP biases are not supported.")
     num_heads = hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, hf["hidden_size"] // num_heads):
         raise HfFormatError(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported.")
     if hf.get("hidden_act", "silu") != "silu":
         raise HfFormatError(f"Only the SiLU (SwiGLU) activation is supported, got {hf['hidden_act']!r}.")
-    config = LlamaConfig(
+    return dict(
         hidden_dim=hf["hidden_size"],
         intermediate_dim=hf["intermediate_size"],
         num_layers=hf["num_hidden_layers"],
         num_heads=num_heads,
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         max_seq_len=hf.get("max_position_embeddings", 2048),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", default_rope_theta))),
         norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         initializer_range=float(hf.get("initializer_range", 0.02)),
     )
-    return config, int(hf["vocab_size"])
 
 
-def _layers_of(model: LlamaLMHeadModel) -> list[LlamaDecoderLayer]:
+# -- a family: one of our model classes and its Hugging Face counterpart ----------------------------
+
+
+def _no_renaming(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return tensors
+
+
+@dataclass(frozen=True)
+class HfFamily:
+    """What it takes to write and read one model class as a Hugging Face checkpoint."""
+
+    model_type: str  # config.json's model_type
+    model_class: type
+    layer_class: type
+    layer_weights: Callable[[Any], list[LayerWeight]]
+    config_to_hf: Callable[[Any, int, Any], dict]
+    config_from_hf: Callable[[dict], tuple[Any, int]]
+    # Maps other spellings of the same weights (e.g. fused expert tensors) to the names layer_weights reads.
+    canonical_names: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = _no_renaming
+
+
+def _layers_of(model: Any) -> list[Any]:
     return model.layers.unstack() if isinstance(model.layers, Stacked) else list(model.layers)
 
 
-def iter_hf_tensors(model: LlamaLMHeadModel) -> Iterator[tuple[str, np.ndarray]]:
-    """Every weight under its ``LlamaForCausalLM`` state-dict name, one at a time (host numpy)."""
-    specs = _layer_tensors(model.config)
+def iter_family_tensors(family: HfFamily, model: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """Every weight under its HF state-dict name, one at a time (host numpy)."""
+    weights = family.layer_weights(model.config)
     yield "model.embed_tokens.weight", np.asarray(model.embed.weight)
     for i, layer in enumerate(_layers_of(model)):
-        for spec in specs:
-            yield f"model.layers.{i}.{spec.theirs}", np.ascontiguousarray(spec.to_hf(np.asarray(attrgetter(spec.ours)(layer))))
+        for weight in weights:
+            for suffix, tensor in weight.to_hf(np.asarray(attrgetter(weight.ours)(layer))):
+                yield f"model.layers.{i}.{suffix}", np.ascontiguousarray(tensor)
     yield "model.norm.weight", np.asarray(model.final_norm.weight)
     if model.lm_head is not None:
         yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head.weight).T)
-
-
-def llama_to_hf_tensors(model: LlamaLMHeadModel) -> dict[str, np.ndarray]:
-    return dict(iter_hf_tensors(model))
 
 
 def _save_atomically(tensors: dict[str, np.ndarray], path: str) -> None:
@@ -153,22 +192,11 @@ def _save_atomically(tensors: dict[str, np.ndarray], path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def export_llama_to_hf(
-    model: LlamaLMHeadModel,
-    out_dir: str | os.PathLike,
-    *,
-    tokenizer_dir_or_obj: Any = None,
-    max_shard_bytes: int = 5 * 2**30,
-) -> str:
-    """Write ``model`` as a ``LlamaForCausalLM`` checkpoint folder; returns the folder.
-
-    ``tokenizer_dir_or_obj``: a ``tokenizers.Tokenizer`` (saved as ``tokenizer.json``) or a folder
-    whose tokenizer files are copied. Weights are written in the model's (float32) parameter
-    dtype: one ``model.safetensors``, or shards plus ``model.safetensors.index.json`` when they
-    exceed ``max_shard_bytes``, the layout ``from_pretrained`` expects.
-    """
-    if not isinstance(model, LlamaLMHeadModel):
-        raise TypeError(f"export_llama_to_hf needs a LlamaLMHeadModel, got {type(model).__name__}.")
+def write_checkpoint(family: HfFamily, model: Any, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj: Any = None,
+                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
+    """Write ``model`` as ``family``'s checkpoint folder (see ``export_to_hf``); returns the folder."""
+    if not isinstance(model, family.model_class):
+        raise TypeError(f"A {family.model_type} checkpoint needs a {family.model_class.__name__}, got {type(model).__name__}.")
     dtype = model.embed.weight.dtype
     if dtype == jnp.bfloat16:
         raise HfFormatError("Export float32 parameters (safetensors.numpy cannot write bfloat16); cast with jax.tree.map first.")
@@ -177,7 +205,7 @@ def export_llama_to_hf(
 
     shards: list[dict[str, np.ndarray]] = [{}]
     shard_bytes = 0
-    for name, tensor in iter_hf_tensors(model):
+    for name, tensor in iter_family_tensors(family, model):
         if shards[-1] and shard_bytes + tensor.nbytes > max_shard_bytes:
             shards.append({})
             shard_bytes = 0
@@ -197,7 +225,7 @@ def export_llama_to_hf(
         with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(hf_config_dict(model.config, model.vocab_size, dtype), f, indent=2)
+        json.dump(family.config_to_hf(model.config, model.vocab_size, dtype), f, indent=2)
     if tokenizer_dir_or_obj is not None:
         _write_tokenizer(tokenizer_dir_or_obj, out_dir)
     logger.info("Exported %d parameters (%.1f MB) in %d file(s) to %s", model.config.num_parameters(model.vocab_size), total / 1e6, len(shards), out_dir)
@@ -223,6 +251,15 @@ def _write_tokenizer(tokenizer: Any, out_dir: str) -> None:
             json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
 
 
+def read_hf_config(path: str | os.PathLike) -> dict:
+    """The ``config.json`` of a local checkpoint folder, as a dict."""
+    config_path = os.path.join(os.fspath(path), "config.json")
+    if not os.path.exists(config_path):
+        raise HfFormatError(f"No config.json in {os.fspath(path)}: not a Hugging Face checkpoint folder.")
+    with open(config_path) as f:
+        return json.load(f)
+
+
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
     single = os.path.join(path, WEIGHTS_FILE)
     if os.path.exists(single):
@@ -238,16 +275,13 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
     raise HfFormatError(f"No {WEIGHTS_FILE} or {INDEX_FILE} in {path}; save the Hugging Face model with safe_serialization.")
 
 
-def import_llama_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False, dtype: Any = jnp.float32) -> LlamaLMHeadModel:
-    """Load a local ``LlamaForCausalLM`` checkpoint folder (config.json + safetensors) as our model."""
+def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False,
+                    dtype: Any = jnp.float32) -> Any:
+    """Load a local checkpoint folder of ``family`` (config.json + safetensors) as our model."""
     path = os.fspath(path)
-    config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
-        raise HfFormatError(f"No config.json in {path}: not a Hugging Face checkpoint folder.")
-    with open(config_path) as f:
-        config, vocab_size = llama_config_from_hf(json.load(f))
-    config = LlamaConfig(**{**config.to_dict(), "use_scan": use_scan, "gradient_checkpointing": gradient_checkpointing})
-    tensors = _read_tensors(path)
+    config, vocab_size = family.config_from_hf(read_hf_config(path))
+    config = dataclasses.replace(config, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing)
+    tensors = family.canonical_names(_read_tensors(path))
 
     def take(name: str) -> np.ndarray:
         if name not in tensors:
@@ -258,20 +292,20 @@ def import_llama_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gra
         return jnp.asarray(x, dtype=dtype)
 
     # Shapes only: no random initialisation of weights we are about to overwrite.
-    skeleton = eqx.filter_eval_shape(lambda: LlamaLMHeadModel(config, vocab_size, key=jax.random.PRNGKey(0)))
-    layer_skeleton = eqx.filter_eval_shape(lambda: LlamaDecoderLayer(config, key=jax.random.PRNGKey(0)))
-    specs = _layer_tensors(config)
+    skeleton = eqx.filter_eval_shape(lambda: family.model_class(config, vocab_size, key=jax.random.PRNGKey(0)))
+    layer_skeleton = eqx.filter_eval_shape(lambda: family.layer_class(config, key=jax.random.PRNGKey(0)))
+    weights = family.layer_weights(config)
     layers = []
     for i in range(config.num_layers):
-        weights = [as_array(spec.from_hf(take(f"model.layers.{i}.{spec.theirs}"))) for spec in specs]
-        layers.append(eqx.tree_at(lambda l: [attrgetter(s.ours)(l) for s in specs], layer_skeleton, weights))
+        prefix = f"model.layers.{i}."
+        values = [as_array(w.from_hf(lambda suffix: take(prefix + suffix))) for w in weights]
+        layers.append(eqx.tree_at(lambda l: [attrgetter(w.ours)(l) for w in weights], layer_skeleton, values))
     if use_scan:
         stacked_layers: Any = Stacked(jax.tree.map(lambda *xs: jnp.stack(xs), *layers), config.num_layers)
     else:
         stacked_layers = tuple(layers)
 
-    embed = as_array(take("model.embed_tokens.weight"))
-    model = eqx.tree_at(lambda m: m.embed.weight, skeleton, embed)
+    model = eqx.tree_at(lambda m: m.embed.weight, skeleton, as_array(take("model.embed_tokens.weight")))
     model = eqx.tree_at(lambda m: m.final_norm.weight, model, as_array(take("model.norm.weight")))
     model = eqx.tree_at(lambda m: m.layers, model, stacked_layers)
     if model.lm_head is not None:
@@ -280,5 +314,97 @@ def import_llama_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gra
     tensors.pop("lm_head.weight", None)
     leftover = sorted(k for k in tensors if "rotary_emb" not in k)
     if leftover:
-        raise HfFormatError(f"Checkpoint in {path} has tensors this Llama does not use: {leftover[:5]}...")
+        raise HfFormatError(f"Checkpoint in {path} has tensors this {family.model_type} model does not use: {leftover[:5]}...")
     return model
+
+
+# -- Llama ------------------------------------------------------------------------------------------
+
+
+def _llama_layer_weights(config: LlamaConfig) -> list[LayerWeight]:
+    return attention_weights(config) + [
+        transposed("mlp.gate_proj.weight", "mlp.gate_proj.weight"),
+        transposed("mlp.up_proj.weight", "mlp.up_proj.weight"),
+        transposed("mlp.down_proj.weight", "mlp.down_proj.weight"),
+    ]
+
+
+def hf_config_dict(config: LlamaConfig, vocab_size: int, dtype: Any = jnp.float32) -> dict:
+    """The ``config.json`` of ``LlamaForCausalLM`` for ``config``."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **decoder_config_dict(config, vocab_size, dtype), "mlp_bias": False}
+
+
+def llama_config_from_hf(hf: dict) -> tuple[LlamaConfig, int]:
+    """Our config and the vocabulary size from a ``LlamaForCausalLM`` ``config.json`` dict."""
+    if hf.get("model_type") not in (None, "llama"):
+        raise HfFormatError(f"Expected a Llama checkpoint (model_type 'llama'), got model_type {hf.get('model_type')!r}.")
+    return LlamaConfig(**decoder_fields_from_hf(hf)), int(hf["vocab_size"])
+
+
+LLAMA = HfFamily("llama", LlamaLMHeadModel, LlamaDecoderLayer, _llama_layer_weights, hf_config_dict, llama_config_from_hf)
+
+
+def iter_hf_tensors(model: LlamaLMHeadModel) -> Iterator[tuple[str, np.ndarray]]:
+    """Every weight under its ``LlamaForCausalLM`` state-dict name, one at a time (host numpy)."""
+    return iter_family_tensors(LLAMA, model)
+
+
+def llama_to_hf_tensors(model: LlamaLMHeadModel) -> dict[str, np.ndarray]:
+    return dict(iter_hf_tensors(model))
+
+
+def export_llama_to_hf(model: LlamaLMHeadModel, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj: Any = None,
+                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
+    """Write ``model`` as a ``LlamaForCausalLM`` checkpoint folder; returns the folder (see ``export_to_hf``)."""
+    if not isinstance(model, LlamaLMHeadModel):
+        raise TypeError(f"export_llama_to_hf needs a LlamaLMHeadModel, got {type(model).__name__}.")
+    return write_checkpoint(LLAMA, model, out_dir, tokenizer_dir_or_obj=tokenizer_dir_or_obj, max_shard_bytes=max_shard_bytes)
+
+
+def import_llama_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False, dtype: Any = jnp.float32) -> LlamaLMHeadModel:
+    """Load a local ``LlamaForCausalLM`` checkpoint folder (config.json + safetensors) as our model."""
+    return read_checkpoint(LLAMA, path, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing, dtype=dtype)
+
+
+# -- any supported family ---------------------------------------------------------------------------
+
+
+def supported_families() -> tuple[HfFamily, ...]:
+    # Imported here, not at the top: hf_mixtral builds on this module.
+    from levanter.compat.hf_mixtral import MIXTRAL
+
+    return (LLAMA, MIXTRAL)
+
+
+def family_of_model(model: Any) -> HfFamily | None:
+    """The family that can export ``model``, or None when none can."""
+    return next((f for f in supported_families() if isinstance(model, f.model_class)), None)
+
+
+def export_to_hf(model: Any, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj: Any = None,
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
+    """Write ``model`` (Llama or MoE) as a Hugging Face checkpoint folder; returns the folder.
+
+    ``LlamaLMHeadModel`` becomes ``LlamaForCausalLM``, ``MoeLMHeadModel`` ``MixtralForCausalLM``.
+    ``tokenizer_dir_or_obj``: a ``tokenizers.Tokenizer`` (saved as ``tokenizer.json``) or a folder
+    whose tokenizer files are copied. Weights are written in the model's (float32) parameter
+    dtype: one ``model.safetensors``, or shards plus ``model.safetensors.index.json`` when they
+    exceed ``max_shard_bytes``, the layout ``from_pretrained`` expects.
+    """
+    family = family_of_model(model)
+    if family is None:
+        names = ", ".join(f.model_class.__name__ for f in supported_families())
+        raise TypeError(f"No Hugging Face export for {type(model).__name__}; supported: {names}.")
+    return write_checkpoint(family, model, out_dir, tokenizer_dir_or_obj=tokenizer_dir_or_obj, max_shard_bytes=max_shard_bytes)
+
+
+def import_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False, dtype: Any = jnp.float32) -> Any:
+    """Load a local checkpoint folder as our model of the family its ``config.json`` names.
+
+    ``model_type`` ``llama`` (or none) gives a ``LlamaLMHeadModel``, ``mixtral`` a ``MoeLMHeadModel``.
+    """
+    model_type = read_hf_config(path).get("model_type") or LLAMA.model_type
+    families = {f.model_type: f for f in supported_families()}
+    if model_type not in families:
+        raise HfFormatError(f"{os.fspath(path)} holds a {model_type!r} model; supported model_types: {', '.join(families)}.")
+    return read_checkpoint(families[model_type], path, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing, dtype=dtype)

@@ -6,7 +6,7 @@ Output folder::
       checkpoints/<step>/   Orbax checkpoints (resume from the newest automatically)
       metrics.jsonl         one line per step, plus eval lines at eval steps
       eval.json             final step, train loss and validation losses
-      hf/                   the final model in Hugging Face format (Llama models)
+      hf/                   the final model in Hugging Face format (Llama or Mixtral)
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from rigging import filesystem as fsx
 
 from levanter.optim import OptimizerConfig
 from levanter.trainer import EvalSources, Trainer, TrainerConfig
@@ -85,20 +87,16 @@ def _ensure_logging() -> None:
 
 
 def _write_json_atomically(path: str, record: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-    os.replace(tmp, path)
+    fsx.atomic_write(path, json.dumps(record, indent=2))
 
 
 def _export_hf(model, out_dir: str, tokenizer: str | None) -> str | None:
     try:
-        from levanter.compat.hf_checkpoints import export_llama_to_hf
-        from levanter.models.llama import LlamaLMHeadModel
+        from levanter.compat.hf_checkpoints import export_to_hf, family_of_model
     except ImportError:
         logger.warning("Hugging Face export unavailable (levanter.compat.hf_checkpoints missing); skipped.")
         return None
-    if not isinstance(model, LlamaLMHeadModel):
+    if family_of_model(model) is None:
         logger.info("No Hugging Face export for %s models; skipped.", type(model).__name__)
         return None
     tokenizer_arg: Any = tokenizer
@@ -106,7 +104,7 @@ def _export_hf(model, out_dir: str, tokenizer: str | None) -> str | None:
         from tokenizers import Tokenizer
 
         tokenizer_arg = Tokenizer.from_file(tokenizer)
-    return export_llama_to_hf(model, out_dir, tokenizer_dir_or_obj=tokenizer_arg)
+    return export_to_hf(model, out_dir, tokenizer_dir_or_obj=tokenizer_arg)
 
 
 def train_lm(config: TrainLmConfig, train_source: DataSource, eval_sources: EvalSources | None = None) -> TrainLmResult:

@@ -44,7 +44,7 @@ def evaluate_harness(
     """A lazy handle running lm-eval ``tasks`` on ``model``; its artifact is a :class:`HarnessResults`.
 
     ``model``: a ``train_lm(...)`` handle (its Hugging Face export and tokenizer) or a local Hugging
-    Face Llama checkpoint folder with its ``tokenizer.json``. ``include_path``: a folder of task YAML
+    Face Llama or Mixtral checkpoint folder with its ``tokenizer.json``. ``include_path``: a folder of task YAML
     files to add to lm-eval's own (``marin.evaluation.tasks.TASKS_DIR`` holds the project's).
     ``limit``: at most this many documents per task (for smoke runs). ``max_seq_len`` defaults to
     the model's.

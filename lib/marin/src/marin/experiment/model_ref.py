@@ -75,6 +75,6 @@ class ModelRef:
         if trained.hf_path is None:
             raise ModelSourceError(
                 f"training step {self.handle.name!r} has no Hugging Face export ({trained.model_type} models have "
-                f"none yet), which is what the {reader} reads; evaluate a Llama model."
+                f"none), which is what the {reader} reads; evaluate a Llama or MoE model."
             )
         return ResolvedModel(load_hf_checkpoint(trained.hf_path), self.handle.name, self.handle.identity, trained.hf_path, trained)

@@ -97,7 +97,7 @@ class TrainedModel:
             lines.append(f"  valid loss:  {value:.3f} ({name})")
         lines.append(f"  checkpoints: {self.checkpoint_dir}")
         lines.append(f"  metrics:     {self.metrics_path}")
-        lines.append(f"  HF export:   {self.hf_path or 'none (not a Llama model)'}")
+        lines.append(f"  HF export:   {self.hf_path or 'none (no Hugging Face format for this model family)'}")
         for i, text in enumerate(self.samples, 1):
             lines.append(f"  sample {i}:    " + " ".join(text.split()))
         return "\n".join(lines)
@@ -286,9 +286,9 @@ def _is_builtin_tokenizer(ctx, weights) -> bool:
 def _samples(hf_path: str | None, tokenizer_location: str, count: int) -> list[str]:
     if not hf_path or count <= 0:
         return []
-    from levanter.compat.hf_checkpoints import import_llama_from_hf
+    from levanter.compat.hf_checkpoints import import_from_hf
 
-    model = import_llama_from_hf(hf_path)
+    model = import_from_hf(hf_path)
     tokenizer = load_tokenizer(tokenizer_location)
     prompts = list(SAMPLE_PROMPTS[:count])
     return generate_text(model, tokenizer, prompts, SamplingConfig(max_new_tokens=160, temperature=0.7, top_k=40))
