@@ -7,6 +7,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from marin.execution.executor_files import read_status
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
@@ -112,3 +114,40 @@ def test_ctrl_c_stops_cooperative_steps_and_records_failure(tmp_path):
     assert process.returncode != 0 and "KeyboardInterrupt" in stderr
     status = read_status(StepRunner(prefix=prefix).output_path_for(StepSpec("patient", lambda: None)))
     assert status.status == "FAILED" and "interrupted" in status.error
+
+
+STUBBORN_SCRIPT = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+
+    def stubborn():
+        pathlib.Path(sys.argv[1]).write_text("started")
+        time.sleep(600)  # never checks the lease
+
+    StepRunner(prefix=sys.argv[2]).run([StepSpec("stubborn", stubborn)])
+    """
+)
+
+
+def test_second_ctrl_c_stops_a_step_that_ignores_the_first(tmp_path):
+    script, marker, prefix = tmp_path / "stubborn.py", tmp_path / "started", str(tmp_path / "prefix")
+    script.write_text(STUBBORN_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), str(marker), prefix], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    process.send_signal(signal.SIGINT)
+    with pytest.raises(subprocess.TimeoutExpired):  # the first one waits for the running step
+        process.wait(timeout=1.0)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert "Ctrl-C again to stop at once" in stderr and "second Ctrl-C: exiting now" in stderr
+    # Like a killed runner: the step is left RUNNING and the next run takes it over and finishes it.
+    step = StepSpec("stubborn", lambda: None)
+    runner = StepRunner(prefix=prefix)
+    assert read_status(runner.output_path_for(step)).status == "RUNNING"
+    assert runner.run([step]).ran == ["stubborn"]

@@ -29,6 +29,8 @@ import concurrent.futures as futures
 import logging
 import os
 import re
+import signal
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -184,6 +186,57 @@ def _remove_orphan_temporaries(output_path: str) -> int:
     ]
     fsx.remove_files(output_path, orphans)
     return len(orphans)
+
+
+_WAIT_POLL_S = 0.5
+
+
+class _CtrlC:
+    """Turns Ctrl-C (SIGINT) during a run into a graceful stop.
+
+    A KeyboardInterrupt raised at an arbitrary point of the scheduling loop can land inside
+    ``concurrent.futures`` while it holds a future's lock, and the run then hangs for good. So,
+    in the main thread, SIGINT only sets a flag: running steps are asked to stop (``ctx.check_lease``
+    raises), nothing new starts, and once the running steps have returned the run raises
+    KeyboardInterrupt. A second Ctrl-C stops at once, as Python's default would. Off the main
+    thread no handler can be installed and KeyboardInterrupt is handled where it is raised.
+    """
+
+    def __init__(self, cancelled: threading.Event, running: dict):
+        self._cancelled = cancelled
+        self._running = running
+        self._previous = None
+        self.interrupted = False
+
+    def __enter__(self) -> "_CtrlC":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.interrupted:
+            # Step threads cannot be killed and the interpreter joins them at exit, so a second
+            # Ctrl-C ends the process here. Its steps stay RUNNING under a lease of a dead process,
+            # which the next run takes over at once, as after a kill.
+            logger.error("second Ctrl-C: exiting now, without waiting for %d running step(s)", len(self._running))
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signal.SIGINT)
+        self.interrupted = True
+        self.stop_steps()
+
+    def stop_steps(self) -> None:
+        self._cancelled.set()
+        logger.warning(
+            "Interrupted: stopping %d running step(s) (steps that never call ctx.check_lease() finish first; "
+            "Ctrl-C again to stop at once)",
+            len(self._running),
+        )
 
 
 class StepRunFailed(RuntimeError):
@@ -544,17 +597,15 @@ class StepRunner:
         running: dict[futures.Future, PlannedStep] = {}
         self._cancelled.clear()
         with futures.ThreadPoolExecutor(max_workers=max(1, min(workers, max(1, total_to_run))), thread_name_prefix="marin-step") as pool:
-            try:
-                self._schedule(pool, pending, running, outcomes, paths, workers, total_to_run)
-            except KeyboardInterrupt:
-                # Threads cannot be killed; ask steps to stop (ctx.check_lease raises) and start nothing new.
-                self._cancelled.set()
-                logger.warning(
-                    "Interrupted: stopping %d running step(s) (steps that never call ctx.check_lease() finish first)",
-                    len(running),
-                )
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+            with _CtrlC(self._cancelled, running) as ctrl_c:
+                try:
+                    self._schedule(pool, pending, running, outcomes, paths, workers, total_to_run)
+                except KeyboardInterrupt:  # raised where no handler could be installed (not the main thread)
+                    ctrl_c.stop_steps()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+        if ctrl_c.interrupted:
+            raise KeyboardInterrupt("the run was stopped by Ctrl-C")
         report.outcomes.extend(outcomes[item.spec.identity] for item in planned if item.spec.identity in outcomes)
 
     def _schedule(
@@ -571,6 +622,13 @@ class StepRunner:
         finished = 0
         run_seconds = 0.0
         while pending or running:
+            if self._cancelled.is_set():
+                # Interrupted: start nothing new, but collect the outcomes of the steps still stopping.
+                if pending:
+                    logger.warning("Interrupted: %d step(s) not started: %s", len(pending), ", ".join(i.spec.name for i in pending))
+                    pending.clear()
+                if not running:
+                    break
             progressed = False
             for item in list(pending):
                 dep_states = [outcomes.get(dep.identity) for dep in item.spec.deps]
@@ -590,7 +648,8 @@ class StepRunner:
                 continue  # a newly blocked step may unblock (or block) others in this same pass
             if not running:
                 break  # nothing can make progress (should not happen with a valid plan)
-            done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
+            # A timeout keeps the loop noticing an interrupt while long steps run.
+            done, _ = futures.wait(list(running), timeout=_WAIT_POLL_S, return_when=futures.FIRST_COMPLETED)
             for future in done:
                 item = running.pop(future)
                 outcome = future.result()
