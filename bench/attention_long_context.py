@@ -6,7 +6,9 @@ plain vs fused (blocked) cross-entropy, for ``llama_nano`` at batch 4 x seq_len 
 
 "reference" is the attention used before blocking: one ``jax.nn.dot_product_attention`` over the
 whole [T, T] scores with a segment mask and ``is_causal``. "blocked" is
-``haliax.nn.dot_product_attention`` (its default block size for T). Attention alone times
+``haliax.nn.dot_product_attention`` (its default block size for T), which with packed documents
+also limits blocks to a window of recent keys when their documents allow; "without document
+windows" turns that off (every block attends to all keys before it). Attention alone times
 forward+backward of one layer's attention; a train step is forward, backward and an AdamW update
 of the whole model, jitted, in float32, with packed documents (segment ids). Each figure is the
 median of timed repetitions after a compile/warm-up call. The last line printed is one JSON
@@ -29,6 +31,8 @@ def parse_args():
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=4063)
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per figure")
+    p.add_argument("--mean-doc-len", type=int, default=200,
+                   help="mean packed document length in tokens (the tutorial's built-in stories: ~200)")
     p.add_argument("--sweep", action="store_true", help="also time block sizes over sequence lengths")
     return p.parse_args()
 
@@ -60,7 +64,7 @@ def reference_attention(q, k, v, *, segment_ids=None):
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
 
 
-def packed_segment_ids(batch: int, seq_len: int, mean_doc_len: int = 700, seed: int = 0):
+def packed_segment_ids(batch: int, seq_len: int, mean_doc_len: int = 200, seed: int = 0):
     """Document ids 0, 1, 2, ... per row, as packing stories into windows gives."""
     import numpy as np
 
@@ -84,7 +88,7 @@ def attention_fwd_bwd(attention, block_size=None):
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def time_attention(batch, seq_len, heads, head_dim, repeats, attention, block_size=None):
+def time_attention(batch, seq_len, heads, head_dim, repeats, attention, block_size=None, mean_doc_len=200):
     import jax
     import jax.numpy as jnp
 
@@ -92,11 +96,11 @@ def time_attention(batch, seq_len, heads, head_dim, repeats, attention, block_si
     q = jax.random.normal(kq, (batch, seq_len, heads, head_dim))
     k = jax.random.normal(kk, (batch, seq_len, heads, head_dim))
     v = jax.random.normal(kv, (batch, seq_len, heads, head_dim))
-    segment_ids = jnp.asarray(packed_segment_ids(batch, seq_len))
+    segment_ids = jnp.asarray(packed_segment_ids(batch, seq_len, mean_doc_len))
     return median_seconds(attention_fwd_bwd(attention, block_size), q, k, v, segment_ids, repeats=repeats)
 
 
-def time_train_step(args, *, blocked_attention: bool, fused_loss: bool) -> float:
+def time_train_step(args, *, blocked_attention: bool, fused_loss: bool, attention=None) -> float:
     import dataclasses
 
     import equinox as eqx
@@ -112,7 +116,9 @@ def time_train_step(args, *, blocked_attention: bool, fused_loss: bool) -> float
     from levanter.trainer.step import DeviceBatch, build_step_functions
 
     # The model looks the attention function up in its module at trace time.
-    transformer.dot_product_attention = dot_product_attention if blocked_attention else reference_attention
+    if attention is None:
+        attention = dot_product_attention if blocked_attention else reference_attention
+    transformer.dot_product_attention = attention
     try:
         config = llama_nano if args.seq_len <= llama_nano.max_seq_len else dataclasses.replace(llama_nano, max_seq_len=args.seq_len)
         model = config.build(args.vocab, key=jax.random.PRNGKey(0))
@@ -127,7 +133,7 @@ def time_train_step(args, *, blocked_attention: bool, fused_loss: bool) -> float
         batch = DeviceBatch(
             tokens=jnp.asarray(tokens),
             loss_mask=jnp.ones(tokens.shape, jnp.float32),
-            segment_ids=jnp.asarray(packed_segment_ids(args.batch, args.seq_len)),
+            segment_ids=jnp.asarray(packed_segment_ids(args.batch, args.seq_len, args.mean_doc_len)),
         )
         state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params), key=jax.random.PRNGKey(1))
         state, _ = steps.train_step(state, batch)  # compile + warm-up
@@ -143,17 +149,24 @@ def time_train_step(args, *, blocked_attention: bool, fused_loss: bool) -> float
         transformer.dot_product_attention = dot_product_attention
 
 
+def nano_heads() -> tuple[int, int]:
+    """(heads, head_dim) of ``llama_nano``: the attention the tutorial trains."""
+    from experiments.llama import llama_nano
+
+    return llama_nano.num_heads, llama_nano.head_dim
+
+
 def sweep(args) -> dict:
     from haliax.nn import dot_product_attention
 
     results = {}
     for seq_len in (128, 256, 512, 1024, 2048, 4096):
         batch = max(1, args.batch * args.seq_len // seq_len)  # same number of tokens
-        row = {"full": time_attention(batch, seq_len, 2, 16, args.repeats, dot_product_attention, seq_len)}
-        row["reference"] = time_attention(batch, seq_len, 2, 16, args.repeats, reference_attention)
+        row = {"full": time_attention(batch, seq_len, *nano_heads(), args.repeats, dot_product_attention, seq_len)}
+        row["reference"] = time_attention(batch, seq_len, *nano_heads(), args.repeats, reference_attention)
         for block in (32, 64, 128, 256, 512):
             if block < seq_len:
-                row[str(block)] = time_attention(batch, seq_len, 2, 16, args.repeats, dot_product_attention, block)
+                row[str(block)] = time_attention(batch, seq_len, *nano_heads(), args.repeats, dot_product_attention, block)
         results[seq_len] = row
         print(f"T={seq_len:5d} B={batch:3d}: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in row.items()), file=sys.stderr)
     return results
@@ -171,13 +184,25 @@ def main() -> None:
     if args.sweep:
         figures["sweep_attention_s"] = sweep(args)
 
-    figures["attention_reference_s"] = time_attention(args.batch, args.seq_len, 2, 16, args.repeats, reference_attention)
-    figures["attention_blocked_s"] = time_attention(args.batch, args.seq_len, 2, 16, args.repeats, dot_product_attention)
+    import functools
+
+    # Document windows off: every block attends to all the keys before it.
+    no_windows = functools.partial(dot_product_attention, document_window=args.seq_len)
+    shape = (args.batch, args.seq_len, *nano_heads(), args.repeats)
+    doc_len = {"mean_doc_len": args.mean_doc_len}
+    figures["mean_doc_len"] = args.mean_doc_len
+    figures["attention_reference_s"] = time_attention(*shape, reference_attention, **doc_len)
+    figures["attention_blocked_no_document_windows_s"] = time_attention(*shape, no_windows, **doc_len)
+    figures["attention_blocked_s"] = time_attention(*shape, dot_product_attention, **doc_len)
     print(
-        f"attention fwd+bwd, one layer: reference {figures['attention_reference_s']:.3f} s, "
-        f"blocked {figures['attention_blocked_s']:.3f} s",
+        f"attention fwd+bwd, one layer (documents ~{args.mean_doc_len} tokens): reference "
+        f"{figures['attention_reference_s']:.3f} s, blocked without document windows "
+        f"{figures['attention_blocked_no_document_windows_s']:.3f} s, blocked {figures['attention_blocked_s']:.3f} s",
         file=sys.stderr,
     )
+    seconds = time_train_step(args, blocked_attention=True, fused_loss=True, attention=no_windows)
+    figures["step_blocked_attention_no_document_windows_fused_loss_s"] = seconds
+    print(f"nano train step: blocked attention without document windows, fused loss: {seconds:.3f} s", file=sys.stderr)
     for attention_name, blocked in (("reference", False), ("blocked", True)):
         for loss_name, fused in (("plain", False), ("fused", True)):
             seconds = time_train_step(args, blocked_attention=blocked, fused_loss=fused)

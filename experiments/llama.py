@@ -10,7 +10,7 @@ from levanter.models.llama import LlamaConfig
 LLAMA3_VOCAB_SIZE = 128_256
 LLAMA2_VOCAB_SIZE = 32_000
 
-# Trains on a laptop CPU at seq_len 2048 in the tutorial (100 steps in about two minutes on two
+# Trains on a laptop CPU at seq_len 2048 in the tutorial (100 steps in one to two minutes on two
 # cores). Width 64 with an untied output head is the narrowest shape we measured to write
 # English-like stories after 100 steps of the built-in corpus when the learning rate suits so short
 # a run (3e-3 to 6e-3); hidden 32, or tied embeddings, stay well behind (docs/getting-started.md).

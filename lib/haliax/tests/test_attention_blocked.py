@@ -61,6 +61,32 @@ def test_blocked_equals_reference_in_values_and_gradients(inputs, block_size, wi
         np.testing.assert_allclose(g, e, atol=2e-5, rtol=2e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("document_window", [1, 7, 12, 30])
+def test_document_windows_change_nothing_but_the_work(inputs, document_window):
+    # Blocks of 5 over T=37: with short documents some blocks take the windowed key range and
+    # the 30-token document forces the full range; the result must not depend on the choice.
+    q, k, v, cotangent, segment_ids = inputs
+    blocked = lambda q, k, v: dot_product_attention(  # noqa: E731
+        q, k, v, segment_ids=segment_ids, block_size=5, document_window=document_window
+    )
+    got = values_and_grads(blocked, q, k, v, cotangent)
+    expected = values_and_grads(lambda q, k, v: reference_attention(q, k, v, segment_ids), q, k, v, cotangent)
+    for name, g, e in zip(["out", "dq", "dk", "dv"], got, expected):
+        np.testing.assert_allclose(g, e, atol=2e-5, rtol=2e-5, err_msg=name)
+
+
+def test_which_blocks_may_skip_the_keys_before_their_window():
+    from haliax.nn.attention import shares_segment_before
+
+    segments = jnp.array([np.repeat([0, 1, 2], [5, 20, 12])])
+    # Queries 30..35 lie in the third document (25..36): keys before 25 are not theirs.
+    assert not bool(shares_segment_before(segments, 30, 35, 25))
+    # ... but key 24 belongs to the second document, which queries 20..25 are in.
+    assert bool(shares_segment_before(segments, 20, 25, 10))
+    # Numbering need not increase: a document id reused later still counts as the same document.
+    assert bool(shares_segment_before(jnp.array([[7, 3, 3, 7]]), 3, 4, 1))
+
+
 def test_segments_isolate_documents(inputs):
     q, k, v, _, segment_ids = inputs
     attention = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, segment_ids=segment_ids, block_size=8))
@@ -130,3 +156,22 @@ def test_blocked_attention_under_data_and_head_sharding(inputs):
     got = fn(q_s, k_s, v_s, segs)
     assert got.sharding.spec == P("data", None, "model", None) or got.sharding.is_equivalent_to(heads, got.ndim)
     np.testing.assert_allclose(got, reference_attention(q, k, v, segment_ids), atol=2e-5)
+
+
+def test_document_windows_under_a_batch_sharded_jit(inputs):
+    # The per-block choice is a collective decision across the batch: sharding the batch over
+    # devices must give the same values as one device.
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    q, k, v, cotangent, segment_ids = inputs
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    sharded = [jax.device_put(x, rows) for x in (q, k, v, cotangent, segment_ids)]
+
+    def attention(segs):
+        return lambda q, k, v: dot_product_attention(q, k, v, segment_ids=segs, block_size=5, document_window=12)  # noqa: E731
+
+    got = values_and_grads(attention(sharded[4]), *sharded[:4])
+    expected = values_and_grads(attention(segment_ids), q, k, v, cotangent)
+    for name, g, e in zip(["out", "dq", "dk", "dv"], got, expected):
+        np.testing.assert_allclose(g, e, atol=1e-5, rtol=1e-5, err_msg=name)
