@@ -2,27 +2,36 @@
 #   make tutorial   set up (if needed) and run the tutorial
 #   make test       set up (if needed) and run the layer contract and the test suite
 # Set-up is a virtual environment in .venv with the project installed in editable mode; it is
-# rebuilt when pyproject.toml changes.
+# redone when pyproject.toml changes. The tutorial needs only the runtime dependencies; the tests
+# add the reference implementations they compare against (PyTorch, transformers, lm-eval, Ray),
+# which more than double the download, so they are installed only by `make test`.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.marin-installed
+TEST_STAMP := $(VENV)/.marin-test-installed
 
-.PHONY: setup tutorial test clean-venv
+.PHONY: setup setup-test tutorial test clean-venv
 
 setup: $(STAMP)
+
+setup-test: $(TEST_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(TEST_STAMP)
 
 tutorial: $(STAMP)
 	$(BIN)/python experiments/tutorials/train_tiny_model.py
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
