@@ -102,13 +102,20 @@ INTERRUPT_SCRIPT = textwrap.dedent(
 )
 
 
-def test_ctrl_c_stops_cooperative_steps_and_records_failure(tmp_path):
-    script, marker, prefix = tmp_path / "interrupt.py", tmp_path / "started", str(tmp_path / "prefix")
-    script.write_text(INTERRUPT_SCRIPT)
+def start_runner_until_step_started(tmp_path, script_text: str) -> tuple[subprocess.Popen, str]:
+    """Run ``script_text`` (argv: marker file, prefix) in a subprocess until its step has started."""
+    script, marker, prefix = tmp_path / "runner.py", tmp_path / "started", str(tmp_path / "prefix")
+    script.write_text(script_text)
     process = subprocess.Popen([sys.executable, str(script), str(marker), prefix], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
     while not marker.exists() and time.time() < deadline:
         time.sleep(0.05)
+    assert marker.exists(), "the step did not start within 30 s"
+    return process, prefix
+
+
+def test_ctrl_c_stops_cooperative_steps_and_records_failure(tmp_path):
+    process, prefix = start_runner_until_step_started(tmp_path, INTERRUPT_SCRIPT)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode != 0 and "KeyboardInterrupt" in stderr
@@ -132,13 +139,7 @@ STUBBORN_SCRIPT = textwrap.dedent(
 
 
 def test_second_ctrl_c_stops_a_step_that_ignores_the_first(tmp_path):
-    script, marker, prefix = tmp_path / "stubborn.py", tmp_path / "started", str(tmp_path / "prefix")
-    script.write_text(STUBBORN_SCRIPT)
-    process = subprocess.Popen([sys.executable, str(script), str(marker), prefix], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while not marker.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists()
+    process, prefix = start_runner_until_step_started(tmp_path, STUBBORN_SCRIPT)
     process.send_signal(signal.SIGINT)
     with pytest.raises(subprocess.TimeoutExpired):  # the first one waits for the running step
         process.wait(timeout=1.0)
