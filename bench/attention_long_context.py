@@ -100,7 +100,7 @@ def time_attention(batch, seq_len, heads, head_dim, repeats, attention, block_si
     return median_seconds(attention_fwd_bwd(attention, block_size), q, k, v, segment_ids, repeats=repeats)
 
 
-def time_train_step(args, *, blocked_attention: bool, fused_loss: bool, attention=None) -> float:
+def time_train_step(args, *, attention, fused_loss: bool) -> float:
     import dataclasses
 
     import equinox as eqx
@@ -116,8 +116,6 @@ def time_train_step(args, *, blocked_attention: bool, fused_loss: bool, attentio
     from levanter.trainer.step import DeviceBatch, build_step_functions
 
     # The model looks the attention function up in its module at trace time.
-    if attention is None:
-        attention = dot_product_attention if blocked_attention else reference_attention
     transformer.dot_product_attention = attention
     try:
         config = llama_nano if args.seq_len <= llama_nano.max_seq_len else dataclasses.replace(llama_nano, max_seq_len=args.seq_len)
@@ -200,12 +198,12 @@ def main() -> None:
         f"{figures['attention_blocked_no_document_windows_s']:.3f} s, blocked {figures['attention_blocked_s']:.3f} s",
         file=sys.stderr,
     )
-    seconds = time_train_step(args, blocked_attention=True, fused_loss=True, attention=no_windows)
+    seconds = time_train_step(args, attention=no_windows, fused_loss=True)
     figures["step_blocked_attention_no_document_windows_fused_loss_s"] = seconds
     print(f"nano train step: blocked attention without document windows, fused loss: {seconds:.3f} s", file=sys.stderr)
-    for attention_name, blocked in (("reference", False), ("blocked", True)):
+    for attention_name, attention in (("reference", reference_attention), ("blocked", dot_product_attention)):
         for loss_name, fused in (("plain", False), ("fused", True)):
-            seconds = time_train_step(args, blocked_attention=blocked, fused_loss=fused)
+            seconds = time_train_step(args, attention=attention, fused_loss=fused)
             figures[f"step_{attention_name}_attention_{loss_name}_loss_s"] = seconds
             print(f"nano train step: {attention_name} attention, {loss_name} loss: {seconds:.3f} s", file=sys.stderr)
     before = figures["step_reference_attention_plain_loss_s"]

@@ -17,23 +17,8 @@ VOCAB = 64
 GPT2_TOKENIZER_DIR = Path(__file__).resolve().parents[3] / ".." / "shared" / "tokenizers" / "gpt2"
 
 
-@pytest.fixture(scope="module")
-def tokens():
-    return np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
-
-
-def _torch_logits(hf_model, tokens):
-    with torch.no_grad():
-        return hf_model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def _our_logits(model, tokens):
-    return model(tokens)
-
-
 @pytest.mark.parametrize("tied", [False, True])
-def test_export_loads_in_transformers_with_matching_logits(tmp_path, tokens, tied):
+def test_export_loads_in_transformers_with_matching_logits(tmp_path, assert_same_logits_as_transformers, tied):
     config = LlamaConfig(
         hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=64,
         rope_theta=5000.0, tie_word_embeddings=tied, use_scan=tied,
@@ -46,7 +31,7 @@ def test_export_loads_in_transformers_with_matching_logits(tmp_path, tokens, tie
 
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     assert type(hf_model).__name__ == "LlamaForCausalLM"
-    np.testing.assert_allclose(_torch_logits(hf_model, tokens), _our_logits(model, tokens), atol=1e-4)
+    assert_same_logits_as_transformers(model, hf_model)
     assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is tied
     if tied:
         tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
@@ -57,7 +42,7 @@ def test_export_loads_in_transformers_with_matching_logits(tmp_path, tokens, tie
         np.testing.assert_array_equal(ours, back)
 
 
-def test_transformers_model_imports_with_matching_logits(tmp_path, tokens):
+def test_transformers_model_imports_with_matching_logits(tmp_path, assert_same_logits_as_transformers):
     hf_config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
         num_key_value_heads=2, max_position_embeddings=128, rope_theta=20000.0, rms_norm_eps=1e-6,
@@ -69,7 +54,7 @@ def test_transformers_model_imports_with_matching_logits(tmp_path, tokens):
 
     model = import_llama_from_hf(tmp_path, use_scan=True)
     assert model.config.num_kv_heads == 2 and model.config.rope_theta == 20000.0 and model.config.norm_eps == 1e-6
-    np.testing.assert_allclose(_our_logits(model, tokens), _torch_logits(hf_model, tokens), atol=1e-4)
+    assert_same_logits_as_transformers(model, hf_model)
 
 
 def test_unsupported_checkpoints_fail_clearly(tmp_path):

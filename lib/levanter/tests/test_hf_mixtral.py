@@ -25,24 +25,8 @@ TINY_MOE = MoeConfig(
 )
 
 
-@pytest.fixture(scope="module")
-def tokens():
-    # 2 x 11 = 22 tokens over 4 experts: every expert gets rows, and several tokens share one.
-    return np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
-
-
-def _torch_logits(hf_model, tokens):
-    with torch.no_grad():
-        return hf_model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def _our_logits(model, tokens):
-    return model(tokens)
-
-
 @pytest.mark.parametrize("tied", [False, True])
-def test_export_loads_in_transformers_as_mixtral_with_matching_logits(tmp_path, tokens, tied):
+def test_export_loads_in_transformers_as_mixtral_with_matching_logits(tmp_path, assert_same_logits_as_transformers, tied):
     config = dataclasses.replace(TINY_MOE, tie_word_embeddings=tied, use_scan=tied)
     model = config.build(VOCAB, key=jax.random.PRNGKey(3))
     # Random routers at init send every token almost uniformly; sharpen them so top-2 choices differ
@@ -56,7 +40,7 @@ def test_export_loads_in_transformers_as_mixtral_with_matching_logits(tmp_path, 
 
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(hf_model).__name__ == "MixtralForCausalLM"
-    np.testing.assert_allclose(_torch_logits(hf_model, tokens), _our_logits(model, tokens), atol=1e-4)
+    assert_same_logits_as_transformers(model, hf_model)
 
     again = import_from_hf(tmp_path, use_scan=config.use_scan)
     assert isinstance(again, MoeLMHeadModel) and again.config == model.config
@@ -80,22 +64,22 @@ def hf_mixtral():
     return model
 
 
-def test_transformers_mixtral_imports_with_matching_logits(tmp_path, tokens, hf_mixtral):
+def test_transformers_mixtral_imports_with_matching_logits(tmp_path, assert_same_logits_as_transformers, hf_mixtral):
     hf_mixtral.save_pretrained(tmp_path)
     model = import_from_hf(tmp_path, use_scan=True)
     assert isinstance(model, MoeLMHeadModel)
     assert model.config.num_experts == 4 and model.config.rope_theta == 20000.0 and model.config.norm_eps == 1e-6
-    np.testing.assert_allclose(_our_logits(model, tokens), _torch_logits(hf_mixtral, tokens), atol=1e-4)
+    assert_same_logits_as_transformers(model, hf_mixtral)
 
 
-def test_fused_expert_tensors_import_like_per_expert_ones(tmp_path, tokens, hf_mixtral):
+def test_fused_expert_tensors_import_like_per_expert_ones(tmp_path, assert_same_logits_as_transformers, hf_mixtral):
     # The in-memory state dict of recent transformers fuses experts (mlp.experts.gate_up_proj).
     hf_mixtral.config.save_pretrained(tmp_path)
     state = {name: t.detach().numpy().copy() for name, t in hf_mixtral.state_dict().items()}
     assert any(name.endswith("mlp.experts.gate_up_proj") for name in state)
     save_file(state, str(tmp_path / "model.safetensors"))
     model = import_moe_from_hf(tmp_path)
-    np.testing.assert_allclose(_our_logits(model, tokens), _torch_logits(hf_mixtral, tokens), atol=1e-4)
+    assert_same_logits_as_transformers(model, hf_mixtral)
 
 
 def test_generic_import_dispatches_on_model_type(tmp_path):
