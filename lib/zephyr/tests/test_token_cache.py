@@ -65,13 +65,16 @@ def test_on_disk_format_matches_contract(three_shard_cache):
     root, documents, _ = three_shard_cache
     with open(os.path.join(root, "ledger.json")) as handle:
         ledger = json.load(handle)
-    assert ledger["format"] == "marin-token-cache/1" and ledger["dtype"] == "uint16" and ledger["vocab_size"] == 50_000
+    assert ledger["format"] == "marin-token-cache/2" and ledger["dtype"] == "uint16" and ledger["vocab_size"] == 50_000
     tokens = np.fromfile(os.path.join(root, "shard-00000", "tokens.bin"), dtype="<u2")
     offsets = np.fromfile(os.path.join(root, "shard-00000", "offsets.bin"), dtype="<i8")
     assert offsets.size == 31 and offsets[0] == 0 and offsets[-1] == tokens.size
     np.testing.assert_array_equal(tokens[offsets[4] : offsets[5]], documents[4])
     with open(os.path.join(root, "shard-00000", "shard.json")) as handle:
-        assert json.load(handle) == {"documents": 30, "tokens": int(tokens.size), "dtype": "uint16"}
+        summary = json.load(handle)
+    assert {k: summary[k] for k in ("documents", "tokens", "dtype", "max_token_id")} == {
+        "documents": 30, "tokens": int(tokens.size), "dtype": "uint16", "max_token_id": int(tokens.max())}
+    assert set(summary["checksums"]) == {"tokens.bin", "offsets.bin"}
 
 
 def test_remote_fsspec_url_reads_same_bytes():

@@ -3,6 +3,11 @@
 Each source is a train cache, an optional validation cache and a mixture weight. Validation comes
 from the source's own validation split when it has one; otherwise the last ``heldout_fraction`` of
 its train windows is held out and never trained on.
+
+Every cache is verified when opened (see ``zephyr.token_cache``: sizes, and checksums unless
+``verify_checksums=False``) and, given the model's ``vocab_size``, refused if it holds a token id
+the model has no embedding for, so a mismatch fails here, naming the shard, instead of as NaN
+losses hundreds of steps later.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import dataclass
 from levanter.data.loader import DataLoader, EvalBatches
 from levanter.data.mixture import DEFAULT_BLOCK_SIZE
 from levanter.data.windows import TokenWindows, split_heldout
+from zephyr.token_cache import TokenCache
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,14 @@ def build_text_data(
     process_count: int = 1,
     prefetch: int = 4,
     mixture_block_size: int = DEFAULT_BLOCK_SIZE,
+    vocab_size: int | None = None,
+    verify_checksums: bool = True,
 ) -> TextData:
+    """The train loader and validation sets over ``sources``.
+
+    ``vocab_size``: the model's vocabulary; every cache must hold only ids below it (None: no check).
+    ``verify_checksums``: hash every cache file when opening it (sizes are checked either way).
+    """
     if not sources:
         raise ValueError("build_text_data needs at least one CacheSource")
     names = [s.name for s in sources]
@@ -54,9 +67,9 @@ def build_text_data(
     train_sets: list[TokenWindows] = []
     validation: dict[str, EvalBatches] = {}
     for source in sources:
-        windows = TokenWindows.over(source.train, seq_len)
+        windows = TokenWindows.over(_open_cache(source.train, vocab_size, verify_checksums), seq_len)
         if source.validation is not None:
-            held = TokenWindows.over(source.validation, seq_len)
+            held = TokenWindows.over(_open_cache(source.validation, vocab_size, verify_checksums), seq_len)
         else:
             windows, held = split_heldout(windows, heldout_fraction)
         train_sets.append(windows)
@@ -74,3 +87,10 @@ def build_text_data(
         mixture_block_size=mixture_block_size,
     )
     return TextData(train=loader, validation=validation)
+
+
+def _open_cache(url: str, vocab_size: int | None, verify_checksums: bool) -> TokenCache:
+    cache = TokenCache.open(url, verify_checksums=verify_checksums)
+    if vocab_size is not None:
+        cache.check_token_ids(vocab_size)
+    return cache

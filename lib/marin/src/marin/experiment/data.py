@@ -30,7 +30,7 @@ from zephyr.readers import expand_input_files
 logger = logging.getLogger(__name__)
 
 # Bumped when the tokenize step's output changes meaning, so old caches are never reused for it.
-TOKENIZE_STEP_VERSION = "1"
+TOKENIZE_STEP_VERSION = "2"
 
 
 class TokenizerArtifactError(ValueError):
