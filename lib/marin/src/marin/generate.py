@@ -77,6 +77,12 @@ def _no_model_message(folder: str) -> str:
             + (f" ({status.error})" if status.error else "")
             + ". Run the training step to completion first (`marin status` shows each step's state)."
         )
+    weights = sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
+    if weights:
+        return (
+            f"{folder} holds weights ({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}) but no {MODEL_CONFIG}: "
+            "the export is incomplete or damaged. Export or copy the whole folder again."
+        )
     if os.path.isdir(os.path.join(folder, "checkpoints")):
         return (
             f"{folder} has training checkpoints but no Hugging Face export ({HF_FOLDER}/{MODEL_CONFIG}); "
@@ -236,8 +242,9 @@ def _usage_error(message: str) -> int:
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    # HfFormatError covers CorruptCheckpointError (a damaged file, named in the message).
     from levanter.compat.hf_checkpoints import HfFormatError
-    from levanter.inference.sampling import SamplingError
+    from levanter.inference.sampling import NonFiniteLogitsError, SamplingError
     from levanter.tokenization.loading import TokenizerFormatError, TokenizerNotFoundError
 
     try:
@@ -246,7 +253,8 @@ def generate_command(args: argparse.Namespace) -> int:
         return _usage_error(str(exc))
     try:
         texts = generate(args.model, args.prompt, sampling, prefix=args.prefix, tokenizer=args.tokenizer)
-    except (ModelNotFoundError, TokenizerMismatchError, HfFormatError, TokenizerNotFoundError, TokenizerFormatError, SamplingError) as exc:
+    except (ModelNotFoundError, TokenizerMismatchError, HfFormatError, TokenizerNotFoundError, TokenizerFormatError,
+            SamplingError, NonFiniteLogitsError) as exc:
         return _usage_error(str(exc))
     for i, text in enumerate(texts):
         if i:

@@ -8,6 +8,10 @@ from the model or from ``config.json``'s ``model_type``, so callers need not kno
 Our weights differ from the Hugging Face ones only by layout: HF stores ``nn.Linear`` weights as
 ``[out, in]`` with heads flattened, we store ``[in, out]`` with heads as their own dimension. Both
 use the "rotate halves" RoPE layout, so no permutation of query/key rows is needed.
+
+Reading refuses a damaged folder with :class:`CorruptCheckpointError` naming the file at fault (a
+truncated or missing safetensors file, a ``config.json`` that is not JSON or lacks a field) and the
+tensors holding NaN or infinite values: a model loaded from them would only produce garbage.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from haliax import Stacked
@@ -41,6 +46,14 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 class HfFormatError(ValueError):
     """A checkpoint folder (or a model) that this module cannot read (or write) faithfully."""
+
+
+class CorruptCheckpointError(HfFormatError):
+    """A file of a checkpoint folder is damaged: truncated, missing, unparsable, or holds NaN/inf weights."""
+
+
+# The config.json fields every supported family needs, with no default we could assume.
+REQUIRED_CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 # -- how one weight of our decoder layer maps to Hugging Face tensors ---------------------------------
@@ -251,35 +264,126 @@ def _write_tokenizer(tokenizer: Any, out_dir: str) -> None:
             json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
 
 
+def _read_json_object(file_path: str) -> dict:
+    """A JSON file holding one object; :class:`CorruptCheckpointError` naming the file otherwise."""
+    try:
+        with open(file_path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise CorruptCheckpointError(
+            f"{file_path} is not valid JSON ({e}); the checkpoint folder is damaged. Export or download it again."
+        ) from e
+    if not isinstance(value, dict):
+        raise CorruptCheckpointError(
+            f"{file_path} is not a JSON object (it holds a {type(value).__name__}); the checkpoint folder is damaged. "
+            "Export or download it again."
+        )
+    return value
+
+
 def read_hf_config(path: str | os.PathLike) -> dict:
     """The ``config.json`` of a local checkpoint folder, as a dict."""
     config_path = os.path.join(os.fspath(path), "config.json")
     if not os.path.exists(config_path):
         raise HfFormatError(f"No config.json in {os.fspath(path)}: not a Hugging Face checkpoint folder.")
-    with open(config_path) as f:
-        return json.load(f)
+    return _read_json_object(config_path)
+
+
+def _config_of_family(family: HfFamily, path: str) -> tuple[Any, int]:
+    """Our config from the folder's ``config.json``; a missing or ill-typed field names the file."""
+    config_path = os.path.join(path, "config.json")
+    hf = read_hf_config(path)
+    missing = [name for name in REQUIRED_CONFIG_FIELDS if name not in hf]
+    if missing:
+        raise CorruptCheckpointError(
+            f"{config_path} lacks {', '.join(repr(m) for m in missing)}: the file is incomplete or not a model config. "
+            "Export or download the checkpoint again."
+        )
+    wrong = [f"{name}={hf[name]!r}" for name in REQUIRED_CONFIG_FIELDS
+             if isinstance(hf[name], bool) or not isinstance(hf[name], int) or hf[name] < 1]
+    if wrong:
+        raise CorruptCheckpointError(f"{config_path} has {', '.join(wrong)}; these fields must be positive integers.")
+    try:
+        return family.config_from_hf(hf)
+    except HfFormatError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:  # a family-specific field missing or of the wrong kind
+        raise CorruptCheckpointError(
+            f"{config_path} does not describe a valid {family.model_type} model ({type(e).__name__}: {e})."
+        ) from e
+
+
+def _non_finite(tensor: np.ndarray) -> bool:
+    if not jnp.issubdtype(tensor.dtype, jnp.floating):
+        return False
+    # One pass and no temporary array: NaN and inf survive a sum, and a float64 sum of finite
+    # values of 32 bits or fewer cannot overflow. Only a non-finite sum needs the exact check.
+    with np.errstate(over="ignore"):  # float64 weights near their limit: the exact check decides
+        if np.isfinite(tensor.sum(dtype=np.float64)):
+            return False
+    return not bool(np.isfinite(tensor).all())
+
+
+def _load_weights_file(file_path: str, *, named_by: str | None = None) -> dict[str, np.ndarray]:
+    """The tensors of one safetensors file, refusing a missing, unreadable or non-finite one."""
+    if not os.path.exists(file_path):
+        raise CorruptCheckpointError(
+            f"{file_path} is missing" + (f" (named by {named_by})" if named_by else "")
+            + "; the checkpoint folder is incomplete. Copy or export it again."
+        )
+    try:
+        tensors = load_file(file_path)
+    except (SafetensorError, OSError) as e:
+        raise CorruptCheckpointError(
+            f"{file_path} is truncated or corrupt and cannot be read ({e}). Copy or export the checkpoint again."
+        ) from e
+    bad = sorted(name for name, tensor in tensors.items() if _non_finite(tensor))
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise CorruptCheckpointError(
+            f"{file_path} holds NaN or infinite values in {shown}; a model with these weights only produces "
+            "garbage. Use an earlier checkpoint of the run (training diverged, or the file was damaged)."
+        )
+    return tensors
 
 
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
     single = os.path.join(path, WEIGHTS_FILE)
     if os.path.exists(single):
-        return load_file(single)
+        return _load_weights_file(single)
     index = os.path.join(path, INDEX_FILE)
     if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        weight_map = _read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CorruptCheckpointError(f"{index} has no 'weight_map' object; the checkpoint folder is damaged.")
         tensors: dict[str, np.ndarray] = {}
-        for name in files:
-            tensors.update(load_file(os.path.join(path, name)))
+        for name in sorted(set(weight_map.values())):
+            tensors.update(_load_weights_file(os.path.join(path, name), named_by=index))
         return tensors
     raise HfFormatError(f"No {WEIGHTS_FILE} or {INDEX_FILE} in {path}; save the Hugging Face model with safe_serialization.")
+
+
+def _shapes_disagree(path: str, detail: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"The tensors in {path} do not have the shapes its config.json describes ({detail}): one of the files is "
+        "damaged, or they come from different models."
+    )
+
+
+def _check_shapes(model: Any, skeleton: Any, path: str) -> None:
+    # Weights whose layout needs no reshape would otherwise load at any size and fail only later.
+    loaded = jax.tree_util.tree_flatten_with_path(model)[0]
+    for (where, leaf), expected in zip(loaded, jax.tree.leaves(skeleton), strict=True):
+        if getattr(leaf, "shape", None) != getattr(expected, "shape", None):
+            detail = f"our {jax.tree_util.keystr(where)} has shape {tuple(leaf.shape)}, config.json implies {tuple(expected.shape)}"
+            raise _shapes_disagree(path, detail)
 
 
 def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False,
                     dtype: Any = jnp.float32) -> Any:
     """Load a local checkpoint folder of ``family`` (config.json + safetensors) as our model."""
     path = os.fspath(path)
-    config, vocab_size = family.config_from_hf(read_hf_config(path))
+    config, vocab_size = _config_of_family(family, path)
     config = dataclasses.replace(config, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing)
     tensors = family.canonical_names(_read_tensors(path))
 
@@ -295,22 +399,28 @@ def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool
     skeleton = eqx.filter_eval_shape(lambda: family.model_class(config, vocab_size, key=jax.random.PRNGKey(0)))
     layer_skeleton = eqx.filter_eval_shape(lambda: family.layer_class(config, key=jax.random.PRNGKey(0)))
     weights = family.layer_weights(config)
-    layers = []
-    for i in range(config.num_layers):
-        prefix = f"model.layers.{i}."
-        values = [as_array(w.from_hf(lambda suffix: take(prefix + suffix))) for w in weights]
-        layers.append(eqx.tree_at(lambda l: [attrgetter(w.ours)(l) for w in weights], layer_skeleton, values))
-    if use_scan:
-        stacked_layers: Any = Stacked(jax.tree.map(lambda *xs: jnp.stack(xs), *layers), config.num_layers)
-    else:
-        stacked_layers = tuple(layers)
+    try:
+        layers = []
+        for i in range(config.num_layers):
+            prefix = f"model.layers.{i}."
+            values = [as_array(w.from_hf(lambda suffix: take(prefix + suffix))) for w in weights]
+            layers.append(eqx.tree_at(lambda l: [attrgetter(w.ours)(l) for w in weights], layer_skeleton, values))
+        if use_scan:
+            stacked_layers: Any = Stacked(jax.tree.map(lambda *xs: jnp.stack(xs), *layers), config.num_layers)
+        else:
+            stacked_layers = tuple(layers)
 
-    model = eqx.tree_at(lambda m: m.embed.weight, skeleton, as_array(take("model.embed_tokens.weight")))
-    model = eqx.tree_at(lambda m: m.final_norm.weight, model, as_array(take("model.norm.weight")))
-    model = eqx.tree_at(lambda m: m.layers, model, stacked_layers)
-    if model.lm_head is not None:
-        # Some tied checkpoints still store lm_head.weight; untied ones must.
-        model = eqx.tree_at(lambda m: m.lm_head.weight, model, as_array(take("lm_head.weight").T))
+        model = eqx.tree_at(lambda m: m.embed.weight, skeleton, as_array(take("model.embed_tokens.weight")))
+        model = eqx.tree_at(lambda m: m.final_norm.weight, model, as_array(take("model.norm.weight")))
+        model = eqx.tree_at(lambda m: m.layers, model, stacked_layers)
+        if model.lm_head is not None:
+            # Some tied checkpoints still store lm_head.weight; untied ones must.
+            model = eqx.tree_at(lambda m: m.lm_head.weight, model, as_array(take("lm_head.weight").T))
+    except HfFormatError:
+        raise
+    except (ValueError, TypeError) as e:  # a head reshape or layer stack of tensors config.json did not predict
+        raise _shapes_disagree(path, str(e)) from e
+    _check_shapes(model, skeleton, path)
     tensors.pop("lm_head.weight", None)
     leftover = sorted(k for k in tensors if "rotary_emb" not in k)
     if leftover:

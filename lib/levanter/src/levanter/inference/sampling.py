@@ -3,6 +3,10 @@
 The prompt is run once (prefill) to fill a preallocated cache; each new token then costs one
 position's worth of compute, attending over the cached keys and values. The whole generation is
 one jitted ``while_loop`` that stops early once every row has produced ``eos_id``.
+
+Each chosen token's logits are checked to be finite: over NaNs, ``argmax`` and ``categorical``
+both pick token 0, which is often the EOS id, so a broken model would otherwise look like one that
+chose to say nothing. A row whose logits go non-finite stops there, and :func:`sample` raises.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from haliax.nn import rotary_cos_sin
 
 class SamplingError(ValueError):
     """Sampling arguments that cannot work with this model or prompt."""
+
+
+class NonFiniteLogitsError(FloatingPointError):
+    """The model produced NaN or infinite logits: its weights (or their dtype) are broken."""
 
 
 class KvCache(NamedTuple):
@@ -95,26 +103,29 @@ def _generate(model, prompt, key, temperature, top_p, *, max_new_tokens, eos_id,
     logits, cache = decode(model, prompt, cache, 0)
     key, sub = jax.random.split(key)
     token = choose(logits[:, -1], sub)
+    broken = ~jnp.all(jnp.isfinite(logits[:, -1]), axis=-1)
     out = jnp.full((batch, max_new_tokens), pad, jnp.int32).at[:, 0].set(token)
-    done = token == eos_id if eos_id is not None else jnp.zeros((batch,), bool)
+    done = broken | (token == eos_id) if eos_id is not None else broken
 
     def unfinished(state):
-        i, _, _, _, done, _ = state
+        i, _, _, _, done, _, _ = state
         return (i < max_new_tokens) & ~jnp.all(done)
 
     def step(state):
-        i, out, cache, token, done, key = state
+        i, out, cache, token, done, broken, key = state
         logits, cache = decode(model, token[:, None], cache, prompt_len + i - 1)
         key, sub = jax.random.split(key)
         token = jnp.where(done, pad, choose(logits[:, 0], sub))
         out = jax.lax.dynamic_update_slice(out, token[:, None], (0, i))
+        broken = broken | (~done & ~jnp.all(jnp.isfinite(logits[:, 0]), axis=-1))
+        done = done | broken
         if eos_id is not None:
             done = done | (token == eos_id)
-        return i + 1, out, cache, token, done, key
+        return i + 1, out, cache, token, done, broken, key
 
-    state = (jnp.asarray(1, jnp.int32), out, cache, token, done, key)
-    _, out, *_ = jax.lax.while_loop(unfinished, step, state)
-    return jnp.concatenate([prompt, out], axis=1)
+    state = (jnp.asarray(1, jnp.int32), out, cache, token, done, broken, key)
+    _, out, _, _, _, broken, _ = jax.lax.while_loop(unfinished, step, state)
+    return jnp.concatenate([prompt, out], axis=1), broken
 
 
 def sample(
@@ -133,7 +144,9 @@ def sample(
     Returns the prompt followed by the new tokens, with the same rank as ``prompt_ids`` and
     ``max_new_tokens`` more columns; after a row emits ``eos_id`` its remaining slots hold
     ``eos_id``. ``temperature=0`` is greedy decoding; ``top_k`` keeps the k most likely tokens;
-    ``top_p`` keeps the smallest set whose probability reaches ``top_p``.
+    ``top_p`` keeps the smallest set whose probability reaches ``top_p``. Raises
+    :class:`NonFiniteLogitsError` if the model's logits for a token it was choosing were NaN or
+    infinite (so this call waits for the result).
     """
     prompt = jnp.asarray(prompt_ids, jnp.int32)
     single = prompt.ndim == 1
@@ -154,9 +167,16 @@ def sample(
     greedy = temperature == 0
     if not greedy and key is None:
         raise SamplingError("Sampling with temperature > 0 needs a PRNG key (key=jax.random.PRNGKey(...)).")
-    out = _generate(
+    out, broken = _generate(
         model, prompt, key if key is not None else jax.random.PRNGKey(0),
         jnp.asarray(max(temperature, 1e-6), jnp.float32), jnp.asarray(top_p or 1.0, jnp.float32),
         max_new_tokens=max_new_tokens, eos_id=eos_id, greedy=greedy, top_k=top_k, use_top_p=top_p is not None,
     )
+    broken_rows = [int(row) for row in jnp.flatnonzero(broken)]
+    if broken_rows:
+        rows = "the prompt" if single else "prompt row(s) " + ", ".join(map(str, broken_rows))
+        raise NonFiniteLogitsError(
+            f"The model produced NaN or infinite logits while continuing {rows}: its weights are broken "
+            "(or overflow in their dtype). Check the checkpoint it was loaded from; the text it would give is meaningless."
+        )
     return out[0] if single else out

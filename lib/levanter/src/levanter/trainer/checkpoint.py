@@ -8,24 +8,101 @@ writes in a background thread so training continues while a checkpoint is writte
 
 Layout: ``<directory>/<step>/state/...``; ``step`` counts optimizer updates, so resuming from
 checkpoint ``k`` continues with batch index ``k`` of the data source.
+
+What goes wrong on real disks is handled here, not in the trainer: :meth:`Checkpointer.restore_latest`
+moves a committed checkpoint whose files no longer read back (truncated, deleted, garbled) aside
+to ``<step>.corrupt-<UTC time>`` with a WARNING and resumes from the one before it (a name Orbax
+never lists, so it is kept for inspection but never picked again); a full disk during a save is
+reported as :class:`CheckpointDiskFullError` instead of Orbax's error from its writer thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import re
+import shutil
 import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from rigging import filesystem as fsx
 
 logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read back into this run's state."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A committed checkpoint whose files are damaged: missing, truncated or unparsable."""
+
+
+class CheckpointDiskFullError(CheckpointError):
+    """A checkpoint could not be written because its disk (or quota) is full."""
+
+
+# TensorStore prefixes its errors with a status code. These say the storage could not be reached
+# or the machine ran out of something, not that the files are bad: such a checkpoint stays put.
+_PASSING_TROUBLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED",
+                    "CANCELLED", "ABORTED")
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from, outermost first (as a traceback shows them)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+
+
+def _root_cause(error: BaseException) -> str:
+    # The outer errors of Orbax's reader repeat a whole TensorStore spec; the innermost one is the
+    # sentence that says what is wrong with which file (TensorStore's carry a status code first).
+    innermost = list(_causes(error))[-1]
+    text = " ".join(str(innermost).split()).split(" [tensorstore_spec=")[0]
+    if not re.match(r"[A-Z_]+: ", text):
+        text = f"{type(innermost).__name__}: {text}" if text else type(innermost).__name__
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+def _is_passing_trouble(error: BaseException) -> bool:
+    for cause in _causes(error):
+        if isinstance(cause, (PermissionError, ConnectionError, TimeoutError, MemoryError)):
+            return True
+        if str(cause).startswith(_PASSING_TROUBLE):
+            return True
+    return False
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    for cause in _causes(error):
+        if isinstance(cause, OSError) and cause.errno in _DISK_FULL_ERRNOS:
+            return True
+        # TensorStore's array writes report the OS error in the text: "... [os_error_code='28']".
+        text = str(cause)
+        if any(os.strerror(code) in text or f"os_error_code='{code}'" in text for code in _DISK_FULL_ERRNOS):
+            return True
+    return False
+
+
+def _size(num_bytes: float) -> str:
+    if num_bytes < 1000:
+        return f"{num_bytes:.0f} B"
+    for unit in ("KB", "MB", "GB"):
+        num_bytes /= 1000
+        if num_bytes < 1000:
+            return f"{num_bytes:.1f} {unit}"
+    return f"{num_bytes / 1000:.1f} TB"
 
 
 def _flat_name(path) -> str:
@@ -98,7 +175,8 @@ class Checkpointer:
             return
         flat, _ = flatten_state(state)
         started = time.monotonic()
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat)), force=True)
+        with self._writing():  # an asynchronous save's failure surfaces in the next save (or wait)
+            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat)), force=True)
         self._last_save_time = time.monotonic()
         logger.info("Checkpoint of step %d handed to the writer in %.2fs (%s).", step, time.monotonic() - started, self.directory)
 
@@ -112,27 +190,136 @@ class Checkpointer:
         return os.path.join(self.directory, str(step))
 
     def restore(self, step: int, template: Any) -> Any:
-        """The state saved at ``step``, with ``template``'s structure, dtypes and shardings."""
+        """The state saved at ``step``, with ``template``'s structure, dtypes and shardings.
+
+        Raises :class:`UnreadableCheckpointError` when its files are damaged, and
+        :class:`CheckpointError` when it holds another model/optimizer or its storage cannot be
+        reached.
+        """
         flat_template, _ = flatten_state(template)
         abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
             for k, v in flat_template.items()
         }
-        self._check_matches(step, abstract)
-        try:
+        with self._reading(step):
+            stored = self._manager.item_metadata(step)["state"]
+        self._check_matches(step, abstract, getattr(stored, "tree", stored))
+        # Names, shapes and dtypes match, so a failure from here on is in the files themselves.
+        with self._reading(step):
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-        except (KeyError, ValueError) as e:
-            raise CheckpointError(
-                f"Checkpoint {self.path_of(step)} does not match this run's model/optimizer ({e}). "
-                "Point the run at a fresh output folder or use the same configuration."
-            ) from e
         return unflatten_state(restored["state"], template)
 
-    def _check_matches(self, step: int, abstract: dict[str, jax.ShapeDtypeStruct]) -> None:
+    def restore_latest(self, template: Any) -> tuple[int, Any] | None:
+        """``(step, state)`` of the newest checkpoint that reads back; None when there is none.
+
+        A damaged checkpoint is moved aside (see the module docstring) with a WARNING naming it,
+        and the one before it tried; when none is left, training starts from scratch, with a
+        WARNING saying so. A checkpoint of another model or optimizer still raises
+        :class:`CheckpointError`: an older one would not match either, and it is not damaged.
+        """
+        set_aside = []
+        for step in reversed(self.all_steps()):
+            try:
+                return step, self.restore(step, template)
+            except UnreadableCheckpointError as e:
+                if jax.process_count() > 1:
+                    # Each process reads its own shards, so they may disagree on which checkpoint is
+                    # good; falling back on their own could resume them from different steps.
+                    raise CheckpointError(
+                        f"{e} This run has {jax.process_count()} processes, which cannot agree on falling back "
+                        f"by themselves: move it aside (mv {self.path_of(step)} {self.path_of(step)}.corrupt) and run again."
+                    ) from e
+                set_aside.append(self._set_aside(step, e))
+        if set_aside:
+            logger.warning(
+                "No checkpoint in %s could be read (%s kept for inspection); training starts from scratch at step 0.",
+                self.directory, ", ".join(set_aside),
+            )
+        return None
+
+    def _set_aside(self, step: int, error: UnreadableCheckpointError) -> str:
+        """Rename an unreadable step folder to ``<step>.corrupt-<UTC time>``; returns the new path."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = f"{self.path_of(step)}.corrupt-{stamp}"
+        suffix = 1
+        while fsx.exists(target):
+            target = f"{self.path_of(step)}.corrupt-{stamp}-{suffix}"
+            suffix += 1
+        fs, source_path = fsx.filesystem(self.path_of(step))
+        try:
+            fs.mv(source_path, fsx.filesystem(target)[1], recursive=True)
+        except OSError as e:
+            # Left where it is, the step would be tried first again, and never saved again.
+            raise CheckpointError(
+                f"{error} Moving it aside to {target} failed ({e}); move or delete it yourself and run again."
+            ) from e
+        self._manager.reload()  # forget the step, so that it is neither restored nor garbage-collected
+        logger.warning("%s Moved it to %s (kept for inspection) and trying the checkpoint before it.", error, target)
+        return target
+
+    @contextlib.contextmanager
+    def _reading(self, step: int) -> Iterator[None]:
+        """Turn the reader's errors into an unreadable checkpoint, unless the storage was only out of reach."""
+        try:
+            yield
+        except CheckpointError:
+            raise
+        except Exception as e:
+            if _is_passing_trouble(e):
+                raise CheckpointError(
+                    f"Checkpoint {self.path_of(step)} could not be read ({_root_cause(e)}); it was left in place. "
+                    "Check that its storage is reachable and run again."
+                ) from e
+            raise UnreadableCheckpointError(f"Checkpoint {self.path_of(step)} cannot be read: {_root_cause(e)}.") from e
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Report a full disk as such; Orbax raises it from its writer thread as an OSError or a
+        TensorStore ValueError, with the writer's asyncio internals in the traceback."""
+        try:
+            yield
+        except Exception as e:
+            if _is_disk_full(e):
+                raise CheckpointDiskFullError(self._disk_full_message()) from e
+            raise
+
+    def _disk_full_message(self) -> str:
+        where = self.directory
+        if fsx.is_local(self.directory):
+            with contextlib.suppress(OSError):  # the figure helps; its absence must not hide the error
+                usage = shutil.disk_usage(self.directory)
+                where += f" ({_size(usage.free)} free of {_size(usage.total)})"
+        # Orbax lists a step only once its save is committed, so the newest listed one is whole.
+        self._manager.reload()
+        newest = self.latest_step()
+        if newest is None:
+            kept = "There is no complete checkpoint yet."
+        else:
+            kept = f"The newest complete checkpoint is step {newest}, and a rerun resumes from it.{self._size_note(newest)}"
+        return (
+            f"Disk full: a checkpoint could not be written to {where}. {kept} Free space there (delete old runs, "
+            "or keep fewer checkpoints with keep_last_checkpoints) or give the run an output folder on a bigger "
+            "disk, then run again; the half-written checkpoint is removed when the next run starts."
+        )
+
+    def _size_note(self, step: int) -> str:
+        if not fsx.is_local(self.directory):
+            return ""
+        total = 0
+        try:
+            for folder, _, files in os.walk(self.path_of(step)):
+                total += sum(os.path.getsize(os.path.join(folder, name)) for name in files)
+        except OSError:
+            return ""
+        return f" Each checkpoint takes about {_size(total)}."
+
+    def _check_matches(self, step: int, abstract: dict[str, jax.ShapeDtypeStruct], stored: Any) -> None:
         """Compare names, shapes and dtypes with the stored metadata first, so a mismatch is one
         clear error instead of a failure deep inside the restore's worker tasks."""
-        stored = self._manager.item_metadata(step)["state"]
-        stored = getattr(stored, "tree", stored)
+        if not isinstance(stored, Mapping) or not all(hasattr(v, "shape") and hasattr(v, "dtype") for v in stored.values()):
+            raise UnreadableCheckpointError(
+                f"Checkpoint {self.path_of(step)} cannot be read: its metadata does not list the saved arrays."
+            )
         problems = []
         for name in sorted(set(abstract) | set(stored)):
             if name not in stored:
@@ -153,8 +340,10 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until every started save is committed to disk."""
-        self._manager.wait_until_finished()
+        with self._writing():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        with self._writing():
+            self._manager.wait_until_finished()
         self._manager.close()
