@@ -1,9 +1,12 @@
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import time
+
+import pytest
 
 from rigging.lease import Lease, LeaseRecord
 
@@ -75,3 +78,108 @@ def test_memory_filesystem_lease():
     first.release()
     assert second.try_acquire()
     second.release()
+
+
+# -- staleness is judged by the holder's own terms ------------------------------------------------
+
+
+def test_staleness_uses_the_holders_ttl_not_the_readers(tmp_path):
+    url = str(tmp_path / "lock")
+    # A holder started with a 10-minute TTL whose last heartbeat is 30 s old is alive by its own terms.
+    _write_record(url, host="another-host", pid=1, heartbeat_at=time.time() - 30, ttl_s=600.0, heartbeat_s=60.0)
+    impatient = Lease(url, ttl_s=5)
+    assert not impatient.try_acquire()
+    assert impatient.read().holder == "someone"
+
+
+def test_a_record_without_a_ttl_falls_back_to_the_readers(tmp_path):
+    url = str(tmp_path / "lock")
+    _write_record(url, host="another-host", pid=1, heartbeat_at=time.time() - 30)  # written by an older version
+    lease = Lease(url, ttl_s=5)
+    assert lease.try_acquire()
+    lease.release()
+
+
+def test_the_record_names_the_holders_ttl_heartbeat_and_process(tmp_path):
+    lease = Lease(str(tmp_path / "lock"), ttl_s=120, heartbeat_s=7)
+    assert lease.try_acquire()
+    try:
+        record = lease.read()
+        assert (record.ttl_s, record.heartbeat_s, record.pid) == (120, 7, os.getpid())
+        if os.path.exists(f"/proc/{os.getpid()}/stat"):
+            assert record.pid_started is not None
+    finally:
+        lease.release()
+
+
+@pytest.fixture
+def live_process():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def test_a_live_local_holder_is_never_taken_over_however_old_its_heartbeat(tmp_path, live_process, caplog):
+    url = str(tmp_path / "lock")
+    _write_record(url, pid=live_process.pid, heartbeat_at=time.time() - 3600, ttl_s=1.0)
+    lease = Lease(url, ttl_s=1)
+    with caplog.at_level(logging.INFO, logger="rigging.lease"):
+        assert not lease.try_acquire()
+        assert not lease.try_acquire()
+    assert lease.read().holder == "someone"
+    assert "is alive" in caplog.text and str(live_process.pid) in caplog.text
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="process start times are read from /proc")
+def test_a_reused_pid_is_recognised_as_another_process(tmp_path, live_process):
+    url = str(tmp_path / "lock")
+    # The recorded holder had this pid once, but started at another time: it is gone.
+    _write_record(url, pid=live_process.pid, pid_started="1", ttl_s=600.0)
+    lease = Lease(url, ttl_s=600)
+    assert lease.try_acquire()
+    lease.release()
+
+
+def test_a_heartbeat_in_the_future_is_suspect_until_the_record_stops_changing(tmp_path, caplog):
+    url = str(tmp_path / "lock")
+    _write_record(url, host="another-host", pid=1, heartbeat_at=time.time() + 3600, ttl_s=0.5)
+    lease = Lease(url, ttl_s=600)
+    with caplog.at_level(logging.WARNING, logger="rigging.lease"):
+        assert not lease.try_acquire()  # age unknown: start watching the record
+    assert "in the future" in caplog.text and url in caplog.text
+    time.sleep(0.7)  # unchanged for longer than the holder's TTL, as this reader saw it
+    assert lease.try_acquire()
+    lease.release()
+
+
+def test_a_future_heartbeat_that_keeps_changing_is_not_taken_over(tmp_path):
+    url = str(tmp_path / "lock")
+    lease = Lease(url, ttl_s=600)
+    deadline = time.monotonic() + 1.2
+    while time.monotonic() < deadline:
+        # A live holder with a fast clock: its heartbeat moves, so it is alive whatever the clocks say.
+        _write_record(url, host="another-host", pid=1, heartbeat_at=time.time() + 3600, ttl_s=0.5)
+        assert not lease.try_acquire()
+        time.sleep(0.1)
+    assert lease.read().holder == "someone"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="process start times are read from /proc")
+def test_an_earlier_process_that_had_this_pid_is_recognised(tmp_path):
+    url = str(tmp_path / "lock")
+    _write_record(url, pid=os.getpid(), pid_started="1", ttl_s=600.0)  # e.g. a restarted container's runner
+    lease = Lease(url, ttl_s=600)
+    assert lease.try_acquire()
+    lease.release()
+
+
+def test_a_holder_in_another_pid_namespace_is_judged_by_its_heartbeat(tmp_path):
+    url = str(tmp_path / "lock")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    # Same host name, but another container (or boot): that pid means nothing here, the heartbeat does.
+    _write_record(url, pid=gone.pid, pid_namespace="another-boot/pid:[1]", ttl_s=600.0)
+    assert not Lease(url, ttl_s=600).try_acquire()

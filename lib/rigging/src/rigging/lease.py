@@ -3,24 +3,48 @@
 A lease guards work that must happen once (one step, one shard) even when several processes on
 several machines race for it. The lock file is JSON::
 
-    {"holder": "<uuid>", "host": "...", "pid": 123, "acquired_at": 1.7e9, "heartbeat_at": 1.7e9}
+    {"holder": "<uuid>", "host": "...", "pid": 123, "pid_started": "8812345", "pid_namespace": "...",
+     "acquired_at": 1.7e9, "heartbeat_at": 1.7e9, "ttl_s": 60.0, "heartbeat_s": 10.0}
 
 The holder rewrites ``heartbeat_at`` every ``heartbeat_s`` seconds from a background thread. A
-lease is *stale*, and may be taken over, when its heartbeat is older than ``ttl_s`` or when its
-holder was a process on this host that no longer exists (so a crashed local run is retaken at
-once instead of after the time-out). A holder that finds the file gone or naming someone else
-sets :attr:`Lease.lost` and the :attr:`Lease.lost_event`; the work it guards should stop.
+holder that finds the file gone or naming someone else sets :attr:`Lease.lost` and the
+:attr:`Lease.lost_event`; the work it guards should stop.
+
+When may another process take a lease over (is it *stale*)? The holder is judged by its own
+terms, never the reader's, and a live process is never robbed:
+
+1. **A process of this machine** (same host name and, on Linux, same boot and pid namespace, so a
+   pid means the same process to both): stale at once if that pid is gone, a zombie, or was reused
+   by a process that started at another time than the one recorded (``pid_started``, the start
+   time from ``/proc/<pid>/stat``; where that cannot be read, a reused pid looks alive and the
+   lease waits for the newcomer to exit). While the process lives the lease is *never* stale,
+   however old its heartbeat: a stuck local process is stuck, not gone; stop it to free the lease.
+2. **Anyone else**: stale when ``heartbeat_at`` is older than the holder's recorded ``ttl_s``
+   (records without one, from older versions, are judged by the reader's ``ttl_s``). This trusts
+   the two clocks to agree to well within a TTL.
+3. **A heartbeat in the future** by more than :data:`CLOCK_SKEW_TOLERANCE_S` (a wrong clock, or a
+   garbage value) says nothing about the holder's age. The reader warns, then measures with its own
+   monotonic clock how long the record has stayed byte-for-byte the same: a live holder rewrites
+   it every heartbeat, so a record unchanged for longer than the holder's TTL belongs to nobody.
+   A fast-clocked live holder is therefore never taken over, and a dead one is, one TTL after the
+   reader first saw its last record.
+
+Taking a stale lease over removes the judged record only if it is still exactly what was judged
+(on local disk by an atomic rename aside), then creates the lock with
+:func:`rigging.filesystem.create_exclusive`; on local disk that is exclusive between processes,
+on object stores it is check-then-write and the winner is confirmed by reading the file back.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rigging import filesystem as fsx
 from rigging.log import get_logger
@@ -29,6 +53,9 @@ logger = get_logger(__name__)
 
 DEFAULT_TTL_S = 60.0
 DEFAULT_HEARTBEAT_S = 10.0
+# How far in the future a heartbeat may be before its age counts as unknown: well above the skew of
+# NTP-synchronised machines, well below any useful TTL.
+CLOCK_SKEW_TOLERANCE_S = 5.0
 
 
 class LeaseError(RuntimeError):
@@ -46,34 +73,98 @@ class LeaseRecord:
     pid: int
     acquired_at: float
     heartbeat_at: float
+    # Absent (None) in records written by older versions.
+    ttl_s: float | None = None
+    heartbeat_s: float | None = None
+    pid_started: str | None = None
+    pid_namespace: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True)
+        return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "LeaseRecord | None":
         try:
             data = json.loads(text)
-            return cls(**{k: data[k] for k in ("holder", "host", "pid", "acquired_at", "heartbeat_at")})
-        except (ValueError, KeyError, TypeError):
+            return cls(
+                holder=str(data["holder"]),
+                host=str(data["host"]),
+                pid=int(data["pid"]),
+                acquired_at=float(data["acquired_at"]),
+                heartbeat_at=float(data["heartbeat_at"]),
+                ttl_s=_positive_or_none(data.get("ttl_s")),
+                heartbeat_s=_positive_or_none(data.get("heartbeat_s")),
+                pid_started=None if data.get("pid_started") is None else str(data["pid_started"]),
+                pid_namespace=None if data.get("pid_namespace") is None else str(data["pid_namespace"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None  # a torn or foreign file counts as no valid holder
 
 
-def _process_alive(pid: int) -> bool:
+def _positive_or_none(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+# -- who a pid is -------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) from ``/proc/<pid>/stat``; None off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    # Field 2, the command name, may hold spaces and parentheses; the fields after its last ")" do not.
+    fields = text.rsplit(")", 1)[-1].split()
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def _process_start_time(pid: int) -> str | None:
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
+def _pid_namespace() -> str | None:
+    """The boot and pid namespace this process's pids belong to (Linux), or None where unknown.
+
+    Containers can share a host name but not pids; after a reboot old pids mean nothing.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as handle:
+            boot = handle.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def _process_alive(pid: int, started: str | None) -> bool:
+    """Whether ``pid`` is a running process (not a zombie) that started at ``started`` (if known)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        pass  # exists, owned by someone else
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True  # no /proc: existence is all we can tell
+    state, start_time = stat
+    if state in ("Z", "X"):
+        return False  # exited, waiting for its parent to collect it
+    return started is None or start_time == started
 
 
 class Lease:
     """A lease on ``url`` (the lock file itself).
 
     Use :meth:`acquire` / :meth:`release`, or ``with Lease(url) as lease:`` which waits until it
-    holds the lease. ``holder_id`` defaults to a fresh random id per instance.
+    holds the lease. ``holder_id`` defaults to a fresh random id per instance. ``ttl_s`` and
+    ``heartbeat_s`` are written into the lock file: others judge this holder by them.
     """
 
     def __init__(
@@ -96,7 +187,12 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._host = socket.gethostname()
+        self._pid_started = _process_start_time(os.getpid())
+        self._pid_namespace = _pid_namespace()
         self._acquired_at = 0.0
+        # The record whose age is unknown (future heartbeat) and when this reader first saw it.
+        self._watched: tuple[LeaseRecord, float] | None = None
+        self._reported: set[tuple[str, str]] = set()  # (what, holder): say each thing once, not every poll
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -114,18 +210,82 @@ class Lease:
         return None if text is None else LeaseRecord.from_json(text)
 
     def is_stale(self, record: LeaseRecord | None, now: float | None = None) -> bool:
+        """Whether ``record``'s holder may be taken over (the rules are in the module docstring).
+
+        A record with a future heartbeat becomes stale only through repeated calls that see it
+        unchanged, so call this each time the lock file is read, as :meth:`acquire` does.
+        """
         if record is None:
             return True
-        now = time.time() if now is None else now
-        if now - record.heartbeat_at > self.ttl_s:
-            return True
-        return record.host == self._host and record.pid != os.getpid() and not _process_alive(record.pid)
+        alive = self._local_holder_alive(record)
+        if alive is not None:
+            if alive:
+                self._report_live_local_holder(record, now)
+            return not alive
+        ttl = record.ttl_s or self.ttl_s
+        age = (time.time() if now is None else now) - record.heartbeat_at
+        if math.isfinite(age) and age >= -CLOCK_SKEW_TOLERANCE_S:
+            return age > ttl
+        self._report_future_heartbeat(record, age, ttl)
+        return self._unchanged_for(record) > ttl
+
+    def _local_holder_alive(self, record: LeaseRecord) -> bool | None:
+        """Whether the holder's process lives, if it is one this process can look at; else None."""
+        if record.host != self._host:
+            return None
+        if record.pid_namespace is not None and record.pid_namespace != self._pid_namespace:
+            return None  # same name, but another container or boot: its pids are not ours to check
+        if record.pid == os.getpid() and record.pid_started in (None, self._pid_started):
+            return None  # another lease object of this process: its heartbeat thread speaks for it
+        return _process_alive(record.pid, record.pid_started)
+
+    def _unchanged_for(self, record: LeaseRecord) -> float:
+        now = time.monotonic()
+        if self._watched is None or self._watched[0] != record:
+            self._watched = (record, now)
+        return now - self._watched[1]
+
+    def _report_once(self, what: str, record: LeaseRecord) -> bool:
+        key = (what, record.holder)
+        if key in self._reported:
+            return False
+        self._reported.add(key)
+        return True
+
+    def _report_live_local_holder(self, record: LeaseRecord, now: float | None) -> None:
+        if self._report_once("alive", record):
+            age = (time.time() if now is None else now) - record.heartbeat_at
+            logger.info(
+                "Lease %s is held by pid %d on this host, which is alive (last heartbeat %.0f s ago); "
+                "waiting for it to finish. If that process is stuck, stop it (kill %d) to free the lease.",
+                self.url, record.pid, age, record.pid,
+            )
+
+    def _report_future_heartbeat(self, record: LeaseRecord, age: float, ttl: float) -> None:
+        if self._report_once("future", record):
+            logger.warning(
+                "Lease %s: the heartbeat of holder %s (%s, pid %d) is %.0f s in the future, so its age is "
+                "unknown (a clock is wrong, or the file holds garbage). It counts as stale only once it stays "
+                "unchanged for %.0f s (the holder's TTL) from now. Check the clocks (NTP) of both machines; "
+                "if no runner is alive, delete the lock file %s.",
+                self.url, record.holder, record.host, record.pid, -age, ttl, self.url,
+            )
 
     # -- acquiring --------------------------------------------------------------------------------
 
     def _record(self) -> LeaseRecord:
         now = time.time()
-        return LeaseRecord(self.holder_id, self._host, os.getpid(), self._acquired_at or now, now)
+        return LeaseRecord(
+            holder=self.holder_id,
+            host=self._host,
+            pid=os.getpid(),
+            acquired_at=self._acquired_at or now,
+            heartbeat_at=now,
+            ttl_s=self.ttl_s,
+            heartbeat_s=self.heartbeat_s,
+            pid_started=self._pid_started,
+            pid_namespace=self._pid_namespace,
+        )
 
     def try_acquire(self) -> bool:
         """Take the lease if it is free or stale; never waits. True when this instance holds it."""

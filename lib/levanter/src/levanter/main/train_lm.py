@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from rigging import filesystem as fsx
 
 from levanter.optim import OptimizerConfig
 from levanter.trainer import EvalSources, Trainer, TrainerConfig
+from levanter.trainer.stopping import StopSource
 from levanter.trainer.trainer import DataSource
 
 logger = logging.getLogger("levanter.train_lm")
@@ -107,9 +109,19 @@ def _export_hf(model, out_dir: str, tokenizer: str | None) -> str | None:
     return export_to_hf(model, out_dir, tokenizer_dir_or_obj=tokenizer_arg)
 
 
-def train_lm(config: TrainLmConfig, train_source: DataSource, eval_sources: EvalSources | None = None) -> TrainLmResult:
+def train_lm(
+    config: TrainLmConfig,
+    train_source: DataSource,
+    eval_sources: EvalSources | None = None,
+    *,
+    stop_sources: Iterable[StopSource] = (),
+) -> TrainLmResult:
     """Train ``config.model`` on ``train_source`` (resuming from ``output_path/checkpoints`` if a
-    checkpoint is there), evaluate on ``eval_sources``, and write the output folder."""
+    checkpoint is there), evaluate on ``eval_sources``, and write the output folder.
+
+    ``stop_sources`` are polled between steps (:mod:`levanter.trainer.stopping`); an ABANDON
+    request also keeps ``eval.json`` and the Hugging Face export from being written.
+    """
     _ensure_logging()
     out = os.path.abspath(config.output_path)
     os.makedirs(out, exist_ok=True)
@@ -123,14 +135,17 @@ def train_lm(config: TrainLmConfig, train_source: DataSource, eval_sources: Eval
         output_dir=out,
         flops_per_token=flops,
         run_config=config.to_dict(),
+        stop_sources=stop_sources,
     )
     result = trainer.train(lambda key: model_config.build(config.vocab_size, key=key), train_source, eval_sources)
 
     eval_path = os.path.join(out, "eval.json")
+    trainer.raise_if_abandoned(result.final_step)
     _write_json_atomically(
         eval_path,
         {"step": result.final_step, "train_loss": result.final_train_loss, "eval": result.eval_losses},
     )
+    trainer.raise_if_abandoned(result.final_step)
     hf_path = _export_hf(result.model, os.path.join(out, "hf"), config.tokenizer) if config.export_hf else None
     trainer.checkpointer.close()
     return TrainLmResult(

@@ -62,6 +62,12 @@ class Prefetcher:
             self._put(self._DONE)
         except BaseException as e:  # surfaced in the training thread
             self._put(e)
+        finally:
+            # Stop the source's own threads (a loader's read-ahead) now rather than whenever the
+            # generator is collected: see close().
+            close_source = getattr(it, "close", None)
+            if close_source is not None:
+                close_source()
 
     def _put(self, item) -> None:
         while not self._stop.is_set():
@@ -80,4 +86,11 @@ class Prefetcher:
         return item
 
     def close(self) -> None:
+        """Stop reading ahead and wait for the thread (and the source's threads) to end.
+
+        Waiting matters: a daemon thread still inside a device copy when the interpreter exits is
+        ended mid-call by the C++ runtime, which aborts the whole process ("terminate called after
+        throwing an instance of ''"), turning a clean stop (a preemption, an error) into a crash.
+        """
         self._stop.set()
+        self._thread.join(timeout=30)

@@ -3,7 +3,9 @@
 The host loop stays thin: step ``k+1`` is dispatched before the scalars of step ``k`` are fetched,
 so the device always has queued work while the host writes metrics; batches are prepared in a
 background thread. Every step gets a line in ``metrics.jsonl``; a non-finite loss stops the run
-with the step's number, before that state can be checkpointed.
+with the step's number, before that state can be checkpointed. Between steps the loop asks its stop
+sources (see :mod:`levanter.trainer.stopping`; SIGTERM is one) whether to checkpoint and stop, or
+to stop writing at once.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_de
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.state import TrainState
 from levanter.trainer.step import build_step_functions
+from levanter.trainer.stopping import (
+    StopAction,
+    StopRequest,
+    StopSignal,
+    StopSource,
+    TrainingAbandoned,
+    TrainingPreempted,
+    first_stop_request,
+)
 from levanter.trainer.tracker import build_trackers
 
 logger = logging.getLogger("levanter.trainer")
@@ -42,11 +53,6 @@ logger = logging.getLogger("levanter.trainer")
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
-
-
-class TrainingPreempted(RuntimeError):
-    """SIGTERM arrived (a preemption notice); the state was checkpointed and the run stopped.
-    Running the same command again resumes from that checkpoint."""
 
 
 class DataSource(Protocol):
@@ -85,6 +91,8 @@ class Trainer:
     ``output_dir`` receives ``checkpoints/``, ``metrics.jsonl`` and tracker folders. If it already
     holds checkpoints, training resumes from the newest one. ``flops_per_token`` (a number, or a
     function of the sequence length, called once the first batch arrives) enables MFU.
+    ``stop_sources`` are polled between steps (:mod:`levanter.trainer.stopping`); SIGTERM, when
+    training runs in the main thread, is one more.
     """
 
     def __init__(
@@ -97,6 +105,7 @@ class Trainer:
         run_config: Mapping[str, Any] | None = None,
         hooks: Iterable[StepHook] = (),
         asynchronous_checkpoints: bool = True,
+        stop_sources: Iterable[StopSource] = (),
     ):
         self.config = config
         self.optimizer_config = optimizer
@@ -104,6 +113,8 @@ class Trainer:
         self.flops_per_token = flops_per_token
         self.run_config = dict(run_config or {})
         self.hooks = list(hooks)
+        self.stop_sources = list(stop_sources)
+        self._sigterm = StopSignal()  # replaced by each train(): a finished run's SIGTERM is not the next one's
         # A job launched as several replicas joins jax.distributed here, before anything asks JAX
         # for its devices; the mesh below then spans the devices of every process.
         initialize_distributed()
@@ -227,9 +238,9 @@ class Trainer:
         cfg = self.config
         eval_sources = dict(eval_sources or {})
         state, static, optimizer = self.init_state(init_model)
-        resumed_from = self.checkpointer.latest_step()
+        # The newest checkpoint that reads back; damaged ones are set aside (see Checkpointer.restore_latest).
+        resumed_from, state = self.checkpointer.restore_latest(state) or (None, state)
         if resumed_from is not None:
-            state = self.checkpointer.restore(resumed_from, state)
             logger.info("Resumed from checkpoint step %d in %s.", resumed_from, self.checkpointer.directory)
         start_step = int(state.step)
 
@@ -270,6 +281,7 @@ class Trainer:
                 logger.info("Nothing to train: checkpoint step %d already reaches num_train_steps.", start_step)
                 last_loss = _last_logged_loss(self.metrics_path)
                 eval_losses = self.evaluate(state.params, eval_sources)
+            self.raise_if_abandoned(int(state.step))
             if cfg.checkpoint_at_end:
                 self.checkpointer.save(int(state.step), state)
             self.checkpointer.wait()
@@ -293,17 +305,39 @@ class Trainer:
         )
 
     def _install_sigterm_handler(self):
-        """Turn SIGTERM (how schedulers announce preemption) into checkpoint-then-stop at the end of
-        the current step. Signals can only be handled in the main thread; elsewhere, nothing."""
-        self._sigterm_received = False
+        """Turn SIGTERM (how schedulers announce preemption) into a PREEMPT request: checkpoint at
+        the end of the current step, then stop. Signals can only be handled in the main thread;
+        code that trains in another thread passes its own stop source for them."""
+        self._sigterm = StopSignal()
         if threading.current_thread() is not threading.main_thread():
             return None
 
         def on_sigterm(signum, frame):
             logger.warning("SIGTERM received: checkpointing after the current step, then stopping.")
-            self._sigterm_received = True
+            self._sigterm.request(StopAction.PREEMPT, "SIGTERM (preemption notice)")
 
         return signal.signal(signal.SIGTERM, on_sigterm)
+
+    def stop_request(self) -> StopRequest | None:
+        """What the stop sources ask for now (ABANDON before PREEMPT), or None to keep going."""
+        return first_stop_request([self._sigterm, *self.stop_sources])
+
+    def raise_if_abandoned(self, step: int) -> None:
+        """Raise :class:`TrainingAbandoned` if a stop source says the output is no longer ours.
+
+        Called before anything is written outside the loop (the final checkpoint here, the eval
+        record and export in ``train_lm``), so a run that lost its output writes nothing more.
+        """
+        stop = self.stop_request()
+        if stop is not None and stop.action is StopAction.ABANDON:
+            raise self._abandoned(step, stop)
+
+    def _abandoned(self, step: int, stop: StopRequest) -> TrainingAbandoned:
+        logger.error("Stopping at step %d without writing anything more: %s", step, stop.reason)
+        return TrainingAbandoned(
+            f"Training stopped at step {step} and wrote nothing more to {self.output_dir}: {stop.reason}. "
+            "Whoever owns that folder now carries on; checkpoints written before this are kept."
+        )
 
     def _run_loop(self, state, start_step, train_source, eval_sources, trackers, history):
         cfg = self.config
@@ -393,25 +427,32 @@ class Trainer:
                     if callable(self.flops_per_token):
                         self.flops_per_token = float(self.flops_per_token(host_batch.seq_len))
                 state, metrics = self._steps.train_step(state, device_batch)
+                step = step_index + 1
+                self.raise_if_abandoned(step)  # before the previous step's metrics are written
                 if pending is not None:
                     record(*pending)  # the previous step, while this one runs
-                step = step_index + 1
                 pending = (step, metrics)
+                # Asked again: a signal or a hook may have asked while those metrics were written.
+                stop = self.stop_request()
+                if stop is not None and stop.action is StopAction.ABANDON:
+                    raise self._abandoned(step, stop)
 
                 is_last = step == cfg.num_train_steps
                 do_eval = bool(eval_sources) and (is_last or (cfg.eval_every and step % cfg.eval_every == 0))
-                preempted = self._sigterm_received and not is_last
+                # On the last step a preemption changes nothing: the run ends and saves anyway.
+                preempted = stop is not None and not is_last
                 do_checkpoint = not is_last and (preempted or self.checkpointer.due(step))
                 if do_eval or do_checkpoint or is_last:
                     record(*pending)
                     pending = None
                 if do_checkpoint:
+                    self.raise_if_abandoned(step)  # asked while the metrics were written?
                     self.checkpointer.save(step, state)
                 if preempted:
                     self.checkpointer.wait()
                     raise TrainingPreempted(
-                        f"Stopped by SIGTERM after step {step}; checkpoint saved in {self.checkpointer.path_of(step)}. "
-                        "Run again to resume."
+                        f"Stopped after step {step}: {stop.reason}. Checkpoint saved in "
+                        f"{self.checkpointer.path_of(step)}; run again to resume."
                     )
                 if do_eval:
                     eval_losses = self.evaluate(state.params, eval_sources)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,11 +12,20 @@ from rigging.lease import LeaseLostError
 
 from marin.execution.artifact import Artifact, load_artifact
 from marin.execution.identity import InvalidStepError
+from marin.execution.interrupts import Interrupt, interrupt_of
 from marin.execution.step_spec import StepSpec
 
 
 class RunCancelled(RuntimeError):
-    """The runner was interrupted (Ctrl-C) and asks running steps to stop."""
+    """The runner was interrupted (Ctrl-C or SIGTERM) and asks running steps to stop."""
+
+
+class StopReason(enum.Enum):
+    """Why a running step should stop; see :meth:`StepContext.stop_reason`."""
+
+    LEASE_LOST = "lease lost"  # another runner may own the output now: write nothing more
+    INTERRUPTED = "interrupted"  # Ctrl-C: stop soon, saving what lets a rerun resume
+    PREEMPTED = "preempted"  # SIGTERM: the same, and the machine is going away
 
 
 @dataclass(frozen=True)
@@ -24,7 +34,8 @@ class StepContext:
 
     ``dep_output_paths`` maps each dependency's identity to where its output lives in this run.
     Long-running steps should call :meth:`check_lease` now and then (for example once per training
-    step) so they stop promptly if another runner took the step over.
+    step) so they stop promptly if another runner took the step over or the run was interrupted.
+    Steps that can save progress ask :meth:`stop_reason` instead, to save first when that is allowed.
     """
 
     output_path: str
@@ -67,13 +78,28 @@ class StepContext:
     def lost_lease(self) -> bool:
         return self.lease_lost.is_set()
 
+    def stop_reason(self) -> StopReason | None:
+        """Whether this step should stop now, and why; None to carry on. Cheap enough for every step.
+
+        A lost lease comes first: a step that lost it must not write even a checkpoint, whatever
+        else happened. With Ctrl-C or SIGTERM a step may save what lets a rerun resume, then stop.
+        """
+        if self.lease_lost.is_set():
+            return StopReason.LEASE_LOST
+        interrupt = interrupt_of(self.cancelled)
+        if interrupt is None:
+            return None
+        return StopReason.PREEMPTED if interrupt is Interrupt.SIGTERM else StopReason.INTERRUPTED
+
     def check_lease(self) -> None:
-        """Raise if another runner took this step over, or the run was interrupted (Ctrl-C).
+        """Raise if another runner took this step over, or the run was interrupted (Ctrl-C, SIGTERM).
 
         Raises :class:`LeaseLostError` or :class:`RunCancelled`.
         """
-        if self.cancelled.is_set():
-            raise RunCancelled(f"The run was interrupted; step {self.step.name!r} stops here.")
+        interrupt = interrupt_of(self.cancelled)
+        if interrupt is not None:
+            how = "interrupted (Ctrl-C)" if interrupt is Interrupt.CTRL_C else "preempted (SIGTERM)"
+            raise RunCancelled(f"The run was {how}; step {self.step.name!r} stops here.")
         if self.lease_lost.is_set():
             raise LeaseLostError(
                 f"Step {self.step.name!r} lost its lease on {self.output_path}; stopping so two runners do not both write it."
