@@ -116,7 +116,56 @@ def test_optimizers_minimise_a_quadratic(config):
 
 def test_clipping_bounds_the_update():
     params = {"x": jnp.zeros(4)}
-    sgd_like = AdamConfig(1.0, max_grad_norm=1.0, lr_schedule="constant", beta1=0.0, beta2=0.0, epsilon=0.0)
+    sgd_like = AdamConfig(1.0, max_grad_norm=1.0, lr_schedule="constant", beta1=0.0, beta2=0.0)
     clipped = optax.chain(sgd_like._clipping())
     out, _ = clipped.update({"x": jnp.full(4, 100.0)}, clipped.init(params))
     assert float(optax.tree.norm(out)) == pytest.approx(1.0, rel=1e-5)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "named"),
+    [
+        (AdamConfig, dict(learning_rate=NAN), "learning_rate"),
+        (AdamConfig, dict(learning_rate=INF), "learning_rate"),
+        (AdamConfig, dict(learning_rate=0.0), "learning_rate"),
+        (AdamConfig, dict(learning_rate=-1e-3), "learning_rate"),
+        (AdamConfig, dict(learning_rate=True), "learning_rate"),
+        (AdamConfig, dict(learning_rate="3e-4"), "learning_rate"),
+        (AdamConfig, dict(learning_rate=1e-3, weight_decay=-0.1), "weight_decay"),
+        (AdamConfig, dict(learning_rate=1e-3, weight_decay=NAN), "weight_decay"),
+        (AdamConfig, dict(learning_rate=1e-3, beta1=1.0), "beta1"),
+        (AdamConfig, dict(learning_rate=1e-3, beta2=-0.1), "beta2"),
+        (AdamConfig, dict(learning_rate=1e-3, beta2=NAN), "beta2"),
+        (AdamConfig, dict(learning_rate=1e-3, epsilon=0.0), "epsilon"),
+        (AdamConfig, dict(learning_rate=1e-3, epsilon=NAN), "epsilon"),
+        (AdamConfig, dict(learning_rate=1e-3, max_grad_norm=NAN), "max_grad_norm"),
+        (AdamConfig, dict(learning_rate=1e-3, max_grad_norm=-1.0), "max_grad_norm"),
+        (AdamConfig, dict(learning_rate=1e-3, warmup=NAN), "warmup"),
+        (AdamConfig, dict(learning_rate=1e-3, warmup=-1), "warmup"),
+        (AdamConfig, dict(learning_rate=1e-3, warmup=2.5), "warmup"),
+        (AdamConfig, dict(learning_rate=1e-3, decay=INF), "decay"),
+        (AdamConfig, dict(learning_rate=1e-3, min_lr_ratio=1.5), "min_lr_ratio"),
+        (AdamConfig, dict(learning_rate=1e-3, lr_schedule="exponential"), "lr_schedule"),
+        (LionConfig, dict(learning_rate=NAN), "learning_rate"),
+        (LionConfig, dict(learning_rate=1e-4, beta1=1.5), "beta1"),
+    ],
+)
+def test_hyperparameters_out_of_range_are_refused_when_the_config_is_made(cls, kwargs, named):
+    with pytest.raises(OptimizerConfigError, match=named):
+        cls(**kwargs)
+
+
+def test_in_range_edge_values_are_accepted():
+    AdamConfig(1e-3, 0.0, beta1=0.0, beta2=0.0, max_grad_norm=None, warmup=0, min_lr_ratio=1.0)
+    AdamConfig(1e-3, warmup=0.5, decay=10, max_grad_norm=0.0)  # 0 turns clipping off
+    LionConfig(1e-4, 1.0, beta1=0.0)
+
+
+def test_schedule_errors_are_optimizer_config_errors():
+    # One class to catch for any unusable optimizer setting, at declaration or when the run length is known.
+    assert issubclass(ScheduleError, OptimizerConfigError)
+    with pytest.raises(OptimizerConfigError, match="warmup"):
+        AdamConfig(1e-3, warmup=500).lr_scheduler(100)

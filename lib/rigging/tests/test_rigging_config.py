@@ -31,8 +31,8 @@ def test_precedence_argument_env_yaml_pyproject(tmp_path, clean_env):
     assert config.prefix == "memory://from-yaml"
     assert config.log_level == "DEBUG"  # yaml did not set it; pyproject still applies
 
-    clean_env.setenv("MARIN_PREFIX", "gs://bucket/from-env")
-    assert discover_config(cwd=nested).prefix == "gs://bucket/from-env"
+    clean_env.setenv("MARIN_PREFIX", "memory://bucket/from-env")
+    assert discover_config(cwd=nested).prefix == "memory://bucket/from-env"
     assert discover_config(cwd=nested).source_of("prefix") == "env:MARIN_PREFIX"
 
     assert discover_config(prefix="memory://explicit", cwd=nested).prefix == "memory://explicit"

@@ -16,10 +16,16 @@ from iris.spec import PREEMPTED_EXIT_CODE, JobSpec
 
 logger = get_logger(__name__)
 
+LOOPBACK = "127.0.0.1"
+
 
 class Replica(Protocol):
     def coordinator_address(self) -> str:
         """A free ``HOST:PORT`` on this replica's machine (asked of replica 0 before any replica starts)."""
+        ...
+
+    def coordinator_bind_address(self, coordinator: str) -> str | None:
+        """Where replica 0's coordinator should listen, or ``None`` for JAX's default (every interface)."""
         ...
 
     def start(self, env: dict[str, str]) -> None: ...
@@ -43,7 +49,12 @@ class LocalReplica:
         self._command, self._log_path, self._cwd = command, log_path, cwd
 
     def coordinator_address(self) -> str:
-        return self._process.coordinator_address()
+        # Every replica is a child of this supervisor, on this machine.
+        return self._process.coordinator_address(LOOPBACK)
+
+    def coordinator_bind_address(self, coordinator: str) -> str | None:
+        # Nothing off this machine needs to reach the coordinator, so nothing off it should be able to.
+        return coordinator
 
     def start(self, env: dict[str, str]) -> None:
         self._process.start(self._command, env, str(self._log_path), self._cwd)
@@ -80,6 +91,10 @@ class RayReplica:
 
     def coordinator_address(self) -> str:
         return self._actor.coordinator_address.remote().result()
+
+    def coordinator_bind_address(self, coordinator: str) -> str | None:
+        # Replicas on other nodes connect to it; JAX's default listens wherever they may come from.
+        return None
 
     def start(self, env: dict[str, str]) -> None:
         self._actor.start.remote(self._command, env, None, self._cwd).result()

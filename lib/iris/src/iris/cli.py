@@ -8,7 +8,7 @@ import os
 import sys
 
 from iris.jobs import JobNotFound, follow_logs, get_job, list_jobs, read_logs, stop_job, submit_job, wait_for_job
-from iris.spec import PREEMPTED_EXIT_CODE, InvalidJobSpec, JobSpec, command_text, resources_from_flags
+from iris.spec import PREEMPTED_EXIT_CODE, InvalidJobSpec, JobSpec, command_text, default_job_name, resources_from_flags
 from iris.store import IrisHomeError, JobRecord, JobState, JobStore
 
 EPILOG = f"""Exit code {PREEMPTED_EXIT_CODE} from a job's command means "preempted, run me again" and spends
@@ -61,7 +61,7 @@ def _when(timestamp: float) -> str:
 def _run(args: argparse.Namespace, command: list[str], store: JobStore) -> int:
     resources = resources_from_flags(cpu=args.cpu, memory=args.memory, gpu=args.gpu, tpu=args.tpu)
     spec = JobSpec(
-        name=args.name or (os.path.basename(command[0]) if command else "job"),
+        name=args.name if args.name is not None else default_job_name(command),
         command=tuple(command),
         resources=resources,
         replicas=args.replicas if args.replicas is not None else resources.replicas,

@@ -21,11 +21,15 @@ class CommandProcess:
         self._start_error = False
         self.log_path: str | None = None
 
-    def coordinator_address(self) -> str:
-        """``HOST:PORT`` on this replica's machine, free now, for the job's ``jax.distributed`` coordinator."""
-        host = _node_address()
+    def coordinator_address(self, host: str | None = None) -> str:
+        """``HOST:PORT``, free now, for the job's ``jax.distributed`` coordinator.
+
+        ``host`` defaults to this machine's address as the cluster sees it; the port is probed on
+        that address only, so the probe itself never listens more widely than the coordinator will.
+        """
+        host = host or _node_address()
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
+            sock.bind((host, 0))
             return f"{host}:{sock.getsockname()[1]}"
 
     def start(self, command: list[str], env: dict[str, str], log_path: str | None = None, cwd: str | None = None) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fray.cluster import InvalidResourceConfig, ResourceConfig
 from fray.cluster.resources import CpuDevice, GpuDevice, TpuDevice
+from rigging.names import UnsafeNameError, check_relative_name, safe_name_from
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again later". A command exits with it to
 # say it was preempted (its checkpoint is safe; run it again) rather than broken.
@@ -48,8 +50,11 @@ class JobSpec:
             raise InvalidJobSpec("A job needs a command: `iris job run -- python train.py`.")
         object.__setattr__(self, "command", command)
         object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in dict(self.env).items()))
-        if not self.name:
-            raise InvalidJobSpec("A job needs a non-empty name (--name).")
+        # The name starts the job id, and the job id names the job's log folder under iris's home.
+        try:
+            check_relative_name(self.name, what="Job name (--name)", example="train-llama")
+        except UnsafeNameError as exc:
+            raise InvalidJobSpec(str(exc)) from None
         if self.replicas < 1:
             raise InvalidJobSpec(f"--replicas must be at least 1, got {self.replicas}.")
         for budget in ("max_retries_failure", "max_retries_preemption"):
@@ -127,6 +132,11 @@ def resources_from_flags(
         return ResourceConfig(**common)
     except InvalidResourceConfig as exc:
         raise InvalidJobSpec(str(exc)) from exc
+
+
+def default_job_name(command: Sequence[str]) -> str:
+    """The name a job gets without ``--name``: its program's file name, made safe for a folder."""
+    return safe_name_from(os.path.basename(command[0])) if command else "job"
 
 
 def command_text(command: Sequence[str]) -> str:

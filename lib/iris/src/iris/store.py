@@ -18,14 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rigging.config.discovery import discover_config
+from rigging.names import UnsafeNameError, check_relative_name
 
-from iris.spec import JobSpec
+from iris.spec import InvalidJobSpec, JobSpec
 
 IRIS_HOME_VARIABLE = "IRIS_HOME"
 
 
 class IrisHomeError(ValueError):
     """The folder for iris's database cannot be used."""
+
+
+class JobDatabaseError(IrisHomeError):
+    """``jobs.db`` exists but SQLite cannot read it as a database (damaged, or some other file)."""
 
 
 class JobState(enum.Enum):
@@ -104,7 +109,8 @@ def default_home() -> Path:
     explicit = os.environ.get(IRIS_HOME_VARIABLE)
     if explicit:
         return Path(explicit).expanduser().resolve()
-    prefix = discover_config().prefix
+    # Only a local prefix is used, so whether a remote one's filesystem is installed does not matter here.
+    prefix = discover_config(check_prefix=False).prefix
     if "://" in prefix:
         raise IrisHomeError(
             f"The Marin prefix {prefix!r} is remote, and iris keeps its job database on a local disk. "
@@ -134,10 +140,25 @@ class JobStore:
         try:
             with db:
                 yield db
+        except sqlite3.DatabaseError as exc:
+            # SQLite reports a file it cannot read (SQLITE_NOTADB, SQLITE_CORRUPT) as a plain
+            # DatabaseError; its subclasses (locked, constraint failed...) say nothing about the file.
+            if type(exc) is not sqlite3.DatabaseError:
+                raise
+            raise JobDatabaseError(
+                f"iris's job database {self.db_path} cannot be read ({exc}): it is damaged or not an SQLite "
+                f"file. Move it aside (mv {self.db_path} {self.db_path}.broken) and iris starts a new, empty one; "
+                f"the jobs' logs stay in {self.home / 'logs'}. Or point {IRIS_HOME_VARIABLE} (--home) elsewhere."
+            ) from exc
         finally:
             db.close()
 
     def log_folder(self, job_id: str) -> Path:
+        # Job ids come from the command line too; one must never name a folder outside the home.
+        try:
+            check_relative_name(job_id, what="Job id")
+        except UnsafeNameError as exc:
+            raise InvalidJobSpec(str(exc)) from None
         return self.home / "logs" / job_id
 
     # -- writes ------------------------------------------------------------------------------------

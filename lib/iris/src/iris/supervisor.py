@@ -129,8 +129,13 @@ class Supervisor:
                 replicas.append(backend.create(log_folder / f"attempt-{attempt:03d}-replica-{index:03d}.log"))
             # jax.distributed's coordinator runs in process 0, so its address is on replica 0's machine.
             coordinator = replicas[0].coordinator_address()
+            bind = replicas[0].coordinator_bind_address(coordinator)
+            # JAX's own variable, so any program calling jax.distributed.initialize listens only
+            # where it must; the job's env may still override it.
+            bind_env = {"JAX_COORDINATOR_BIND_ADDRESS": bind} if bind else {}
             for index, replica in enumerate(replicas):
                 replica.start({
+                    **bind_env,
                     **dict(spec.env),
                     "IRIS_JOB_ID": self.job_id,
                     "IRIS_ATTEMPT": str(attempt),

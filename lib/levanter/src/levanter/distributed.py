@@ -10,7 +10,11 @@ The settings come from the environment; for each, the iris name wins over JAX's 
 
 * coordinator ``host:port``: ``IRIS_COORDINATOR_ADDRESS`` or ``JAX_COORDINATOR_ADDRESS``;
 * number of processes: ``IRIS_NUM_REPLICAS`` or ``JAX_NUM_PROCESSES``;
-* this process's index (``0 .. N-1``): ``IRIS_REPLICA_INDEX`` or ``JAX_PROCESS_ID``.
+* this process's index (``0 .. N-1``): ``IRIS_REPLICA_INDEX`` or ``JAX_PROCESS_ID``;
+* where process 0's coordinator listens: ``JAX_COORDINATOR_BIND_ADDRESS``. Unset, a loopback
+  coordinator address (every process on this machine, as iris's local backend runs them) is also
+  the bind address, so nothing off the machine can reach the coordinator; any other address keeps
+  JAX's default of every interface, since other hosts must connect.
 
 One process (no variables, or a count of 1) needs nothing and nothing is done. On Cloud TPU and
 under SLURM, JAX finds these settings on its own; set ``LEVANTER_JAX_DISTRIBUTED=auto`` there to
@@ -19,6 +23,7 @@ call ``jax.distributed.initialize()`` without arguments.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from collections.abc import Mapping
@@ -34,6 +39,7 @@ _NAMES = {
     "process_id": ("IRIS_REPLICA_INDEX", "JAX_PROCESS_ID"),
 }
 AUTO_VARIABLE = "LEVANTER_JAX_DISTRIBUTED"
+BIND_ADDRESS_VARIABLE = "JAX_COORDINATOR_BIND_ADDRESS"
 
 
 class DistributedConfigError(RuntimeError):
@@ -46,6 +52,7 @@ class DistributedConfig:
     num_processes: int
     process_id: int
     initialization_timeout_s: int = 120
+    coordinator_bind_address: str | None = None  # None: JAX's default, every interface
 
 
 def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -87,7 +94,18 @@ def distributed_config_from_env(environ: Mapping[str, str] | None = None) -> Dis
         raise DistributedConfigError(
             f"{found['coordinator_address'][0]}={address!r} needs a port, e.g. '10.0.0.2:8476'."
         )
-    return DistributedConfig(address, num_processes, process_id)
+    bind = environ.get(BIND_ADDRESS_VARIABLE, "").strip() or (address if _is_loopback(address) else None)
+    return DistributedConfig(address, num_processes, process_id, coordinator_bind_address=bind)
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 def _parse_int(name: str, value: str) -> int:
@@ -136,6 +154,7 @@ def initialize_distributed(config: DistributedConfig | None = None) -> bool:
         num_processes=config.num_processes,
         process_id=config.process_id,
         initialization_timeout=config.initialization_timeout_s,
+        coordinator_bind_address=config.coordinator_bind_address,
     )
     logger.info("Process %d of %d: %d local devices, %d in all.", jax.process_index(), jax.process_count(),
                 jax.local_device_count(), jax.device_count())

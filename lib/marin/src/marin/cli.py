@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+from rigging.config.discovery import ConfigError
 from rigging.log import setup_logging
 
 COMMAND_MODULES: list[str] = [
@@ -43,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.passthrough = passthrough
     setup_logging(args.log_level)
-    return int(args.handler(args) or 0)
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as exc:
+        # A setting the user chose (MARIN_PREFIX, marin.yaml...) is unusable; the message names it.
+        print(f"marin: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,11 +17,62 @@ from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.registry import known_implementations
+
+
+class FilesystemUnavailableError(Exception):
+    """A URL no installed fsspec filesystem can open: ``reason`` says why, ``remedy`` what to do."""
+
+    def __init__(self, url: str, reason: str, remedy: str) -> None:
+        self.url, self.reason, self.remedy = url, reason, remedy
+        super().__init__(f"Cannot open {url!r}: {reason}; {remedy}.")
+
+
+class UnknownProtocolError(FilesystemUnavailableError, ValueError):
+    """The URL's protocol is not one fsspec (or any installed plugin) knows."""
+
+
+class FilesystemPackageMissingError(FilesystemUnavailableError, ImportError):
+    """The URL's protocol is known, but the package that implements it is not installed."""
+
+
+def check_protocol(url: str) -> None:
+    """Raise :class:`FilesystemUnavailableError` unless every protocol in ``url`` can be opened here.
+
+    Plain paths always pass. Chained URLs (``simplecache::gs://...``) are checked link by link.
+    """
+    for link in str(url).split("::"):
+        protocol, _ = fsspec.core.split_protocol(link)
+        if protocol is None or protocol == "file":
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except ImportError as exc:
+            implementation = known_implementations.get(protocol, {})
+            package = implementation.get("class", "").split(".")[0]
+            if package and package != "fsspec":
+                raise FilesystemPackageMissingError(
+                    str(url), f"{protocol}:// needs the {package} package, which is not installed", f"pip install {package}"
+                ) from exc
+            # Implemented inside fsspec but missing a dependency; fsspec's own note names it.
+            raise FilesystemPackageMissingError(
+                str(url), f"{protocol}:// cannot be opened here", str(implementation.get("err") or exc)
+            ) from exc
+        except ValueError:
+            raise UnknownProtocolError(
+                str(url),
+                f"the protocol {protocol!r} is unknown (no installed fsspec filesystem provides it)",
+                "use a local path or a URL such as gs://bucket/path, s3://bucket/path or memory://path",
+            ) from None
 
 
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path within it."""
-    fs, path = fsspec.core.url_to_fs(str(url))
+    try:
+        fs, path = fsspec.core.url_to_fs(str(url))
+    except (ValueError, ImportError):
+        check_protocol(url)  # says which package to install, or that the protocol is unknown
+        raise
     return fs, path
 
 

@@ -8,9 +8,11 @@ in: ``run(fn, payloads, shared)`` yields ``(index, result)`` pairs as tasks fini
 from __future__ import annotations
 
 import abc
+import logging
 import multiprocessing
 import os
 import pickle
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -18,6 +20,13 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import cloudpickle
+
+from zephyr.main_guard import check_not_rerunning_main, check_parent_main_guard, startup_failure_hint
+
+logger = logging.getLogger("zephyr")
+
+# Workers that have not started after this long are probably stuck re-running the user's script.
+STARTUP_WARNING_S = 60.0
 
 
 class ShardTaskError(RuntimeError):
@@ -49,8 +58,9 @@ _worker_fn: Callable | None = None
 _worker_shared: Mapping[str, Any] = {}
 
 
-def _init_worker(fn_blob: bytes, shared_blob: bytes) -> None:
+def _init_worker(fn_blob: bytes, shared_blob: bytes, started) -> None:
     global _worker_fn, _worker_shared
+    started.set()  # past the re-import of the user's script, the part of start-up that can go wrong
     _worker_fn = cloudpickle.loads(fn_blob)
     _worker_shared = cloudpickle.loads(shared_blob)
 
@@ -97,22 +107,39 @@ class ProcessPoolBackend(Backend):
     def run(self, fn, payloads, shared):
         if not payloads:
             return
+        # Before any worker exists: a script without the __main__ guard would make each worker
+        # start this pipeline again, and a worker doing so must refuse rather than recurse.
+        check_not_rerunning_main()
+        check_parent_main_guard(self.start_method)
         fn_blob = cloudpickle.dumps(fn)
         shared_blob = cloudpickle.dumps(dict(shared))
         workers = min(self.max_workers, len(payloads))
         context = multiprocessing.get_context(self.start_method)
+        started = context.Event()
         executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                       initargs=(fn_blob, shared_blob))
+                                       initargs=(fn_blob, shared_blob, started))
         finished = False
         try:
             futures = {executor.submit(_run_in_worker, payload): index for index, payload in enumerate(payloads)}
             pending = set(futures)
+            waiting_since = time.monotonic()
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, timeout=STARTUP_WARNING_S, return_when=FIRST_COMPLETED)
+                if not done and not started.is_set() and waiting_since is not None:
+                    logger.warning(
+                        "zephyr: no worker process has started after %.0fs; %s.",
+                        time.monotonic() - waiting_since, startup_failure_hint(),
+                    )
+                    waiting_since = None  # say it once
                 for future in done:
                     try:
                         result = future.result()
                     except BrokenProcessPool as error:
+                        if not started.is_set():
+                            raise ShardTaskError(
+                                "zephyr's worker processes exited while starting, before running any shard (their "
+                                f"error is shown above): {startup_failure_hint()}"
+                            ) from error
                         raise ShardTaskError(
                             "a zephyr worker process died (killed, or out of memory?) while running shard "
                             f"task {futures[future]}; rerun with fewer workers or smaller shards"

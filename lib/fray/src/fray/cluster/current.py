@@ -60,7 +60,7 @@ def client_from_spec(spec: str) -> DistributedClient:
 
 def configured_cluster() -> str | None:
     """The cluster setting from configuration, or ``None`` when there is none."""
-    return discover_config().cluster
+    return discover_config(check_prefix=False).cluster
 
 
 def current_client() -> DistributedClient:

@@ -6,14 +6,10 @@ transformation; ``config.lr_scheduler(num_train_steps)`` the rate per step. New 
 """
 
 from levanter.optim.adam import AdamConfig
-from levanter.optim.base import (
-    OptimizerConfig,
-    OptimizerConfigError,
-    default_weight_decay_mask,
-    weight_decay_mask_from_axes,
-)
+from levanter.optim.base import OptimizerConfig, default_weight_decay_mask, weight_decay_mask_from_axes
+from levanter.optim.errors import OptimizerConfigError, ScheduleError
 from levanter.optim.lion import LionConfig
-from levanter.optim.schedule import ScheduleError, build_lr_schedule
+from levanter.optim.schedule import build_lr_schedule
 
 __all__ = [
     "AdamConfig",

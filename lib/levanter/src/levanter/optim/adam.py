@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import optax
 
-from levanter.optim.base import DecayMask, OptimizerConfig
+from levanter.optim.base import DecayMask, OptimizerConfig, require
 
 
 @OptimizerConfig.register("adam")
@@ -18,6 +18,12 @@ class AdamConfig(OptimizerConfig):
     beta1: float = 0.9
     beta2: float = 0.95
     epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for beta in ("beta1", "beta2"):
+            require(self, beta, lambda v: 0 <= v < 1, "a number in [0, 1), e.g. 0.9")
+        require(self, "epsilon", lambda v: v > 0, "a finite number > 0, e.g. 1e-8 (with 0, a zero gradient gives 0/0)")
 
     def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
         return optax.chain(

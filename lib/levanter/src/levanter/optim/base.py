@@ -8,6 +8,8 @@ decorate it with ``@OptimizerConfig.register("name")`` and implement ``build``. 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
@@ -15,7 +17,8 @@ from typing import Any, ClassVar
 import jax
 import optax
 
-from levanter.optim.schedule import build_lr_schedule
+from levanter.optim.errors import OptimizerConfigError, ScheduleError
+from levanter.optim.schedule import SCHEDULE_NAMES, build_lr_schedule
 
 # A pytree of bools shaped like the parameters (True = apply weight decay), or a function of the
 # parameters returning one, as optax's ``mask=`` arguments accept.
@@ -58,8 +61,30 @@ def weight_decay_mask_from_axes(axes_tree, params) -> Any:
     return jax.tree.map(decide, params, axes_tree, is_leaf=lambda x: x is None)
 
 
-class OptimizerConfigError(ValueError):
-    """An optimizer config that cannot be built or read back."""
+def require(
+    config: object,
+    field: str,
+    holds: Callable[[float], bool],
+    expected: str,
+    *,
+    optional: bool = False,
+    error: type[OptimizerConfigError] = OptimizerConfigError,
+) -> None:
+    """Refuse ``config.<field>`` unless it is a finite real number (not a bool) for which ``holds`` is true.
+
+    Checked when a config is made, so a NaN learning rate or a beta of 1 fails where it is written
+    rather than as a NaN loss hours into a run.
+    """
+    value = getattr(config, field)
+    if value is None and optional:
+        return
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and holds(value)):
+        raise error(f"{type(config).__name__}.{field} must be {expected}; got {value!r}.")
+
+
+def _steps_or_fraction(value: float) -> bool:
+    return value >= 0 and (value < 1 or float(value).is_integer())
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,20 @@ class OptimizerConfig:
 
     _registry: ClassVar[dict[str, type["OptimizerConfig"]]] = {}
     type_name: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        require(self, "learning_rate", lambda v: v > 0, "a finite number > 0, e.g. 3e-4")
+        require(self, "weight_decay", lambda v: v >= 0, "a finite number >= 0 (0 turns weight decay off)")
+        require(self, "max_grad_norm", lambda v: v >= 0, "a finite number > 0, or None or 0 for no clipping", optional=True)
+        steps = "a fraction of the run below 1 or a whole number of steps (finite, >= 0)"
+        require(self, "warmup", _steps_or_fraction, steps, error=ScheduleError)
+        until_the_end = f"None (the rest of the run) or {steps}"
+        require(self, "decay", _steps_or_fraction, until_the_end, optional=True, error=ScheduleError)
+        require(self, "min_lr_ratio", lambda v: 0 <= v <= 1, "a number in [0, 1]", error=ScheduleError)
+        if self.lr_schedule not in SCHEDULE_NAMES:
+            raise ScheduleError(
+                f"{type(self).__name__}.lr_schedule must be one of {', '.join(SCHEDULE_NAMES)}; got {self.lr_schedule!r}."
+            )
 
     @classmethod
     def register(cls, name: str) -> Callable[[type["OptimizerConfig"]], type["OptimizerConfig"]]:

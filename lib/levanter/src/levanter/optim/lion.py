@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import optax
 
-from levanter.optim.base import DecayMask, OptimizerConfig
+from levanter.optim.base import DecayMask, OptimizerConfig, require
 
 
 @OptimizerConfig.register("lion")
@@ -15,6 +15,11 @@ from levanter.optim.base import DecayMask, OptimizerConfig
 class LionConfig(OptimizerConfig):
     beta1: float = 0.9
     beta2: float = 0.99
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for beta in ("beta1", "beta2"):
+            require(self, beta, lambda v: 0 <= v < 1, "a number in [0, 1), e.g. 0.9")
 
     def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
         return optax.chain(

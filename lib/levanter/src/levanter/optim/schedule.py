@@ -11,15 +11,13 @@ import math
 import jax.numpy as jnp
 import optax
 
+from levanter.optim.errors import ScheduleError
+
 SCHEDULE_NAMES = ("constant", "linear", "cosine", "wsd")
 
 # WSD ("warmup, stable, decay") keeps the peak rate for most of the run and decays only at the end;
 # when the config does not say how long the decay is, this share of the run is used.
 DEFAULT_WSD_DECAY_FRACTION = 0.2
-
-
-class ScheduleError(ValueError):
-    """A learning-rate schedule setting that cannot be honoured."""
 
 
 def steps_from_fraction_or_count(value: float | int | None, num_train_steps: int, what: str) -> int | None:

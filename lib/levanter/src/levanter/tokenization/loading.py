@@ -89,8 +89,49 @@ def tokenizer_identity(tokenizer_json: str) -> str:
         parsed = json.loads(tokenizer_json)
     except json.JSONDecodeError as exc:
         raise TokenizerFormatError(f"tokenizer.json is not valid JSON: {exc}") from exc
+    return _identity_of(parsed)
+
+
+def _identity_of(parsed: Any) -> str:
     canonical = json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _not_a_tokenizer(spec: str, why: str) -> TokenizerFormatError:
+    return TokenizerFormatError(
+        f"{spec!r} is not a tokenizer: {why}. Expected a tokenizer.json saved by the Hugging Face tokenizers "
+        "library (Tokenizer.save, or save_pretrained of a fast tokenizer), a folder holding one, or a hub id "
+        "such as 'gpt2'."
+    )
+
+
+def _read_tokenizer_json(tokenizer_json: str, spec: str) -> dict[str, Any]:
+    """The parsed ``tokenizer.json``, or a :class:`TokenizerFormatError` saying what the file is instead."""
+    try:
+        parsed = json.loads(tokenizer_json)
+    except json.JSONDecodeError as exc:
+        raise _not_a_tokenizer(spec, _what_instead_of_json(tokenizer_json, exc)) from exc
+    if not isinstance(parsed, dict):
+        raise _not_a_tokenizer(spec, f"it is JSON, but not a JSON object (it holds a {type(parsed).__name__})")
+    if "model" not in parsed:
+        keys = sorted(parsed)
+        shown = ", ".join(keys[:6]) + (", ..." if len(keys) > 6 else "")
+        raise _not_a_tokenizer(spec, f"it is a JSON object with no 'model' section (its keys: {shown or 'none'})")
+    return parsed
+
+
+def _what_instead_of_json(text: str, error: json.JSONDecodeError) -> str:
+    # The likeliest mix-up is a dataset file (one JSON document per line) passed in the tokenizer's place.
+    if error.msg == "Extra data":
+        lines = [line for line in text.splitlines()[:20] if line.strip()]
+        try:
+            for line in lines:
+                json.loads(line)
+        except json.JSONDecodeError:
+            pass
+        else:
+            return "it is JSON Lines (one JSON document per line, like a dataset), not one JSON object"
+    return f"it is not JSON ({error})"
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str], *, revision: str | None = None) -> HfTokenizer:
@@ -127,11 +168,11 @@ def _parse(tokenizer_json: str, spec: str) -> tuple[str, tokenizers.Tokenizer]:
         hit = _PARSED.get(raw_digest)
     if hit is not None:
         return hit
-    identity = tokenizer_identity(tokenizer_json)
+    identity = _identity_of(_read_tokenizer_json(tokenizer_json, spec))
     try:
         tok = tokenizers.Tokenizer.from_str(tokenizer_json)
     except Exception as exc:  # the Rust side raises a bare Exception for unknown formats
-        raise TokenizerFormatError(f"{spec!r} is not a Hugging Face tokenizer.json: {exc}") from exc
+        raise _not_a_tokenizer(spec, f"the tokenizers library cannot read it ({exc})") from exc
     with _PARSED_LOCK:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.pop(next(iter(_PARSED)))

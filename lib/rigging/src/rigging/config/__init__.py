@@ -1,5 +1,5 @@
 """Where Marin's settings come from: see :mod:`rigging.config.discovery`."""
 
-from rigging.config.discovery import ConfigError, MarinConfig, discover_config
+from rigging.config.discovery import ConfigError, MarinConfig, PrefixUnusableError, discover_config
 
-__all__ = ["ConfigError", "MarinConfig", "discover_config"]
+__all__ = ["ConfigError", "MarinConfig", "PrefixUnusableError", "discover_config"]

@@ -10,7 +10,9 @@ Precedence, highest first:
    or in the working directory when there is none.
 
 A relative ``prefix`` in a file is resolved against that file's folder, so the same project gives
-the same prefix from whichever subfolder it is run.
+the same prefix from whichever subfolder it is run. A prefix URL whose storage cannot be reached
+from this Python (an unknown protocol, ``gs://`` without ``gcsfs``) is refused here, naming the
+setting that chose it, rather than failing later inside fsspec.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rigging.filesystem import FilesystemUnavailableError, UnknownProtocolError, check_protocol
 
 DEFAULT_OUTPUT_FOLDER = "marin-outputs"
 
@@ -35,6 +39,10 @@ ENVIRONMENT_VARIABLES = {
 
 class ConfigError(ValueError):
     """A settings file or override that cannot be used as written."""
+
+
+class PrefixUnusableError(ConfigError):
+    """The chosen output prefix names storage this Python cannot open; says which setting chose it."""
 
 
 @dataclass(frozen=True)
@@ -112,10 +120,38 @@ def _check_keys(values: dict[str, Any], where: str) -> None:
         raise ConfigError(f"Unknown Marin setting(s) {unknown} in {where}; known settings: {list(_SETTINGS)}.")
 
 
-def discover_config(*, prefix: str | None = None, cwd: str | os.PathLike | None = None, **overrides: Any) -> MarinConfig:
+def _describe_source(source: str) -> tuple[str, str]:
+    """(what set the prefix, how to choose another) for a ``MarinConfig.sources`` entry."""
+    if source.startswith("env:"):
+        variable = source[len("env:") :]
+        return f"the environment variable {variable}", f"set {variable} to a local folder or another URL (or unset it)"
+    if source == "argument":
+        return "the --prefix option or prefix= argument", "give a local folder or another URL"
+    return f"'prefix' in {source}", f"change 'prefix' in {source}"
+
+
+def _check_prefix(prefix: str, source: str) -> None:
+    try:
+        check_protocol(prefix)
+    except FilesystemUnavailableError as exc:
+        setter, choose_another = _describe_source(source)
+        if isinstance(exc, UnknownProtocolError):
+            remedy = f"{choose_another[0].upper()}{choose_another[1:]}, e.g. gs://bucket/marin or s3://bucket/marin."
+        else:
+            remedy = f"To fix it: {exc.remedy}; or {choose_another}."
+        raise PrefixUnusableError(
+            f"The Marin prefix {prefix!r} (set by {setter}) cannot be used: {exc.reason}. {remedy}"
+        ) from None
+
+
+def discover_config(
+    *, prefix: str | None = None, cwd: str | os.PathLike | None = None, check_prefix: bool = True, **overrides: Any
+) -> MarinConfig:
     """Resolve Marin's settings; see the module docstring for the order of precedence.
 
-    ``cwd`` is where the upward search starts (default: the working directory).
+    ``cwd`` is where the upward search starts (default: the working directory). ``check_prefix``
+    refuses a prefix whose storage cannot be opened here (:class:`PrefixUnusableError`); callers
+    that want only another setting pass ``False``.
     """
     start = Path(cwd) if cwd is not None else Path.cwd()
     start = start.resolve()
@@ -166,6 +202,9 @@ def discover_config(*, prefix: str | None = None, cwd: str | os.PathLike | None 
     if "prefix" not in values:
         values["prefix"] = str((project_root or start) / DEFAULT_OUTPUT_FOLDER)
         sources["prefix"] = "default"
+
+    if check_prefix:
+        _check_prefix(values["prefix"], sources["prefix"])
 
     if "log_level" in values:
         values["log_level"] = str(values["log_level"]).upper()
