@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin.evaluation.model_source import LoadedModel
+from marin.execution.artifact import register_result_type
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,7 @@ class HarnessConfigError(ValueError):
     """A harness evaluation that cannot run as declared (no tasks, unknown task, bad limit)."""
 
 
+@register_result_type
 @dataclass(frozen=True)
 class HarnessResults:
     """The result of an ``evaluate_harness`` step: per task, its metrics (``acc``, ``acc_stderr``, ...).

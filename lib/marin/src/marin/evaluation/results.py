@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from marin.execution.artifact import register_result_type
+
 
 @dataclass(frozen=True)
 class DatasetScore:
@@ -19,6 +21,7 @@ class DatasetScore:
     cache_path: str
 
 
+@register_result_type
 @dataclass(frozen=True)
 class EvalResults:
     """The result of an ``evaluate_lm`` step.

@@ -8,11 +8,24 @@ file looks like::
     {
       "format": 1,
       "result_type": "mypkg.results:TokenizedResult",   # null for plain JSON results
-      "result": {...},
-      "output_path": "/abs/prefix/tokenized/tinystories-1a2b3c4d",
+      "result": {"splits": {"train": {"cache_path": "train", ...}}, ...},
+      "relative_paths": [[["splits", "train", "cache_path"], "output"]],
+      "output_path": "/abs/prefix/tokenized/tinystories-1a2b3c4d",   # where it was written
+      "prefix": "/abs/prefix",
       "provenance": {"step": ..., "identity": ..., "git_commit": ..., "git_dirty": ...,
                      "user": ..., "host": ..., "argv": [...], "time": "2026-...Z"}
     }
+
+**Moving and copying.** A result that names files of its own output, or of other steps' outputs
+under the same prefix, is stored with those paths made relative (to the step's folder or to the
+prefix) and listed in ``relative_paths``; :func:`load_artifact` joins them to where the folder is
+*now*. So a prefix that was moved still works, and a copied one reads its own files, never the
+original's.
+
+**Result types.** ``result_type`` is a record, not an instruction: reading an artifact never
+imports a module it names. A result is rebuilt as a class only when the caller passes one, or,
+for printing summaries, when the class was registered in this process (by
+:func:`register_result_type`, or by saving a result of that type).
 """
 
 from __future__ import annotations
@@ -39,6 +52,12 @@ from marin.execution.executor_files import ARTIFACT_FILE
 
 ARTIFACT_FORMAT = 1
 T = TypeVar("T")
+
+# Bases that relative paths in a result are resolved against.
+RELATIVE_TO_OUTPUT = "output"
+RELATIVE_TO_PREFIX = "prefix"
+
+_RESULT_TYPES: dict[str, type] = {}
 
 
 class ArtifactError(ValueError):
@@ -113,6 +132,19 @@ def _type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def register_result_type(cls: type[T]) -> type[T]:
+    """Allow artifacts that name ``cls`` to be rebuilt as it for their ``summary()`` (a class decorator)."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ArtifactError(f"Only dataclasses can be result types, got {cls!r}.")
+    _RESULT_TYPES[_type_name(cls)] = cls
+    return cls
+
+
+def registered_result_type(name: str | None) -> type | None:
+    """The registered class named ``name`` (``module:qualname``), or ``None``; never imports anything."""
+    return _RESULT_TYPES.get(name) if name else None
+
+
 def encode_result(value: Any, *, where: str = "result") -> Any:
     """Plain JSON data for ``value``; raises :class:`ArtifactError` for anything else."""
     if value is None or isinstance(value, (bool, str, int)):
@@ -182,6 +214,24 @@ def decode_result(data: Any, cls: Any) -> Any:
     return data
 
 
+def _relativize(value: Any, bases: list[tuple[str, str]], where: list[Any], found: list[list[Any]]) -> Any:
+    """``value`` with each string under one of ``bases`` (``(kind, root)``) made relative to it."""
+    if isinstance(value, str):
+        for kind, root in bases:
+            if value == root:
+                found.append([list(where), kind])
+                return "."
+            if value.startswith(root + "/"):
+                found.append([list(where), kind])
+                return value[len(root) + 1 :]
+        return value
+    if isinstance(value, dict):
+        return {key: _relativize(item, bases, [*where, key], found) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_relativize(item, bases, [*where, i], found) for i, item in enumerate(value)]
+    return value
+
+
 def save_artifact(
     output_path: str,
     result: Any,
@@ -189,27 +239,84 @@ def save_artifact(
     step: str | None = None,
     identity: str | None = None,
     provenance: Provenance | None = None,
+    prefix: str | None = None,
 ) -> Artifact:
-    """Write ``result`` (and provenance) to ``<output_path>/.artifact.json`` atomically."""
+    """Write ``result`` (and provenance) to ``<output_path>/.artifact.json`` atomically.
+
+    Paths inside ``output_path`` (and, given ``prefix``, inside the prefix) are stored relative;
+    see the module docstring.
+    """
     encoded = encode_result(result)
     provenance = provenance or current_provenance(step=step, identity=identity)
     result_type = _type_name(type(result)) if dataclasses.is_dataclass(result) else None
+    if result_type is not None:
+        # A type this process returned as a result is declared by the step that returned it.
+        _RESULT_TYPES.setdefault(result_type, type(result))
+    # The step's own folder first: it lies inside the prefix too, and is the nearer base.
+    bases = [(RELATIVE_TO_OUTPUT, output_path.rstrip("/"))]
+    if prefix:
+        bases.append((RELATIVE_TO_PREFIX, prefix.rstrip("/")))
+    relative_paths: list[list[Any]] = []
+    stored = _relativize(encoded, bases, [], relative_paths)
     record = {
         "format": ARTIFACT_FORMAT,
         "result_type": result_type,
-        "result": encoded,
+        "result": stored,
+        "relative_paths": relative_paths,
         "output_path": output_path,
+        "prefix": prefix,
         "provenance": {**dataclasses.asdict(provenance), "argv": list(provenance.argv)},
     }
     fsx.atomic_write(fsx.join(output_path, ARTIFACT_FILE), json.dumps(record, indent=2, sort_keys=True, allow_nan=False))
     return Artifact(result=result, output_path=output_path, provenance=provenance, result_type=result_type)
 
 
-def load_artifact(output_path: str, cls: type[T] | Any = None) -> Artifact:
+def _prefix_now(output_path: str, record: dict[str, Any]) -> str | None:
+    """Where the prefix the artifact was written under lies now: the step's folder keeps its place in it."""
+    written_at, written_prefix = record.get("output_path"), record.get("prefix")
+    if not (isinstance(written_at, str) and isinstance(written_prefix, str)):
+        return None
+    root = written_prefix.rstrip("/")
+    if not written_at.startswith(root + "/"):
+        return written_prefix  # written outside its prefix (an explicit path): the prefix did not move with it
+    location = written_at[len(root) + 1 :].rstrip("/")
+    here = output_path.rstrip("/")
+    return here[: -len(location) - 1] if here.endswith("/" + location) else written_prefix
+
+
+def _resolve_relative_paths(result: Any, record: dict[str, Any], output_path: str, prefix: str | None, url: str) -> Any:
+    entries = record.get("relative_paths") or []
+    if not entries:
+        return result
+    prefix = prefix or _prefix_now(output_path, record)
+    bases = {RELATIVE_TO_OUTPUT: output_path.rstrip("/"), RELATIVE_TO_PREFIX: prefix.rstrip("/") if prefix else None}
+    root = [result]  # so that a result which is itself a path has a container too
+    for entry in entries:
+        try:
+            where, kind = entry
+            *parents, last = [0, *where]
+            container = root
+            for key in parents:
+                container = container[key]
+            relative = container[last]
+            base = bases[kind]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ArtifactError(
+                f"{url} lists a relative path {entry!r} that its result does not hold; the file was edited or is "
+                "damaged. Delete the step's folder and run it again."
+            ) from None
+        if base is None or not isinstance(relative, str):
+            raise ArtifactError(f"{url}: cannot resolve the relative path {relative!r} ({kind}); the prefix is unknown.")
+        container[last] = base if relative == "." else fsx.join(base, relative)
+    return root[0]
+
+
+def load_artifact(output_path: str, cls: type[T] | Any = None, *, prefix: str | None = None) -> Artifact:
     """Read ``<output_path>/.artifact.json``; with ``cls``, the result is rebuilt as that type.
 
     Without ``cls`` the result is the stored JSON data (dataclasses come back as dicts); the
-    stored ``result_type`` names the class that was saved.
+    stored ``result_type`` names the class that was saved. Relative paths are resolved against
+    ``output_path`` as given and ``prefix`` (default: the prefix ``output_path`` lies under now).
     """
     url = fsx.join(output_path, ARTIFACT_FILE)
     text = fsx.read_text(url)
@@ -219,23 +326,29 @@ def load_artifact(output_path: str, cls: type[T] | Any = None) -> Artifact:
         )
     try:
         record = json.loads(text)
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, found {type(record).__name__}")
     except ValueError as exc:
-        raise ArtifactError(f"{url} is not valid JSON: {exc}") from exc
+        raise ArtifactError(
+            f"{url} is corrupt ({exc}), so the result of that step cannot be read. Delete the step's folder "
+            f"({output_path}) and run again to recompute it."
+        ) from exc
     raw_provenance = record.get("provenance") or {}
     known = {f.name for f in dataclasses.fields(Provenance)}
     provenance = Provenance(**{k: v for k, v in raw_provenance.items() if k in known})
     provenance = dataclasses.replace(provenance, argv=tuple(provenance.argv or ()))
-    result = decode_result(record.get("result"), cls) if cls is not None else record.get("result")
+    data = _resolve_relative_paths(record.get("result"), record, output_path, prefix, url)
+    result = decode_result(data, cls) if cls is not None else data
     return Artifact(
         result=result,
-        output_path=record.get("output_path", output_path),
+        output_path=output_path,
         provenance=provenance,
         result_type=record.get("result_type"),
     )
 
 
 def result_summary(output_path: str) -> str | None:
-    """The saved result's own ``summary()`` text, when its type defines one and can be imported.
+    """The saved result's own ``summary()`` text, when its type is registered and defines one.
 
     Result types opt in by defining ``summary(self) -> str``; the runner prints it for the final
     steps of a run, whether they ran now or were cached.
@@ -244,18 +357,8 @@ def result_summary(output_path: str) -> str | None:
         artifact = load_artifact(output_path)
     except ArtifactError:
         return None
-    if not artifact.result_type or ":" not in artifact.result_type:
-        return None
-    module_name, _, qualname = artifact.result_type.partition(":")
-    try:
-        import importlib
-
-        cls: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-    except (ImportError, AttributeError):
-        return None
-    if not callable(getattr(cls, "summary", None)):
+    cls = registered_result_type(artifact.result_type)
+    if cls is None or not callable(getattr(cls, "summary", None)):
         return None
     try:
         return decode_result(artifact.result, cls).summary()

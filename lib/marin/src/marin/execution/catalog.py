@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from rigging import filesystem as fsx
 
-from marin.execution.executor_files import INFO_FILE, STATUS_FILE, read_info, read_status
+from marin.execution.code_fingerprint import CodeFingerprint, comparable, fingerprint_from_source
+from marin.execution.executor_files import INFO_FILE, STATUS_FILE, STATUS_SUCCESS, read_info, read_status
 
 MAX_DEPTH = 8
 _HASHED_FOLDER = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{8})$")
@@ -21,6 +22,9 @@ class StepListing:
     status: str | None
     status_time: float | None
     identity: str | None
+    # True when the function's source file now holds other code than what made this output;
+    # None when that cannot be told (no record, file gone, another Python).
+    code_changed: bool | None = None
 
     def age_text(self, now: float | None = None) -> str:
         if not self.status_time:
@@ -73,13 +77,34 @@ def describe_folder(output_path: str, prefix: str | None = None) -> StepListing:
         relative = output_path[len(prefix) :].strip("/") if prefix and output_path.startswith(prefix) else _basename(output_path)
         match = _HASHED_FOLDER.match(relative)
         name = match["name"] if match else relative
+    code_changed = None
+    if status is not None and status.status == STATUS_SUCCESS:
+        code_changed = _code_changed(info, status.code)
     return StepListing(
         name=name,
         output_path=output_path,
         status=status.status if status else None,
         status_time=status.time if status else None,
         identity=info.get("identity"),
+        code_changed=code_changed,
     )
+
+
+def _code_changed(info: dict, recorded_digest: str | None) -> bool | None:
+    """Compare the recorded code fingerprint with the function's source file as it is now (no import)."""
+    recorded = CodeFingerprint.from_json(info.get("code"))
+    if recorded is None:
+        return None
+    digest = recorded_digest or recorded.digest
+    current = fingerprint_from_source(recorded.file, recorded.qualname, recorded.line)
+    if not comparable(digest, current):
+        return None
+    return current != digest
+
+
+def _is_step_folder(folder: str) -> bool:
+    # By the files' presence, not their contents: a damaged record must be reported, not hidden.
+    return fsx.exists(fsx.join(folder, INFO_FILE)) or fsx.exists(fsx.join(folder, STATUS_FILE))
 
 
 def list_steps(prefix: str) -> list[StepListing]:
@@ -91,7 +116,7 @@ def find_step_folders(prefix: str, name_or_path: str) -> list[str]:
     candidates = [name_or_path] if ("://" in name_or_path or name_or_path.startswith("/")) else []
     candidates.append(fsx.join(prefix, name_or_path))
     for candidate in candidates:
-        if read_info(candidate) is not None or read_status(candidate) is not None:
+        if _is_step_folder(candidate):
             return [candidate]
     parent_rel, _, base = name_or_path.rstrip("/").rpartition("/")
     parent = fsx.join(prefix, parent_rel) if parent_rel else prefix
@@ -100,7 +125,7 @@ def find_step_folders(prefix: str, name_or_path: str) -> list[str]:
     matches = []
     for entry in fsx.ls(parent):
         match = _HASHED_FOLDER.match(_basename(entry))
-        if match and match["name"] == base and (read_info(entry) is not None):
+        if match and match["name"] == base and _is_step_folder(entry):
             matches.append(entry)
     listings = [describe_folder(m, prefix) for m in matches]
     listings.sort(key=lambda listing: listing.status_time or 0.0, reverse=True)

@@ -16,10 +16,11 @@ from rigging.log import get_logger
 
 from marin.execution import run_defaults
 from marin.execution.catalog import find_step_folders, list_steps
+from marin.execution.executor_files import CorruptRecordError
 from marin.execution.explain import identity_differences, identity_tree
 from marin.execution.identity import InvalidStepError
 from marin.execution.lazy import StepGraphError
-from marin.execution.step_runner import OutputPathConflict, RunOptionError, StepRunFailed
+from marin.execution.step_runner import CodeChangedError, OutputPathConflict, RunOptionError, StepRunFailed
 
 logger = get_logger(__name__)
 
@@ -45,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="rerun steps that FAILED before (default: yes)",
+    )
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        default=None,
+        help="refuse to reuse cached outputs made by other code than the step functions now (see marin status)",
     )
     run.add_argument("script_args", nargs="*", help="arguments for the script; put them after -- if they start with a dash")
     run.set_defaults(handler=run_command)
@@ -87,12 +94,13 @@ def run_command(args: argparse.Namespace) -> int:
             force_run_failed=args.force_run_failed,
             run_only=args.run_only,
             max_concurrent=args.max_concurrent,
+            strict=args.strict,
         ):
             runpy.run_path(str(script), run_name="__main__")
     except StepRunFailed as exc:
         print(f"marin run: {exc}", file=sys.stderr)
         return EXIT_STEP_FAILED
-    except (OutputPathConflict, StepGraphError, InvalidStepError, RunOptionError) as exc:
+    except (OutputPathConflict, StepGraphError, InvalidStepError, RunOptionError, CodeChangedError) as exc:
         print(f"marin run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
@@ -115,7 +123,15 @@ def status_command(args: argparse.Namespace) -> int:
     width = max(len(listing.name) for listing in listings)
     print(f"{'STATUS':<11} {'AGE':>5}  {'STEP':<{width}}  OUTPUT PATH")
     for listing in listings:
-        print(f"{listing.status or '-':<11} {listing.age_text():>5}  {listing.name:<{width}}  {listing.output_path}")
+        note = "  (code changed since this output was made)" if listing.code_changed else ""
+        print(f"{listing.status or '-':<11} {listing.age_text():>5}  {listing.name:<{width}}  {listing.output_path}{note}")
+    changed = sum(1 for listing in listings if listing.code_changed)
+    if changed:
+        print(
+            f"\n{changed} output(s) were made by code that has changed since (the function's source file now differs). "
+            "They are still reused, as their identity is the same; bump the step's version to recompute, "
+            "or `marin run --strict` to refuse them."
+        )
     return EXIT_OK
 
 
@@ -127,6 +143,14 @@ def _resolve_one(prefix: str, what: str) -> list[str]:
 
 
 def explain_command(args: argparse.Namespace) -> int:
+    try:
+        return _explain(args)
+    except CorruptRecordError as exc:
+        print(f"marin explain: {exc} Run the step again to rewrite it (delete its folder first if it says SUCCESS).", file=sys.stderr)
+        return EXIT_STEP_FAILED
+
+
+def _explain(args: argparse.Namespace) -> int:
     prefix = discover_config(prefix=args.prefix).prefix
     first = _resolve_one(prefix, args.step)
     if not first:

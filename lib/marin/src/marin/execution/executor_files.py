@@ -1,9 +1,12 @@
 """The files the runner keeps in each step's output folder, and how to read them.
 
-``.executor_info``   JSON: what ran (name, identity, version, hash attributes, function, dependency
-                     names/identities/paths, resources). Written before the step starts.
-``.executor_status`` JSON: ``{"status": ..., "time": ..., "holder": ..., "error": ...}`` where
-                     status is RUNNING, SUCCESS, FAILED or DEP_FAILED. SUCCESS is written last.
+``.executor_info``   JSON: what ran (name, identity, version, hash attributes, function and its code
+                     fingerprint, git commit, dependency names/identities/locations, resources).
+                     Written before the step starts.
+``.executor_status`` JSON: ``{"status": ..., "time": ..., "holder": ..., "error": ..., "identity": ...,
+                     "code": ...}`` where status is RUNNING, SUCCESS, FAILED or DEP_FAILED. SUCCESS is
+                     written last. The status carries the full identity it is about, so that the file
+                     that says "done" also says done *what*: reuse never depends on another file.
 ``.executor_lock``   the lease (see :mod:`rigging.lease`): who is running the step right now.
 ``.artifact.json``   the step's typed result and provenance (see :mod:`marin.execution.artifact`).
 """
@@ -31,13 +34,18 @@ ALL_STATUSES = (STATUS_RUNNING, STATUS_SUCCESS, STATUS_FAILED, STATUS_DEP_FAILED
 
 @dataclass(frozen=True)
 class StatusRecord:
+    """``identity``: the full identity of the step this status is about (None in records of older
+    runners); ``code``: the fingerprint digest of the function that made it (see code_fingerprint)."""
+
     status: str
     time: float
     holder: str | None = None
     error: str | None = None
+    identity: str | None = None
+    code: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"status": self.status, "time": self.time, "holder": self.holder, "error": self.error}, indent=1)
+        return json.dumps(self.__dict__, indent=1)
 
 
 def read_status(output_path: str) -> StatusRecord | None:
@@ -47,27 +55,100 @@ def read_status(output_path: str) -> StatusRecord | None:
         return None
     try:
         data = json.loads(text)
-        return StatusRecord(data["status"], float(data.get("time", 0.0)), data.get("holder"), data.get("error"))
-    except (ValueError, KeyError, TypeError):
+        return StatusRecord(
+            data["status"],
+            float(data.get("time", 0.0)),
+            data.get("holder"),
+            data.get("error"),
+            data.get("identity"),
+            data.get("code"),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
         # A bare word is accepted too, so a hand-edited status file still reads.
         word = text.strip()
         return StatusRecord(word, 0.0) if word in ALL_STATUSES else None
 
 
-def write_status(output_path: str, status: str, *, holder: str | None = None, error: str | None = None) -> StatusRecord:
-    record = StatusRecord(status, time.time(), holder, error)
+def write_status(
+    output_path: str,
+    status: str,
+    *,
+    holder: str | None = None,
+    error: str | None = None,
+    identity: str | None = None,
+    code: str | None = None,
+) -> StatusRecord:
+    record = StatusRecord(status, time.time(), holder, error, identity, code)
     fsx.atomic_write(fsx.join(output_path, STATUS_FILE), record.to_json())
     return record
 
 
-def read_info(output_path: str) -> dict[str, Any] | None:
-    text = fsx.read_text(fsx.join(output_path, INFO_FILE))
+class CorruptRecordError(ValueError):
+    """One of the runner's own files in a step folder exists but cannot be read as JSON."""
+
+
+def read_info(output_path: str, *, strict: bool = False) -> dict[str, Any] | None:
+    """``.executor_info`` as a dict; ``None`` when it is missing, or unreadable unless ``strict``.
+
+    With ``strict``, an unreadable file raises :class:`CorruptRecordError` naming it, for callers
+    that must tell "no record" from "a record that was damaged".
+    """
+    url = fsx.join(output_path, INFO_FILE)
+    text = fsx.read_text(url)
     if text is None:
         return None
     try:
-        return json.loads(text)
-    except ValueError:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+        return data
+    except ValueError as exc:
+        if strict:
+            raise CorruptRecordError(f"{url} is corrupt ({exc}); the step's record of what ran is lost.") from exc
         return None
+
+
+def recorded_identity(output_path: str, status: StatusRecord | None) -> str | None:
+    """The full identity the folder's records name: the status's own, else ``.executor_info``'s."""
+    if status is not None and status.identity:
+        return status.identity
+    info = read_info(output_path)
+    identity = info.get("identity") if info else None
+    return identity if isinstance(identity, str) and identity else None
+
+
+def step_location(output_path: str, prefix: str) -> str | None:
+    """``output_path`` relative to ``prefix`` (``None`` when it lies elsewhere)."""
+    root = prefix.rstrip("/")
+    if output_path.startswith(root + "/"):
+        return output_path[len(root) + 1 :]
+    return None
+
+
+def prefix_of(output_path: str, info: dict[str, Any] | None) -> str | None:
+    """The prefix ``output_path`` lies under *now*, from the location its ``.executor_info`` records.
+
+    The prefix as it was when the step ran may have been moved or copied since; the step's place
+    inside it has not.
+    """
+    location = (info or {}).get("location")
+    if isinstance(location, str) and location and output_path.rstrip("/").endswith("/" + location):
+        return output_path.rstrip("/")[: -len(location) - 1]
+    return None
+
+
+def recorded_dependency_paths(output_path: str, info: dict[str, Any] | None) -> list[tuple[dict[str, Any], str | None]]:
+    """Each recorded dependency with its output path resolved against the prefix as it is now.
+
+    Falls back to the path recorded when the step ran for steps outside any prefix.
+    """
+    prefix = prefix_of(output_path, info)
+    resolved = []
+    for dep in (info or {}).get("deps") or []:
+        location = dep.get("location")
+        path = fsx.join(prefix, location) if prefix and location else dep.get("output_path")
+        resolved.append((dep, path))
+    return resolved
 
 
 def write_info(output_path: str, info: dict[str, Any]) -> None:

@@ -1,8 +1,10 @@
 """Why a step has the hash it has, and what differs between two hashes (``marin explain``).
 
 Everything here reads the ``identity_record`` that the runner stored in each ``.executor_info``:
-exactly the data that was hashed. Dependencies are followed through the output paths recorded
-there, so the tree is what actually ran, not what a script would compute today.
+exactly the data that was hashed. Dependencies are followed through the locations recorded
+there (resolved against the prefix as it is now, so a moved prefix still explains), so the tree
+is what actually ran, not what a script would compute today. A damaged ``.executor_info`` raises
+:class:`~marin.execution.executor_files.CorruptRecordError` naming the file.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from marin.execution.executor_files import read_info
+from marin.execution.executor_files import read_info, recorded_dependency_paths
 
 MAX_DEPTH = 32
 
@@ -38,7 +40,7 @@ def _short(value: Any) -> str:
 def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[str]:
     """Lines showing the step at ``output_path``, its hashed attributes, and its dependencies' trees."""
     pad = "  " * indent
-    info = read_info(output_path)
+    info = read_info(output_path, strict=True)
     if info is None:
         return [f"{pad}(no .executor_info at {output_path})"]
     lines = [f"{pad}{info.get('name')}  {str(info.get('identity'))[:8]}  version={info.get('version')!r}  {output_path}"]
@@ -47,12 +49,12 @@ def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[
     if attrs and attrs != {"(value)": {}}:
         lines.append(f"{pad}  hash_attrs:")
         lines.extend(f"{pad}    {key} = {_short(value)}" for key, value in attrs.items())
-    for dep in info.get("deps") or []:
+    for dep, dep_path in recorded_dependency_paths(output_path, info):
         lines.append(f"{pad}  dep {dep.get('name')} ({str(dep.get('identity'))[:8]}):")
         if depth >= MAX_DEPTH:
             lines.append(f"{pad}    ...")
-        elif dep.get("output_path"):
-            lines.extend(identity_tree(dep["output_path"], indent=indent + 2, depth=depth + 1))
+        elif dep_path:
+            lines.extend(identity_tree(dep_path, indent=indent + 2, depth=depth + 1))
         else:
             lines.append(f"{pad}    (no recorded output path)")
     return lines
@@ -60,7 +62,7 @@ def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[
 
 def identity_differences(path_a: str, path_b: str, *, depth: int = 0, where: str = "") -> list[str]:
     """Human-readable differences between two steps' identities, following changed dependencies."""
-    info_a, info_b = read_info(path_a), read_info(path_b)
+    info_a, info_b = read_info(path_a, strict=True), read_info(path_b, strict=True)
     if info_a is None or info_b is None:
         missing = path_a if info_a is None else path_b
         return [f"{where or 'step'}: no .executor_info at {missing}"]
@@ -79,8 +81,8 @@ def identity_differences(path_a: str, path_b: str, *, depth: int = 0, where: str
             differences.append(f"{label}: hash_attrs.{key} added ({_short(attrs_b[key])})")
         elif attrs_a[key] != attrs_b[key]:
             differences.append(f"{label}: hash_attrs.{key} changed {_short(attrs_a[key])} -> {_short(attrs_b[key])}")
-    deps_a = {d.get("name"): d for d in info_a.get("deps") or []}
-    deps_b = {d.get("name"): d for d in info_b.get("deps") or []}
+    deps_a = {d.get("name"): {**d, "output_path": p} for d, p in recorded_dependency_paths(path_a, info_a)}
+    deps_b = {d.get("name"): {**d, "output_path": p} for d, p in recorded_dependency_paths(path_b, info_b)}
     for name in sorted(set(deps_a) | set(deps_b), key=str):
         if name not in deps_b:
             differences.append(f"{label}: dependency {name} removed")

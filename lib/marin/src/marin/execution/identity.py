@@ -14,16 +14,13 @@ import enum
 import hashlib
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rigging.names import UnsafeNameError, check_relative_name
+
 SHORT_HASH_LENGTH = 8
 IDENTITY_FORMAT = 1
-
-# Each path segment of a step name: letters, digits, '.', '_', '-' (no spaces, no shell or URL
-# metacharacters), and never '.' or '..' on its own.
-_NAME_SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 class InvalidStepError(ValueError):
@@ -31,25 +28,23 @@ class InvalidStepError(ValueError):
 
 
 def validate_step_name(name: str) -> str:
-    """Refuse names that could escape the prefix or are unsafe in paths; return the name."""
-    if not isinstance(name, str) or not name:
-        raise InvalidStepError(f"A step name must be a non-empty string, got {name!r}.")
-    if name.startswith("/") or "://" in name or re.match(r"^[A-Za-z]:", name):
-        raise InvalidStepError(f"Step name {name!r} is an absolute path; names are relative, like 'tokenized/tinystories'.")
-    for segment in name.split("/"):
-        if segment in ("", ".", ".."):
-            raise InvalidStepError(
-                f"Step name {name!r} has an empty, '.' or '..' path segment; use names like 'checkpoints/my-model'."
-            )
-        if not _NAME_SEGMENT.match(segment):
-            raise InvalidStepError(
-                f"Step name {name!r} contains characters unsafe in paths; use only letters, digits, '.', '_', '-' and '/'."
-            )
-    return name
+    """Refuse names that could escape the prefix, hide, or not fit a folder (rigging.names' rule)."""
+    try:
+        return check_relative_name(name, what="Step name", example="tokenized/tinystories")
+    except UnsafeNameError as exc:
+        raise InvalidStepError(str(exc)) from None
 
 
-def canonicalize(value: Any, *, where: str = "hash_attrs") -> Any:
-    """Turn a hash attribute into plain JSON data, refusing anything whose meaning is ambiguous."""
+def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int] = frozenset()) -> Any:
+    """Turn a hash attribute into plain JSON data, refusing anything whose meaning is ambiguous.
+
+    ``_open`` holds the ids of the containers being canonicalized around ``value``: a container
+    that holds itself has no finite JSON form and is refused instead of recursing forever.
+    """
+    if isinstance(value, (Mapping, list, tuple)) or dataclasses.is_dataclass(value):
+        if id(value) in _open:
+            raise InvalidStepError(f"{where} refers back to a value that contains it; hash attributes must be a tree.")
+        _open = _open | {id(value)}
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -73,17 +68,19 @@ def canonicalize(value: Any, *, where: str = "hash_attrs") -> Any:
                 f"{where} is an instance of the mutable dataclass {type(value).__qualname__}; "
                 "declare it with @dataclass(frozen=True) so it cannot change after hashing."
             )
-        fields = {f.name: canonicalize(getattr(value, f.name), where=f"{where}.{f.name}") for f in dataclasses.fields(value)}
+        fields = {
+            f.name: canonicalize(getattr(value, f.name), where=f"{where}.{f.name}", _open=_open) for f in dataclasses.fields(value)
+        }
         return {"__class__": type(value).__qualname__, **fields}
     if isinstance(value, Mapping):
         result = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidStepError(f"{where} has the key {key!r}; hash attribute keys must be strings.")
-            result[key] = canonicalize(item, where=f"{where}.{key}")
+            result[key] = canonicalize(item, where=f"{where}.{key}", _open=_open)
         return result
     if isinstance(value, (list, tuple)):
-        return [canonicalize(item, where=f"{where}[{i}]") for i, item in enumerate(value)]
+        return [canonicalize(item, where=f"{where}[{i}]", _open=_open) for i, item in enumerate(value)]
     raise InvalidStepError(
         f"{where} has a value of type {type(value).__name__} ({value!r:.80}); hash attributes must be "
         "JSON-like (dict, list, str, number, bool, None) or frozen dataclasses. Convert it, e.g. str(path)."

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from marin.execution.code_fingerprint import fingerprint_function
 from marin.execution.identity import (
     IdentifiedStep,
     InvalidStepError,
@@ -116,6 +117,21 @@ def topological_order(roots: Iterable[Any]) -> list[Any]:
     return order
 
 
+def _check_same_step(first: LazyStep, other: LazyStep) -> None:
+    """Two handles with one identity lower to one step: refuse it when their functions differ."""
+    if first is other or first.fn is other.fn:
+        return
+    code_a, code_b = fingerprint_function(first.fn), fingerprint_function(other.fn)
+    if code_a is not None and code_b is not None and code_a.digest != code_b.digest or first.output_path != other.output_path:
+        where = [f"{c.file}:{c.line}" if c and c.file else "?" for c in (code_a, code_b)]
+        raise StepGraphError(
+            f"Two different steps named {first.name!r} share identity {first.short_hash} (functions defined at "
+            f"{where[0]} and {where[1]}, output paths {first.output_path!r} and {other.output_path!r}). Only one of "
+            "them could run, and the other would silently get its result: give one of them a different name, "
+            "version or hash_attrs."
+        )
+
+
 def lower(*handles: LazyStep | Iterable[LazyStep]) -> list[StepSpec]:
     """StepSpecs for ``handles`` and all their transitive dependencies, each once, deps first.
 
@@ -130,10 +146,13 @@ def lower(*handles: LazyStep | Iterable[LazyStep]) -> list[StepSpec]:
         else:
             flat.extend(item)
     lowered: dict[str, StepSpec] = {}
+    first_handles: dict[str, LazyStep] = {}
     result: list[StepSpec] = []
     for handle in topological_order(flat):
         if handle.identity in lowered:
+            _check_same_step(first_handles[handle.identity], handle)
             continue
+        first_handles[handle.identity] = handle
         spec = StepSpec(
             name=handle.name,
             fn=takes_context(handle.fn),

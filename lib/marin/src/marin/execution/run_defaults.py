@@ -22,6 +22,7 @@ class RunOverrides:
     force_run_failed: bool | None = None
     run_only: str | None = None
     max_concurrent: int | None = None
+    strict: bool | None = None
 
 
 _current = RunOverrides()

@@ -4,8 +4,9 @@
 
 1. lowers lazy handles, collects every transitive dependency, refuses cycles, two different steps
    with one identity, and two identities sharing one output folder;
-2. plans: a step whose ``.executor_status`` is SUCCESS is *cached* and skipped; a FAILED one is
-   rerun when ``force_run_failed`` (the default) and otherwise reported failed;
+2. plans: a step whose ``.executor_status`` is SUCCESS *for its identity* is *cached* and skipped;
+   a FAILED one is rerun when ``force_run_failed`` (the default) and otherwise reported failed. A
+   folder whose records name another identity is never reused (see "Reuse" below);
 3. runs the rest in topological order, at most ``max_concurrent`` at a time (default
    :data:`DEFAULT_MAX_CONCURRENT`; steps run in threads of this process), each under a lease so
    that two runners on one prefix never run a step twice;
@@ -19,8 +20,18 @@ by default, or through a fray client (``StepRunner(client=RayClient())`` or ``MA
 each step's ``resources``. The lease, status and artifact files are written by the runner the same
 way on every backend.
 
-An explicit ``output_path`` that already holds another identity's output is refused before anything
-runs (:class:`OutputPathConflict`), naming both identities: delete the folder or choose another path.
+Reuse. The status file records the full identity it is about. Before anything runs, every
+planned folder's recorded identity is compared with the step's: a folder holding another
+identity's output (an explicit ``output_path`` reused by a changed configuration, or two
+configurations whose 8-digit folder hashes collide) is refused (:class:`OutputPathConflict`),
+naming both identities; a SUCCESS whose identity no record confirms is refused too
+(:class:`UnverifiedOutputError`). The comparison, not a longer folder hash, is what makes reuse
+safe: a longer hash only makes a collision rarer, the comparison makes it harmless.
+
+Drift. A step's function code is not part of its identity (see
+:mod:`marin.execution.code_fingerprint`). A cached output made by other code is reused with a
+warning, "code changed since this output was made"; with ``strict`` the run refuses it
+(:class:`CodeChangedError`) before anything runs.
 """
 
 from __future__ import annotations
@@ -29,11 +40,8 @@ import concurrent.futures as futures
 import logging
 import os
 import re
-import signal
-import sys
 import sysconfig
 import tempfile
-import threading
 import time
 import traceback
 import uuid
@@ -48,7 +56,8 @@ from rigging.lease import DEFAULT_TTL_S, Lease
 from rigging.log import get_logger, is_configured, setup_logging
 
 from marin.execution import run_defaults, step_executor
-from marin.execution.artifact import result_summary, save_artifact
+from marin.execution.artifact import current_provenance, result_summary, save_artifact
+from marin.execution.code_fingerprint import comparable
 from marin.execution.executor_files import (
     INFO_FILE,
     LOCK_FILE,
@@ -58,11 +67,13 @@ from marin.execution.executor_files import (
     STATUS_RUNNING,
     STATUS_SUCCESS,
     StatusRecord,
-    read_info,
     read_status,
+    recorded_identity,
+    step_location,
     write_info,
     write_status,
 )
+from marin.execution.interrupts import Interrupt, RunInterrupts, RunInterruption
 from marin.execution.lazy import LazyStep, StepGraphError, lower, topological_order
 from marin.execution.step_context import LeaseLostError
 from marin.execution.step_executor import InProcessStepExecutor, StepCall, StepExecutor, executor_for
@@ -83,7 +94,15 @@ DEFAULT_MAX_CONCURRENT = 32
 
 
 class OutputPathConflict(RuntimeError):
-    """An explicit output folder already holds the output of a step with another identity."""
+    """A step's output folder already holds the output of a step with another identity."""
+
+
+class UnverifiedOutputError(OutputPathConflict):
+    """A folder says SUCCESS but no record in it names the identity it is the output of."""
+
+
+class CodeChangedError(RuntimeError):
+    """Under ``strict``, cached outputs that were made by other code than the steps' functions now."""
 
 
 class RunOptionError(ValueError):
@@ -191,54 +210,6 @@ def _remove_orphan_temporaries(output_path: str) -> int:
 _WAIT_POLL_S = 0.5
 
 
-class _CtrlC:
-    """Turns Ctrl-C (SIGINT) during a run into a graceful stop.
-
-    A KeyboardInterrupt raised at an arbitrary point of the scheduling loop can land inside
-    ``concurrent.futures`` while it holds a future's lock, and the run then hangs for good. So,
-    in the main thread, SIGINT only sets a flag: running steps are asked to stop (``ctx.check_lease``
-    raises), nothing new starts, and once the running steps have returned the run raises
-    KeyboardInterrupt. A second Ctrl-C stops at once, as Python's default would. Off the main
-    thread no handler can be installed and KeyboardInterrupt is handled where it is raised.
-    """
-
-    def __init__(self, cancelled: threading.Event, running: dict):
-        self._cancelled = cancelled
-        self._running = running
-        self._previous = None
-        self.interrupted = False
-
-    def __enter__(self) -> "_CtrlC":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _on_sigint(self, signum, frame) -> None:
-        if self.interrupted:
-            # Step threads cannot be killed and the interpreter joins them at exit, so a second
-            # Ctrl-C ends the process here. Its steps stay RUNNING under a lease of a dead process,
-            # which the next run takes over at once, as after a kill.
-            logger.error("second Ctrl-C: exiting now, without waiting for %d running step(s)", len(self._running))
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + signal.SIGINT)
-        self.interrupted = True
-        self.stop_steps()
-
-    def stop_steps(self) -> None:
-        self._cancelled.set()
-        logger.warning(
-            "Interrupted: stopping %d running step(s) (steps that never call ctx.check_lease() finish first; "
-            "Ctrl-C again to stop at once)",
-            len(self._running),
-        )
-
-
 class StepRunFailed(RuntimeError):
     """At least one step failed; ``.report`` says which, and which dependents did not run."""
 
@@ -314,7 +285,11 @@ class RunReport:
 
 @dataclass
 class PlannedStep:
-    """One step of a plan: the spec, where its output goes, and its status when planned."""
+    """One step of a plan: the spec, where its output goes, and its status when planned.
+
+    A SUCCESS status in a plan is always this spec's own: planning refuses folders that hold
+    another identity's output.
+    """
 
     spec: StepSpec
     output_path: str
@@ -323,6 +298,27 @@ class PlannedStep:
     @property
     def cached(self) -> bool:
         return self.status is not None and self.status.status == STATUS_SUCCESS
+
+    @property
+    def code_changed(self) -> bool:
+        """Cached, and made by code other than the step's function now (when the two can be compared)."""
+        if not self.cached:
+            return False
+        current = self.spec.code_fingerprint
+        recorded = self.status.code if self.status else None
+        return current is not None and comparable(recorded, current.digest) and recorded != current.digest
+
+
+def _different_code(a: StepSpec, b: StepSpec) -> bool:
+    code_a, code_b = a.code_fingerprint, b.code_fingerprint
+    return code_a is not None and code_b is not None and code_a.digest != code_b.digest
+
+
+def _where_defined(spec: StepSpec) -> str:
+    code = spec.code_fingerprint
+    if code is None or code.file is None:
+        return spec.fn_description
+    return f"{spec.fn_description} ({code.file}:{code.line})"
 
 
 def _flatten(steps: Iterable[Any]) -> list[StepSpec | LazyStep]:
@@ -349,7 +345,8 @@ class StepRunner:
     over (a crashed runner on the same host is detected at once); ``poll_s`` is how often a
     runner waiting on another's step looks again. ``client`` is the fray client step functions run
     on (default: :func:`fray.cluster.current_client`: threads of this process unless configured
-    otherwise, e.g. ``MARIN_CLUSTER=ray:auto``).
+    otherwise, e.g. ``MARIN_CLUSTER=ray:auto``). ``strict`` refuses to reuse cached outputs made
+    by other code than the steps' functions now (see :meth:`run`).
     """
 
     def __init__(
@@ -360,6 +357,7 @@ class StepRunner:
         heartbeat_s: float | None = None,
         poll_s: float = 0.5,
         client: DistributedClient | None = None,
+        strict: bool = False,
     ) -> None:
         override = run_defaults.current_overrides().prefix
         chosen = override or prefix
@@ -370,9 +368,10 @@ class StepRunner:
         self.heartbeat_s = heartbeat_s
         self.poll_s = poll_s
         self.runner_id = uuid.uuid4().hex[:12]
-        self._cancelled = threading.Event()
+        self._cancelled = RunInterruption()  # replaced by a fresh one per run
         # Where step functions run; None: fray's current client when a run starts (see step_executor).
         self.client = client
+        self.strict = strict
         self._executor: StepExecutor = InProcessStepExecutor()
 
     # -- placement ----------------------------------------------------------------------------------
@@ -402,11 +401,16 @@ class StepRunner:
             if seen is None:
                 unique[spec.identity] = spec
                 result.append(spec)
-            elif seen is not spec and (seen.fn_description != spec.fn_description or seen.output_path != spec.output_path):
+            elif seen is not spec and (
+                seen.fn_description != spec.fn_description
+                or seen.output_path != spec.output_path
+                or _different_code(seen, spec)
+            ):
                 raise StepGraphError(
                     f"Two different steps named {spec.name!r} share identity {spec.short_hash} "
-                    f"(functions {seen.fn_description} and {spec.fn_description}, output paths {seen.output_path!r} and "
-                    f"{spec.output_path!r}). Give one of them a different name, version or hash_attrs."
+                    f"(functions {_where_defined(seen)} and {_where_defined(spec)}, output paths {seen.output_path!r} "
+                    f"and {spec.output_path!r}). Only one of them could run, and the other would silently get its "
+                    "result: give one of them a different name, version or hash_attrs."
                 )
         return result
 
@@ -421,12 +425,14 @@ class StepRunner:
         run_only: str | None = None,
         max_concurrent: int | None = None,
         raise_on_failure: bool = True,
+        strict: bool | None = None,
     ) -> RunReport:
         """Run ``steps`` (StepSpecs, lazy handles, or lists of them) and all their dependencies.
 
         ``run_only`` is a regular expression: only steps whose name it matches (``re.search``),
-        plus their dependencies, are considered. Options given to ``marin run`` on the command
-        line take precedence over these arguments.
+        plus their dependencies, are considered. ``strict`` (default: the runner's ``strict``)
+        refuses to reuse cached outputs made by other code than the steps' functions now. Options
+        given to ``marin run`` on the command line take precedence over these arguments.
         """
         overrides = run_defaults.current_overrides()
         run_defaults.note_run_started()
@@ -436,6 +442,7 @@ class StepRunner:
         )
         run_only = overrides.run_only if overrides.run_only is not None else run_only
         max_concurrent = overrides.max_concurrent if overrides.max_concurrent is not None else max_concurrent
+        strict = bool(overrides.strict if overrides.strict is not None else (self.strict if strict is None else strict))
         if max_concurrent is not None and max_concurrent < 1:
             raise RunOptionError(f"max_concurrent must be at least 1 (or None for the default, {DEFAULT_MAX_CONCURRENT}), got {max_concurrent}.")
         _ensure_logging()
@@ -444,6 +451,7 @@ class StepRunner:
         logger.info(
             "Running %d step(s) under %s (%d already done)", len(planned), self.prefix, sum(p.cached for p in planned)
         )
+        self._check_code(planned, strict=strict)
         report = RunReport(dry_run=dry_run, prefix=self.prefix)
         if dry_run:
             self._dry_run(planned, force_run_failed, report)
@@ -454,6 +462,27 @@ class StepRunner:
         if raise_on_failure and not report.ok:
             raise StepRunFailed(report)
         return report
+
+    def _check_code(self, planned: list[PlannedStep], *, strict: bool) -> None:
+        """Say which cached outputs were made by other code; under ``strict``, refuse them."""
+        changed = [item for item in planned if item.code_changed]
+        for item in changed:
+            log = logger.error if strict else logger.warning
+            log(
+                "Step %s: code changed since this output was made (%s is not the code that wrote %s). %s",
+                item.spec.name,
+                _where_defined(item.spec),
+                item.output_path,
+                "Refusing to reuse it (strict)." if strict else
+                "Reusing it, because the identity is the same; bump the step's version to recompute, or use strict to refuse.",
+            )
+        if strict and changed:
+            names = ", ".join(f"{item.spec.name} ({item.output_path})" for item in changed)
+            raise CodeChangedError(
+                f"Strict run: {len(changed)} cached output(s) were made by other code than their step functions now: "
+                f"{names}. Give each changed step a new version= (its outputs are then recomputed), delete those "
+                "folders, or run without strict to reuse them."
+            )
 
     def _check_prefix(self, *, writing: bool) -> None:
         """Fail before any step starts if a local prefix can never hold outputs.
@@ -538,20 +567,33 @@ class StepRunner:
                     f"{output_path}; give one of them another output_path."
                 )
             status = read_status(output_path)
-            if spec.output_path is not None:
-                self._check_explicit_path(spec, output_path)
+            self._check_recorded_identity(spec, output_path, status)
             planned.append(PlannedStep(spec, output_path, status))
         return planned
 
-    def _check_explicit_path(self, spec: StepSpec, output_path: str) -> None:
-        info = read_info(output_path)
-        if info is None or info.get("identity") in (None, spec.identity):
+    def _check_recorded_identity(self, spec: StepSpec, output_path: str, status: StatusRecord | None) -> None:
+        """Refuse a folder that holds another identity's output, or a SUCCESS no record ties to one."""
+        recorded = recorded_identity(output_path, status)
+        if recorded == spec.identity or (recorded is None and (status is None or status.status != STATUS_SUCCESS)):
             return
+        if recorded is None:
+            raise UnverifiedOutputError(
+                f"Step {spec.name!r} ({spec.identity}): {output_path} says SUCCESS, but which configuration it is the "
+                "output of cannot be confirmed: its .executor_status names no identity and its .executor_info is missing "
+                "or unreadable. Refusing to reuse it. Delete that folder (e.g. `rm -r` it) to recompute it."
+            )
+        if spec.output_path is not None:
+            why = "Its explicit output_path already holds the output of another configuration."
+        else:
+            why = (
+                f"The two identities begin with the same {len(spec.short_hash)} hex digits, so their default folders "
+                "collide (about one chance in four billion per pair); give this step a version= or an output_path."
+            )
         raise OutputPathConflict(
-            f"Step {spec.name!r} has identity {spec.short_hash} ({spec.identity}) but its output_path {output_path} "
-            f"already holds the output of {info.get('name')!r} with identity {str(info.get('identity'))[:8]} "
-            f"({info.get('identity')}). Refusing to reuse or overwrite it. Delete that folder to recompute there "
-            "(e.g. `rm -r` it), or give the step another output_path; `marin explain` on the two shows what changed."
+            f"Step {spec.name!r} has identity {spec.short_hash} ({spec.identity}) but {output_path} holds the output of "
+            f"identity {recorded[:8]} ({recorded}). {why} Refusing to reuse or overwrite it. Delete that folder to "
+            "recompute there (e.g. `rm -r` it), or give the step another output_path; `marin explain` on the two "
+            "shows what changed."
         )
 
     def _dry_run(self, planned: list[PlannedStep], force_run_failed: bool, report: RunReport) -> None:
@@ -595,17 +637,18 @@ class StepRunner:
         total_to_run = len(pending)
         workers = max_concurrent or DEFAULT_MAX_CONCURRENT
         running: dict[futures.Future, PlannedStep] = {}
-        self._cancelled.clear()
+        # Fresh per run: it records which signal (Ctrl-C or SIGTERM) stopped this run, and a step
+        # still finishing from an earlier run keeps its own.
+        self._cancelled = RunInterruption()
         with futures.ThreadPoolExecutor(max_workers=max(1, min(workers, max(1, total_to_run))), thread_name_prefix="marin-step") as pool:
-            with _CtrlC(self._cancelled, running) as ctrl_c:
+            with RunInterrupts(self._cancelled, running) as interrupts:
                 try:
                     self._schedule(pool, pending, running, outcomes, paths, workers, total_to_run)
                 except KeyboardInterrupt:  # raised where no handler could be installed (not the main thread)
-                    ctrl_c.stop_steps()
+                    interrupts.stop_steps(Interrupt.CTRL_C)
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
-        if ctrl_c.interrupted:
-            raise KeyboardInterrupt("the run was stopped by Ctrl-C")
+        interrupts.raise_if_interrupted()
         report.outcomes.extend(outcomes[item.spec.identity] for item in planned if item.spec.identity in outcomes)
 
     def _schedule(
@@ -678,7 +721,7 @@ class StepRunner:
                 current = read_status(item.output_path)
                 if current is None or current.status != STATUS_SUCCESS:
                     write_info(item.output_path, self._info(item, {}))
-                    write_status(item.output_path, STATUS_DEP_FAILED, holder=self.runner_id, error=error)
+                    self._write_status(item, STATUS_DEP_FAILED, error=error)
             finally:
                 lease.release()
         return StepOutcome(spec.name, spec.identity, item.output_path, DEP_FAILED, error=error)
@@ -691,8 +734,21 @@ class StepRunner:
             heartbeat_s=self.heartbeat_s,
         )
 
+    def _write_status(self, item: PlannedStep, status: str, *, error: str | None = None) -> StatusRecord:
+        code = item.spec.code_fingerprint
+        return write_status(
+            item.output_path,
+            status,
+            holder=self.runner_id,
+            error=error,
+            identity=item.spec.identity,
+            code=code.digest if code else None,
+        )
+
     def _info(self, item: PlannedStep, dep_paths: dict[str, str]) -> dict[str, Any]:
         spec = item.spec
+        code = spec.code_fingerprint
+        provenance = current_provenance()
         return {
             "name": spec.name,
             "identity": spec.identity,
@@ -700,10 +756,20 @@ class StepRunner:
             "version": spec.version,
             "hash_attrs": spec.identity_record["hash_attrs"],
             "fn": spec.fn_description,
+            "code": code.to_json() if code else None,
+            "git": {"commit": provenance.git_commit, "dirty": provenance.git_dirty},
             "deps": [
-                {"name": dep.name, "identity": dep.identity, "output_path": dep_paths.get(dep.identity)} for dep in spec.deps
+                {
+                    "name": dep.name,
+                    "identity": dep.identity,
+                    "output_path": dep_paths.get(dep.identity),
+                    # Where it lies inside the prefix: what survives moving or copying the prefix.
+                    "location": step_location(dep_paths[dep.identity], self.prefix) if dep.identity in dep_paths else None,
+                }
+                for dep in spec.deps
             ],
             "output_path": item.output_path,
+            "location": step_location(item.output_path, self.prefix),
             "explicit_output_path": spec.output_path is not None,
             "resources": repr(spec.resources) if spec.resources is not None else None,
             "identity_record": spec.identity_record,
@@ -724,7 +790,7 @@ class StepRunner:
                 if self._cancelled.is_set():
                     return outcome(FAILED, "interrupted while waiting for another runner")
                 status = read_status(output_path)
-                if status is not None and status.status == STATUS_SUCCESS:
+                if status is not None and status.status == STATUS_SUCCESS and status.identity == spec.identity:
                     return outcome(CACHED)
                 if not waiting_logged:
                     holder = lease.read()
@@ -742,6 +808,12 @@ class StepRunner:
 
         try:
             status = read_status(output_path)
+            try:
+                # Planned before the lease was ours: what another runner wrote since is checked again.
+                self._check_recorded_identity(spec, output_path, status)
+            except OutputPathConflict as exc:
+                logger.error("Step %s not run: %s", spec.name, exc)
+                return outcome(FAILED, str(exc))  # the folder is another step's: write nothing there
             if status is not None and status.status == STATUS_SUCCESS:
                 return outcome(CACHED)
             if (
@@ -763,15 +835,15 @@ class StepRunner:
                 logger.warning("Step %s: could not clean up temporary files in %s: %s", spec.name, output_path, exc)
             logger.info("Step %s started: %s", spec.name, output_path)
             write_info(output_path, self._info(item, dep_paths))
-            write_status(output_path, STATUS_RUNNING, holder=self.runner_id)
+            self._write_status(item, STATUS_RUNNING)
             result = self._executor.run(StepCall(spec, output_path, dep_paths, lease.lost_event, self._cancelled))
             lease.check()
-            save_artifact(output_path, result, step=spec.name, identity=spec.identity)
+            save_artifact(output_path, result, step=spec.name, identity=spec.identity, prefix=self.prefix)
             # Confirm with the lock file itself, not only the heartbeat thread's last look.
             lease.heartbeat()
             lease.check()
             # SUCCESS goes last: a reader who sees it can trust the output and artifact are complete.
-            write_status(output_path, STATUS_SUCCESS, holder=self.runner_id)
+            self._write_status(item, STATUS_SUCCESS)
             return outcome(RAN, result=result)
         except BaseException as exc:  # noqa: BLE001 - a step's failure must never take the runner down
             message = f"{type(exc).__name__}: {exc}"
@@ -779,11 +851,12 @@ class StepRunner:
                 message = f"lost the lease (another runner took the step over); {message}"
             else:
                 try:
-                    write_status(output_path, STATUS_FAILED, holder=self.runner_id, error=message)
+                    self._write_status(item, STATUS_FAILED, error=message)
                 except Exception:
                     logger.exception("Could not record FAILED for %s", output_path)
-            if _is_explained_error(exc):
-                # The message says what to do; the traceback is there for whoever wants it.
+            if _is_explained_error(exc) or lease.lost or self._cancelled.is_set():
+                # The message says what to do (or the run's own stop request is the cause); the
+                # traceback is there for whoever wants it.
                 logger.error("Step %s failed (output folder %s): %s%s", spec.name, output_path, message, _user_frame(exc))
                 logger.debug("Traceback of step %s:\n%s", spec.name, _step_traceback(exc))
             else:
@@ -796,6 +869,7 @@ class StepRunner:
 
 
 __all__ = [
+    "CodeChangedError",
     "OutputPathConflict",
     "PlannedStep",
     "PrefixNotWritableError",
@@ -806,4 +880,5 @@ __all__ = [
     "StepRunFailed",
     "StepRunner",
     "LeaseLostError",
+    "UnverifiedOutputError",
 ]

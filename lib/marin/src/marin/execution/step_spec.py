@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from marin.execution.code_fingerprint import CodeFingerprint, fingerprint_function
 from marin.execution.identity import (
     IdentifiedStep,
     InvalidStepError,
@@ -49,6 +50,14 @@ class takes_context:  # noqa: N801 - used like a decorator
 
     def __call__(self, ctx: Any) -> Any:
         return self.fn(ctx)
+
+
+def _is_root(output_path: str) -> bool:
+    """``/``, ``.``, ``./`` and bucket roots (``gs://bucket``): folders no step may own."""
+    path = output_path.replace("\\", "/")
+    if "://" in path:
+        path = path.split("://", 1)[1].split("/", 1)[1] if "/" in path.split("://", 1)[1] else ""
+    return all(segment in ("", ".") for segment in path.split("/"))
 
 
 def describe_function(fn: Callable[..., Any]) -> str:
@@ -130,6 +139,12 @@ class StepSpec(IdentifiedStep):
                 raise InvalidStepError(f"Step {self.name!r}: output_path must be a non-empty string or None.")
             if ".." in self.output_path.replace("\\", "/").split("/"):
                 raise InvalidStepError(f"Step {self.name!r}: output_path {self.output_path!r} must not contain '..'.")
+            if _is_root(self.output_path):
+                raise InvalidStepError(
+                    f"Step {self.name!r}: output_path {self.output_path!r} is the root of a file system, bucket or "
+                    "prefix, where the step's files would mix with everything else; name a folder for it, like "
+                    "'outputs/preprocess'."
+                )
         call_style(self.fn)  # fail at definition time, not halfway through a run
 
     @cached_property
@@ -143,6 +158,11 @@ class StepSpec(IdentifiedStep):
     @property
     def call_style(self) -> str:
         return call_style(self.fn)
+
+    @cached_property
+    def code_fingerprint(self) -> CodeFingerprint | None:
+        """Fingerprint of the function's own code (not part of the identity; see code_fingerprint)."""
+        return fingerprint_function(self.fn)
 
     @property
     def fn_description(self) -> str:

@@ -29,8 +29,11 @@ from levanter.main.train_lm import train_lm as run_training
 from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.tokenization import load_tokenizer
 from levanter.trainer import TrainerConfig
+from levanter.trainer.stopping import StopAction, StopRequest, StopSource
 from marin.datasets.builtin_tokenizer import STEP_NAME as BUILTIN_TOKENIZER_STEP
+from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
+from marin.execution.step_context import StopReason
 from marin.experiment.data import cache_sources
 from marin.processing.tokenize import TokenizedDataset
 
@@ -58,6 +61,7 @@ class DatasetUsed:
     validation_tokens: int | None
 
 
+@register_result_type
 @dataclass(frozen=True)
 class TrainedModel:
     """The result of a ``train_lm`` step (its ``.artifact.json``)."""
@@ -130,6 +134,10 @@ def train_lm(
     ``resources`` defaults to the local CPU. Nothing runs until the handle is lowered and run.
     """
     optimizer = optimizer or AdamConfig(learning_rate=3e-4)
+    if not isinstance(optimizer, OptimizerConfig):
+        raise TrainConfigError(
+            f"optimizer must be an optimizer config such as AdamConfig(learning_rate=6e-4), got {type(optimizer).__name__}."
+        )
     resources = resources or ResourceConfig.with_cpu()
     _check_request(model, datasets, batch_size, seq_len, num_train_steps)
     trainer = TrainerConfig(
@@ -175,8 +183,14 @@ def train_lm(
 
 def _check_request(model: Any, datasets: Mapping[LazyStep, float], batch_size: int, seq_len: int, steps: int) -> None:
     for label, value in (("batch_size", batch_size), ("seq_len", seq_len), ("num_train_steps", steps)):
-        if not isinstance(value, int) or value < 1:
+        # bool is an int subclass, but True as a count is always a slip (a flag passed by mistake).
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TrainConfigError(f"{label} must be a positive integer, got {value!r}.")
+    if seq_len < 2:
+        raise TrainConfigError(
+            f"seq_len={seq_len} is too short: a training window needs at least 2 tokens, since each position "
+            "learns to predict the next token (seq_len tokens give seq_len - 1 predictions)."
+        )
     if not datasets:
         raise TrainConfigError("train_lm needs at least one dataset: datasets={tokenized(...): 1.0}.")
     for handle, weight in datasets.items():
@@ -185,8 +199,12 @@ def _check_request(model: Any, datasets: Mapping[LazyStep, float], batch_size: i
                 f"datasets keys must be tokenized(...) handles, got {type(handle).__name__}; "
                 "write datasets={tokenized(name=..., source=..., tokenizer=...): 1.0}."
             )
-        if not weight > 0:
-            raise TrainConfigError(f"dataset {handle.name!r} has weight {weight!r}; weights must be positive.")
+        try:
+            usable = not isinstance(weight, (bool, str)) and 0 < float(weight) < float("inf")  # NaN fails both
+        except (TypeError, ValueError):
+            usable = False
+        if not usable:
+            raise TrainConfigError(f"dataset {handle.name!r} has weight {weight!r}; weights must be positive, finite numbers.")
     max_len = getattr(model, "max_seq_len", None)
     if max_len is not None and seq_len > max_len:
         raise TrainConfigError(
@@ -211,6 +229,9 @@ def _train(ctx, model_config, optimizer, trainer: TrainerConfig, weights, seq_le
         seed=trainer.seed,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        # Every cache's largest token id must fit the model's embedding table (an id past it is an
+        # out-of-range gather, which XLA turns into silent garbage, not an error).
+        vocab_size=first.vocab_size,
     )
 
     started = time.perf_counter()
@@ -225,6 +246,7 @@ def _train(ctx, model_config, optimizer, trainer: TrainerConfig, weights, seq_le
         ),
         data.train,
         data.validation,
+        stop_sources=[_trainer_stop_source(ctx)],
     )
     seconds = time.perf_counter() - started
     samples = _samples(result.hf_path, first.tokenizer_source, num_samples)
@@ -258,6 +280,23 @@ def _train(ctx, model_config, optimizer, trainer: TrainerConfig, weights, seq_le
         ],
         samples=samples,
     )
+
+
+def _trainer_stop_source(ctx) -> StopSource:
+    """The step's reasons to stop, as the trainer's requests, polled between training steps.
+
+    A lost lease abandons (another runner may be writing this folder: not even a checkpoint);
+    Ctrl-C and SIGTERM preempt (checkpoint, then stop, so a rerun resumes there).
+    """
+    requests = {
+        StopReason.LEASE_LOST: StopRequest(
+            StopAction.ABANDON,
+            f"step {ctx.step.name!r} lost its lease on {ctx.output_path} (another runner may be writing there)",
+        ),
+        StopReason.INTERRUPTED: StopRequest(StopAction.PREEMPT, "the run was interrupted (Ctrl-C)"),
+        StopReason.PREEMPTED: StopRequest(StopAction.PREEMPT, "the runner received SIGTERM (preemption)"),
+    }
+    return lambda: requests.get(ctx.stop_reason())
 
 
 def _describe(source: Mapping[str, Any]) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 from levanter.tokenization import HfTokenizer, SpecialTokenPolicy, encode_documents, load_tokenizer
 from rigging import filesystem as fsx
 from zephyr.dataset import Dataset
+from zephyr.main_guard import unguarded_top_level_line
 from zephyr.readers import DocumentReader
 from zephyr.token_cache import TokenCache
 from zephyr.worker_context import count
@@ -286,7 +287,21 @@ def _default_backend(shards: list[tuple[str, ...]]) -> str:
         for url in group:
             fs, path = fsx.filesystem(url)
             total += int(fs.size(path) or 0)
-    return "processes" if total >= PROCESS_POOL_MIN_BYTES else "inline"
+    if total < PROCESS_POOL_MIN_BYTES:
+        return "inline"
+    unguarded = unguarded_top_level_line()
+    if unguarded is not None:
+        # Worker processes would re-run the script (and this run): tokenize here instead, and say
+        # how to get the parallel version.
+        script, line = unguarded
+        logger.warning(
+            "Tokenizing %d shards in this process: %s, line %d runs outside 'if __name__ == \"__main__\":', so "
+            "worker processes cannot be started (each would run the script again). Add that guard to tokenize "
+            "with one process per core.",
+            len(shards), script, line,
+        )
+        return "inline"
+    return "processes"
 
 
 def _describe_source(source: Mapping[str, Any]) -> str:

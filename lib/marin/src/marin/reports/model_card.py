@@ -14,8 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from marin.execution.artifact import ArtifactError, load_artifact
-from marin.execution.executor_files import STATUS_SUCCESS, read_info, read_status
+from marin.execution.artifact import ArtifactError, load_artifact, register_result_type
+from marin.execution.executor_files import STATUS_SUCCESS, prefix_of, read_info, read_status, recorded_dependency_paths
 from marin.reports.loss_plot import plot_loss_curves, read_loss_curves
 
 CARD_FILE = "MODEL_CARD.md"
@@ -50,6 +50,7 @@ class CardData:
     validation_curves: dict[str, list[tuple[int, float]]]
 
 
+@register_result_type
 @dataclass(frozen=True)
 class ModelCard:
     """The result of a report: where the card and its plot are, and which model they describe."""
@@ -71,28 +72,33 @@ def _artifact_dict(output_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return artifact.result, {k: getattr(provenance, k) for k in ("git_commit", "git_dirty", "argv", "time", "host", "user")}
 
 
-def _prefix_of(info: dict[str, Any]) -> str | None:
-    suffix = f"{info['name']}-{info['short_hash']}"
-    path = str(info.get("output_path", "")).rstrip("/")
-    if info.get("explicit_output_path") or not path.endswith(suffix):
+def _prefix_of(folder: str, info: dict[str, Any]) -> str | None:
+    """The prefix the training step's folder lies under now (None for an explicit output path)."""
+    if info.get("explicit_output_path"):
         return None
-    return path[: -len(suffix)].rstrip("/")
+    found = prefix_of(folder, info)
+    if found is not None:
+        return found
+    # Records of older runners carry no location: the folder is "<prefix>/<name>-<short hash>".
+    suffix = f"{info['name']}-{info['short_hash']}"
+    path = folder.rstrip("/")
+    return path[: -len(suffix)].rstrip("/") if path.endswith("/" + suffix) else None
 
 
-def _dag(info: dict[str, Any]) -> list[DagStep]:
+def _dag(info: dict[str, Any], folder: str) -> list[DagStep]:
     """The training step and everything upstream of it, each once, dependencies first."""
     seen: dict[str, DagStep] = {}
 
-    def visit(record: dict[str, Any]) -> None:
-        for dep in record.get("deps", []):
-            if dep["identity"] not in seen and dep.get("output_path"):
-                dep_info = read_info(dep["output_path"])
+    def visit(record: dict[str, Any], where: str) -> None:
+        for dep, dep_path in recorded_dependency_paths(where, record):
+            if dep["identity"] not in seen and dep_path:
+                dep_info = read_info(dep_path)
                 if dep_info is not None:
-                    visit(dep_info)
-                seen.setdefault(dep["identity"], DagStep(dep["name"], dep["identity"][:8], dep["output_path"]))
-        seen.setdefault(record["identity"], DagStep(record["name"], record["short_hash"], record["output_path"]))
+                    visit(dep_info, dep_path)
+                seen.setdefault(dep["identity"], DagStep(dep["name"], dep["identity"][:8], dep_path))
+        seen.setdefault(record["identity"], DagStep(record["name"], record["short_hash"], where))
 
-    visit(info)
+    visit(info, folder)
     return list(seen.values())
 
 
@@ -139,7 +145,7 @@ def collect_card(training_output: str, *, evaluations: list[str] | None = None) 
         with open(metrics_path, encoding="utf-8") as f:
             curves = read_loss_curves(f)
     evals, eval_steps = [], []
-    for folder in _evaluations_of(info["identity"], _prefix_of(info), evaluations):
+    for folder in _evaluations_of(info["identity"], _prefix_of(training_output, info), evaluations):
         eval_info = read_info(folder) or {}
         try:
             result, _ = _artifact_dict(folder)
@@ -151,7 +157,7 @@ def collect_card(training_output: str, *, evaluations: list[str] | None = None) 
     return CardData(
         name=info["name"], identity=info["identity"], output_path=training_output, trained=trained,
         config=info.get("hash_attrs", {}), provenance=provenance, resources=info.get("resources"),
-        dag=_dag(info) + eval_steps, evaluations=evals, train_curve=curves[0], validation_curves=curves[1],
+        dag=_dag(info, training_output) + eval_steps, evaluations=evals, train_curve=curves[0], validation_curves=curves[1],
     )
 
 
