@@ -1,9 +1,27 @@
-"""Suite-wide pytest settings."""
+"""Suite-wide pytest settings, and the two kinds of test data.
 
+Most tests run on text they make themselves (``synthetic_stories``). The few that compare against
+the real thing (exact GPT-2 ids of the TinyStories sample) take it from ``real_data``: the folder
+named by ``MARIN_TEST_DATA``, else ``shared/`` beside the checkout, else the user's cache, else a
+download into that cache when ``MARIN_TEST_FETCH=1`` asks for one; without any of these they skip,
+all with one reason saying how to provide the data.
+"""
+
+import hashlib
+import json
 import os
+import socket
 import tempfile
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent
+# Read before the suite's own offline default below: only a user's explicit setting forbids a fetch.
+_USER_HF_HUB_OFFLINE = os.environ.get("HF_HUB_OFFLINE", "")
 
 # Tests run on the CPU with a few simulated devices available to sharding tests; JAX reads these
 # at import, so they are set before any test module imports it.
@@ -26,3 +44,149 @@ def pytest_sessionfinish(session, exitstatus):
     # of the code under test; only real failures should turn CI red.
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = pytest.ExitCode.OK
+
+
+# -- text the tests make themselves ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def synthetic_stories() -> tuple[str, ...]:
+    """400 TinyStories-style stories (about 860 characters each) from the project's own generator.
+
+    Deterministic and offline. Tests that need a train and a validation split take disjoint slices.
+    """
+    from marin.datasets.synthetic_stories import generate_stories
+
+    return tuple(generate_stories(400, seed=0))
+
+
+# -- the real sample ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RealData:
+    """A folder laid out like the project's shared test data (see ``shared/data/README.md``)."""
+
+    root: Path
+
+    @property
+    def train(self) -> Path:
+        """The TinyStories sample's 1,800 training stories, ``{"text": ...}`` per line."""
+        return self.root / "data" / "tinystories" / "train.jsonl"
+
+    @property
+    def validation(self) -> Path:
+        """The sample's 200 validation stories."""
+        return self.root / "data" / "tinystories" / "validation.jsonl"
+
+    @property
+    def gpt2(self) -> Path:
+        """The folder of the GPT-2 tokenizer (``tokenizer.json``, vocabulary 50,257)."""
+        return self.root / "tokenizers" / "gpt2"
+
+    def missing(self) -> list[str]:
+        needed = (self.train, self.validation, self.gpt2 / "tokenizer.json")
+        return [str(path.relative_to(self.root)) for path in needed if not path.is_file()]
+
+
+def _user_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "marin" / "test-data"
+
+
+HOW_TO_PROVIDE_REAL_DATA = (
+    "needs the real TinyStories sample and GPT-2 tokenizer, in none of MARIN_TEST_DATA (unset), "
+    f"{REPO.parent / 'shared'}, {_user_cache()}: set MARIN_TEST_DATA to a folder holding "
+    "data/tinystories/{train,validation}.jsonl and tokenizers/gpt2/tokenizer.json, or run once with "
+    "MARIN_TEST_FETCH=1 to download them into that cache"
+)
+
+
+@pytest.fixture(scope="session")
+def real_data() -> RealData:
+    """The real test data, found once per session; skips the test (with how to get it) when absent."""
+    explicit = os.environ.get("MARIN_TEST_DATA")
+    if explicit:
+        data = RealData(Path(explicit).expanduser())
+        if data.missing():
+            # Set on purpose but wrong: a failure, not a skip that would hide it.
+            pytest.fail(f"MARIN_TEST_DATA={explicit} lacks {', '.join(data.missing())}", pytrace=False)
+        return data
+    for root in (REPO.parent / "shared", _user_cache()):
+        if not RealData(root).missing():
+            return RealData(root)
+    if os.environ.get("MARIN_TEST_FETCH") == "1":
+        return _fetch_real_data(_user_cache())
+    pytest.skip(HOW_TO_PROVIDE_REAL_DATA)
+
+
+# The download rebuilds the shared sample from its source and keeps it only if it is byte-identical,
+# since tests pin exact counts (1,800 stories, 368,877 GPT-2 tokens).
+SAMPLE_URL_PATH = "datasets/roneneldan/TinyStories/resolve/main/TinyStories-train.txt"
+SAMPLE_BYTES = 2 * 2**20
+SAMPLE_SPLITS = {"train.jsonl": 1800, "validation.jsonl": 200}
+SAMPLE_SHA256 = {
+    "train.jsonl": "caa2df05cf5cd462fc9e7957b620792236b75ae5ed80de317aaf5a325489796c",
+    "validation.jsonl": "ab2be2704dc85a9fce72c2900703133e9133913b133770c4822c2a080517798b",
+}
+GPT2_URL_PATH = "openai-community/gpt2/resolve/main"
+GPT2_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
+
+
+def _fetch_real_data(cache: Path) -> RealData:
+    """Download the sample and tokenizer into ``cache``; skip, naming the cause, when that fails."""
+    if _USER_HF_HUB_OFFLINE.lower() not in ("", "0", "false", "no"):
+        pytest.skip(f"MARIN_TEST_FETCH=1 but HF_HUB_OFFLINE={_USER_HF_HUB_OFFLINE} forbids the download; "
+                    + HOW_TO_PROVIDE_REAL_DATA)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    try:
+        url = urllib.parse.urlsplit(endpoint)
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=3).close()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache.parent) as staging:
+            staged = RealData(Path(staging))
+            _build_sample(_download(f"{endpoint}/{SAMPLE_URL_PATH}", limit=SAMPLE_BYTES), staged.train.parent)
+            _save_gpt2(endpoint, staged.gpt2)
+            for path in sorted(Path(staging).rglob("*")):
+                if path.is_file():
+                    target = cache / path.relative_to(staging)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(path, target)
+    except (OSError, ValueError) as error:
+        pytest.skip(f"MARIN_TEST_FETCH=1 but the download from {endpoint} failed ({error}); " + HOW_TO_PROVIDE_REAL_DATA)
+    return RealData(cache)
+
+
+def _download(url: str, *, limit: int | None = None) -> bytes:
+    headers = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as response:
+        return response.read(limit) if limit else response.read()
+
+
+def _build_sample(head: bytes, folder: Path) -> None:
+    """Stories of the first bytes of TinyStories' train split, cut at ``<|endoftext|>``; the last,
+    truncated one is dropped. The first 1,800 are the train split, the next 200 validation."""
+    stories = [s.strip() for s in head.decode("utf-8", errors="ignore").split("<|endoftext|>")[:-1]]
+    stories = [s for s in stories if s]
+    folder.mkdir(parents=True)
+    start = 0
+    for name, count in SAMPLE_SPLITS.items():
+        lines = "".join(json.dumps({"text": s}, ensure_ascii=False) + "\n" for s in stories[start : start + count])
+        start += count
+        if hashlib.sha256(lines.encode("utf-8")).hexdigest() != SAMPLE_SHA256[name]:
+            raise ValueError(f"the downloaded {name} differs from the sample the tests expect")
+        (folder / name).write_text(lines, encoding="utf-8")
+
+
+def _save_gpt2(endpoint: str, folder: Path) -> None:
+    import tokenizers
+
+    folder.mkdir(parents=True)
+    for name in GPT2_FILES:
+        (folder / name).write_bytes(_download(f"{endpoint}/{GPT2_URL_PATH}/{name}"))
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if tok.get_vocab_size() != 50257 or tok.encode("Hello world").ids != [15496, 995]:
+        raise ValueError("the downloaded tokenizer.json is not GPT-2's")
+    if tok.truncation is not None or tok.padding is not None:  # as in the shared copy: whole documents
+        tok.no_truncation()
+        tok.no_padding()
+        tok.save(str(folder / "tokenizer.json"))

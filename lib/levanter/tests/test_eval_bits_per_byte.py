@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -21,13 +20,11 @@ from levanter.eval import (
 )
 from levanter.eval import text_eval
 from levanter.models.llama import LlamaConfig
-from levanter.tokenization import SpecialTokenPolicy, encode_documents, load_tokenizer
+from levanter.tokenization import SpecialTokenPolicy, encode_documents, load_tokenizer, save_tokenizer, train_bpe_tokenizer
 from zephyr.dataset import Dataset
 from zephyr.token_cache import TokenCache
 
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared"
-GPT2 = SHARED / "tokenizers" / "gpt2" / "tokenizer.json"
-# Non-ASCII text: GPT-2 splits these characters over several byte-level tokens.
+# Non-ASCII text: a byte-level tokenizer that never saw these characters splits each over several tokens.
 EXTRA = ["Der Bär aß Käse. Café ☕, naïve façade, 東京 and 🙂 emoji.", "Once upon a time <|endoftext|> in the text."]
 TINY = LlamaConfig(hidden_dim=16, intermediate_dim=32, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=128,
                    tie_word_embeddings=True)
@@ -42,26 +39,30 @@ def _write_cache(path: Path, tokenizer, texts, *, prepend_bos=False, append_eos=
     return TokenCache.open(str(path))
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    return load_tokenizer(str(GPT2))
+def _trained_tokenizer(folder: Path, texts, vocab_size: int):
+    save_tokenizer(train_bpe_tokenizer(texts, vocab_size), str(folder))
+    return load_tokenizer(str(folder))
 
 
 @pytest.fixture(scope="module")
-def stories():
-    lines = (SHARED / "data" / "tinystories" / "validation.jsonl").read_text().splitlines()
-    return [json.loads(line)["text"] for line in lines[:16]] + EXTRA
+def bpe(tmp_path_factory, synthetic_stories):
+    return _trained_tokenizer(tmp_path_factory.mktemp("bpe"), synthetic_stories[:100], 500)
 
 
 @pytest.fixture(scope="module")
-def story_cache(tmp_path_factory, gpt2, stories):
-    return _write_cache(tmp_path_factory.mktemp("cache") / "validation", gpt2, stories)
+def stories(synthetic_stories):
+    return list(synthetic_stories[300:316]) + EXTRA
 
 
 @pytest.fixture(scope="module")
-def uniform_evaluator(gpt2):
+def story_cache(tmp_path_factory, bpe, stories):
+    return _write_cache(tmp_path_factory.mktemp("cache") / "validation", bpe, stories)
+
+
+@pytest.fixture(scope="module")
+def uniform_evaluator(bpe):
     # All-zero weights: every hidden state is 0 after the final norm, so every logit is 0.
-    return LmEvaluator(_model_with(gpt2.vocab_size, lambda shape: np.zeros(shape)), seq_len=128, batch_size=8,
+    return LmEvaluator(_model_with(bpe.vocab_size, lambda shape: np.zeros(shape)), seq_len=128, batch_size=8,
                        compute_dtype="float32")
 
 
@@ -71,8 +72,10 @@ def _model_with(vocab_size: int, values):
     return jax.tree.map(lambda s: jnp.asarray(values(s.shape), s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, shapes)
 
 
-def test_byte_counts_match_the_original_text_exactly(story_cache, gpt2, stories):
-    counts = document_byte_counts(story_cache, gpt2)
+def test_byte_counts_match_the_original_text_exactly(story_cache, bpe, stories):
+    # The case that matters: characters whose bytes are spread over several tokens.
+    assert len(bpe.tokenizer.encode("東京 🙂").ids) > len("東京 🙂")
+    counts = document_byte_counts(story_cache, bpe)
     assert counts.tolist() == [len(text.encode("utf-8")) for text in stories]
 
 
@@ -111,9 +114,9 @@ def test_segment_ids_start_a_segment_at_each_document(tmp_path):
     assert segments.tolist() == [0, 1, 1, 1, 1, 1]
 
 
-def test_uniform_model_gives_log2_vocab_times_tokens_over_bytes(uniform_evaluator, story_cache, gpt2, stories):
-    result = uniform_evaluator.evaluate(story_cache, gpt2)
-    vocab = gpt2.vocab_size
+def test_uniform_model_gives_log2_vocab_times_tokens_over_bytes(uniform_evaluator, story_cache, bpe, stories):
+    result = uniform_evaluator.evaluate(story_cache, bpe)
+    vocab = bpe.vocab_size
     text_bytes = sum(len(text.encode("utf-8")) for text in stories)
     assert result.tokens == story_cache.num_tokens  # every token, EOS included, scored once
     assert result.bytes == text_bytes and result.documents == len(stories)
@@ -122,8 +125,8 @@ def test_uniform_model_gives_log2_vocab_times_tokens_over_bytes(uniform_evaluato
     assert result.perplexity == pytest.approx(vocab, rel=1e-5)
 
 
-def test_blocked_loss_agrees_with_materialised_logits(tmp_path, monkeypatch):
-    tokenizer = load_tokenizer(str(GPT2))
+def test_blocked_loss_agrees_with_materialised_logits(tmp_path, monkeypatch, bpe):
+    tokenizer = bpe
     cache = _write_cache(tmp_path / "c", tokenizer, EXTRA * 3)
     rng = np.random.default_rng(1)
     model = _model_with(tokenizer.vocab_size, lambda shape: rng.normal(scale=0.5, size=shape))
@@ -135,24 +138,21 @@ def test_blocked_loss_agrees_with_materialised_logits(tmp_path, monkeypatch):
     assert abs(plain.loss - math.log(tokenizer.vocab_size)) > 1e-3  # a real (non-uniform) model
 
 
-def test_bos_only_cache_counts_every_byte(tmp_path, uniform_evaluator, gpt2, stories):
-    cache = _write_cache(tmp_path / "c", gpt2, stories[:5], prepend_bos=True, append_eos=False)
-    result = uniform_evaluator.evaluate(cache, gpt2)
+def test_bos_only_cache_counts_every_byte(tmp_path, uniform_evaluator, bpe, stories):
+    cache = _write_cache(tmp_path / "c", bpe, stories[:5], prepend_bos=True, append_eos=False)
+    result = uniform_evaluator.evaluate(cache, bpe)
     assert result.tokens == cache.num_tokens - 1  # the leading BOS is context only
     assert result.bytes == sum(len(text.encode("utf-8")) for text in stories[:5])
 
 
-def test_refuses_a_cache_from_another_tokenizer(tmp_path, uniform_evaluator, gpt2):
-    from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
-
-    save_tokenizer(train_bpe_tokenizer(EXTRA * 20, 300), str(tmp_path / "tok"))
-    other = load_tokenizer(str(tmp_path / "tok"))
+def test_refuses_a_cache_from_another_tokenizer(tmp_path, uniform_evaluator, bpe):
+    other = _trained_tokenizer(tmp_path / "tok", EXTRA * 20, 300)
     cache = _write_cache(tmp_path / "c", other, EXTRA)
     with pytest.raises(TokenizerMismatchError, match="decode it with the tokenizer that wrote it"):
-        uniform_evaluator.evaluate(cache, gpt2)
+        uniform_evaluator.evaluate(cache, bpe)
 
 
-def test_refuses_a_sequence_longer_than_the_model(gpt2):
+def test_refuses_a_sequence_longer_than_the_model():
     model = _model_with(16, lambda shape: np.zeros(shape))
     with pytest.raises(EvalSetupError, match="max_seq_len=128"):
         LmEvaluator(model, seq_len=256, batch_size=2)

@@ -21,38 +21,42 @@ from levanter.tokenization import (
     train_bpe_tokenizer,
 )
 
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared"
-GPT2_JSON = SHARED / "tokenizers" / "gpt2" / "tokenizer.json"
-TRAIN_JSONL = SHARED / "data" / "tinystories" / "train.jsonl"
+
+@pytest.fixture(scope="module")
+def stories(synthetic_stories) -> list[str]:
+    return list(synthetic_stories[:300])
 
 
 @pytest.fixture(scope="module")
-def gpt2() -> HfTokenizer:
-    return load_tokenizer(GPT2_JSON)
+def tokenizer_folder(stories, tmp_path_factory) -> Path:
+    """A small byte-level BPE (GPT-2's pre-tokenizer, 400 tokens, ``<|endoftext|>`` as id 0)."""
+    return Path(save_tokenizer(train_bpe_tokenizer(stories[:100], 400), tmp_path_factory.mktemp("tok")))
 
 
 @pytest.fixture(scope="module")
-def stories() -> list[str]:
-    with open(TRAIN_JSONL, encoding="utf-8") as f:
-        return [json.loads(line)["text"] for line in f]
+def tok(tokenizer_folder) -> HfTokenizer:
+    return load_tokenizer(tokenizer_folder / "tokenizer.json")
 
 
-def test_identity_is_content_not_name(gpt2, tmp_path):
-    folder = load_tokenizer(GPT2_JSON.parent)
-    assert folder.identity == gpt2.identity and gpt2.identity.startswith("sha256:")
+def test_identity_is_content_not_name(tok, tokenizer_folder, tmp_path):
+    tokenizer_json = tokenizer_folder / "tokenizer.json"
+    assert load_tokenizer(tokenizer_folder).identity == tok.identity and tok.identity.startswith("sha256:")
     # Same content, other file name, other formatting and key order: same identity.
     reformatted = tmp_path / "renamed.json"
-    reformatted.write_text(json.dumps(json.loads(GPT2_JSON.read_text()), indent=4))
-    assert load_tokenizer(reformatted).identity == gpt2.identity
-    changed = json.loads(GPT2_JSON.read_text())
+    reformatted.write_text(json.dumps(json.loads(tokenizer_json.read_text()), indent=4))
+    assert load_tokenizer(reformatted).identity == tok.identity
+    changed = json.loads(tokenizer_json.read_text())
     changed["added_tokens"][0]["content"] = "<|end|>"
     (tmp_path / "changed.json").write_text(json.dumps(changed))
-    assert load_tokenizer(tmp_path / "changed.json").identity != gpt2.identity
+    assert load_tokenizer(tmp_path / "changed.json").identity != tok.identity
+
+
+def test_exact_ids_for_the_shared_sample_plus_eos(real_data):
+    gpt2 = load_tokenizer(real_data.gpt2)
     assert gpt2.vocab_size == 50257 and gpt2.eos_id == 50256
-
-
-def test_exact_ids_for_the_shared_sample_plus_eos(gpt2, stories):
-    raw = gpt2.tokenizer.encode_batch(stories)
+    with open(real_data.train, encoding="utf-8") as f:
+        stories = [json.loads(line)["text"] for line in f]
+    raw = tokenizers.Tokenizer.from_file(str(real_data.gpt2 / "tokenizer.json")).encode_batch(stories)
     ours = encode_documents(gpt2, stories, SpecialTokenPolicy.for_tokenizer(gpt2, prepend_bos=False, append_eos=True))
     assert len(ours) == 1800
     assert sum(len(r.ids) for r in raw) == 368_877
@@ -60,10 +64,10 @@ def test_exact_ids_for_the_shared_sample_plus_eos(gpt2, stories):
         assert got.tolist() == expected.ids + [50256]
 
 
-def test_bos_is_prepended_when_asked(gpt2):
-    policy = SpecialTokenPolicy.for_tokenizer(gpt2, prepend_bos=True, append_eos=False)
-    (ids,) = encode_documents(gpt2, ["Hello there"], policy)
-    assert ids.tolist() == [50256] + gpt2.tokenizer.encode("Hello there").ids
+def test_bos_is_prepended_when_asked(tok):
+    policy = SpecialTokenPolicy.for_tokenizer(tok, prepend_bos=True, append_eos=False)
+    (ids,) = encode_documents(tok, ["Hello there"], policy)
+    assert ids.tolist() == [tok.bos_id] + tok.tokenizer.encode("Hello there").ids
 
 
 def test_missing_paths_and_uncached_hub_ids_are_clear_errors(tmp_path, monkeypatch):
@@ -77,12 +81,12 @@ def test_missing_paths_and_uncached_hub_ids_are_clear_errors(tmp_path, monkeypat
         load_tokenizer("some-org/not-a-cached-tokenizer")
 
 
-def test_split_pieces_give_the_unsplit_ids(gpt2, stories):
+def test_split_pieces_give_the_unsplit_ids(tok, stories):
     text = "\n\n".join(stories[:40]) + "  trailing  spaces and 12345 numbers"
     pieces = list(split_text(text, 300))
     assert len(pieces) > 10 and "".join(pieces) == text and max(map(len, pieces)) <= 300
-    (joined,) = encode_documents(gpt2, [text], max_piece_chars=300)
-    assert joined.tolist() == gpt2.tokenizer.encode(text).ids
+    (joined,) = encode_documents(tok, [text], max_piece_chars=300)
+    assert joined.tolist() == tok.tokenizer.encode(text).ids
 
 
 class _RecordingTokenizer:
@@ -96,7 +100,7 @@ class _RecordingTokenizer:
         return [type("Encoding", (), {"ids": [len(t) % 7]})() for t in texts]
 
 
-def test_a_50mb_document_is_encoded_in_bounded_pieces(gpt2):
+def test_a_50mb_document_is_encoded_in_bounded_pieces():
     huge = "All work and no play makes a dull story. " * (50_000_000 // 41)
     recorder = HfTokenizer(source="recorder", tokenizer_json="{}", identity="sha256:x")
     object.__setattr__(recorder, "_tokenizer", _RecordingTokenizer())
@@ -136,24 +140,24 @@ def test_append_eos_without_an_eos_token_is_refused(stories):
     assert isinstance(plain.tokenizer, tokenizers.Tokenizer)
 
 
-def test_tokenizer_folder_copy_keeps_identity(gpt2, tmp_path):
+def test_tokenizer_folder_copy_keeps_identity(tok, tokenizer_folder, tmp_path):
     copy = tmp_path / "copy"
-    shutil.copytree(GPT2_JSON.parent, copy)
-    assert load_tokenizer(copy).identity == gpt2.identity
+    shutil.copytree(tokenizer_folder, copy)
+    assert load_tokenizer(copy).identity == tok.identity
 
 
-def test_hub_id_is_read_from_the_local_cache_when_offline(gpt2, tmp_path, monkeypatch):
+def test_hub_id_is_read_from_the_local_cache_when_offline(tok, tokenizer_folder, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
     commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "hub" / "models--some-org--gpt2-copy"
+    repo = tmp_path / "hub" / "models--some-org--bpe-copy"
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(GPT2_JSON.parent / name, snapshot / name)
+        shutil.copy(tokenizer_folder / name, snapshot / name)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    cached = load_tokenizer("some-org/gpt2-copy")
-    assert cached.identity == gpt2.identity and cached.eos_id == 50256
+    cached = load_tokenizer("some-org/bpe-copy")
+    assert cached.identity == tok.identity and cached.eos_id == tok.eos_id == 0

@@ -19,20 +19,18 @@ from marin.experiment.eval import evaluate_lm
 from marin.experiment.train import TrainedModel, train_lm
 from marin.processing.tokenize import TokenizedDataset, TokenizedSplit
 
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "tinystories"
 TINY = LlamaConfig(hidden_dim=16, intermediate_dim=32, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=64,
                    tie_word_embeddings=True)
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
+def inputs(tmp_path_factory, synthetic_stories):
     root = tmp_path_factory.mktemp("inputs")
-    lines = (SHARED / "train.jsonl").read_text().splitlines()[:100]
-    validation = (SHARED / "validation.jsonl").read_text().splitlines()[:20]
-    (root / "train.jsonl").write_text("\n".join(lines) + "\n")
-    (root / "validation.jsonl").write_text("\n".join(validation) + "\n")
-    save_tokenizer(train_bpe_tokenizer([json.loads(line)["text"] for line in lines], 384), str(root / "tokenizer"))
-    return root, [json.loads(line)["text"] for line in validation]
+    train, validation = synthetic_stories[:100], list(synthetic_stories[300:320])
+    for name, texts in (("train", train), ("validation", validation)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    save_tokenizer(train_bpe_tokenizer(train, 384), str(root / "tokenizer"))
+    return root, validation
 
 
 def _graph(root: Path, steps: int):

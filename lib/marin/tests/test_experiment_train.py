@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -16,18 +15,15 @@ from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
 from marin.experiment.train import TrainConfigError, TrainedModel, train_lm
 
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "tinystories"
 TINY = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=128)
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
+def inputs(tmp_path_factory, synthetic_stories):
     root = tmp_path_factory.mktemp("inputs")
-    lines = (SHARED / "train.jsonl").read_text().splitlines()
-    (root / "train.jsonl").write_text("\n".join(lines[:150]) + "\n")
-    (root / "validation.jsonl").write_text("\n".join((SHARED / "validation.jsonl").read_text().splitlines()[:30]) + "\n")
-    texts = [json.loads(line)["text"] for line in lines[:150]]
-    save_tokenizer(train_bpe_tokenizer(texts, 512), str(root / "tokenizer"))
+    for name, texts in (("train", synthetic_stories[:150]), ("validation", synthetic_stories[300:330])):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    save_tokenizer(train_bpe_tokenizer(synthetic_stories[:150], 512), str(root / "tokenizer"))
     return root
 
 
@@ -110,8 +106,8 @@ def test_placement_does_not_change_identity(inputs):
         ({"datasets": {"tokenized/stories": 1.0}}, "datasets keys must be tokenized"),
     ],
 )
-def test_impossible_requests_fail_when_declared(kwargs, message):
-    data = tokenized("tokenized/unused", str(SHARED / "validation.jsonl"), str(SHARED / ".." / ".." / "tokenizers" / "gpt2"))
+def test_impossible_requests_fail_when_declared(inputs, kwargs, message):
+    data = tokenized("tokenized/unused", str(inputs / "validation.jsonl"), str(inputs / "tokenizer"))
     args = dict(name="checkpoints/bad", model=TINY, datasets={data: 1.0}, batch_size=4, seq_len=128, num_train_steps=1)
     args.update(kwargs)
     with pytest.raises(TrainConfigError, match=message):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from marin.execution.step_runner import StepRunFailed, StepRunner
 from marin.execution.step_spec import StepSpec
 from marin.generate import ModelNotFoundError, generate, locate_model
 
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "tinystories"
 TINY = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=64)
 STEP = "checkpoints/tiny-generator"
 PROMPT = "Once upon a time"
@@ -35,10 +33,9 @@ def _export_random_model(output_path: str, tokenizer_folder: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, synthetic_stories):
     root = tmp_path_factory.mktemp("generate")
-    texts = [json.loads(line)["text"] for line in (SHARED / "train.jsonl").read_text().splitlines()[:100]]
-    tokenizer_folder = save_tokenizer(train_bpe_tokenizer(texts, 300), str(root / "tokenizer"))
+    tokenizer_folder = save_tokenizer(train_bpe_tokenizer(synthetic_stories[:100], 300), str(root / "tokenizer"))
     prefix = str(root / "prefix")
     step = StepSpec(name=STEP, fn=lambda output_path: _export_random_model(output_path, tokenizer_folder), deps=[], hash_attrs={"seed": 0})
     report = StepRunner(prefix=prefix).run([step])
@@ -175,9 +172,9 @@ def test_a_remote_location_asks_for_a_local_copy():
         locate_model("gs://bucket/marin/checkpoints/tiny-0123abcd")
 
 
-def test_a_tokenizer_larger_than_the_model_is_refused(trained, capsys):
+def test_a_tokenizer_larger_than_the_model_is_refused(trained, capsys, tmp_path, synthetic_stories):
     _, output = trained
-    gpt2 = str(SHARED / ".." / ".." / "tokenizers" / "gpt2")
-    code, _, err = _marin(capsys, output, "--prompt", PROMPT, "--tokenizer", gpt2, *GREEDY)
+    larger = save_tokenizer(train_bpe_tokenizer(synthetic_stories[:100], 1200), str(tmp_path / "larger"))
+    code, _, err = _marin(capsys, output, "--prompt", PROMPT, "--tokenizer", larger, *GREEDY)
     assert code == 2
-    assert "has 50,257 tokens but the model only 300: it is not the tokenizer this model was trained with" in err
+    assert "has 1,200 tokens but the model only 300: it is not the tokenizer this model was trained with" in err

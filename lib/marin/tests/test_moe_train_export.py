@@ -22,18 +22,16 @@ from marin.experiment.train import TrainedModel, train_lm
 from marin.generate import generate
 from marin.reports import write_model_card
 
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "tinystories"
 TINY_MOE = MoeConfig(hidden_dim=16, intermediate_dim=16, num_layers=2, num_heads=2, num_kv_heads=2, num_experts=4,
                      num_experts_per_token=2, max_seq_len=64)
 
 
 @pytest.fixture(scope="module")
-def moe_run(tmp_path_factory):
+def moe_run(tmp_path_factory, synthetic_stories):
     root = tmp_path_factory.mktemp("inputs")
-    lines = (SHARED / "train.jsonl").read_text().splitlines()[:100]
-    (root / "train.jsonl").write_text("\n".join(lines) + "\n")
-    (root / "validation.jsonl").write_text("\n".join((SHARED / "validation.jsonl").read_text().splitlines()[:20]) + "\n")
-    save_tokenizer(train_bpe_tokenizer([json.loads(line)["text"] for line in lines], 384), str(root / "tokenizer"))
+    for name, texts in (("train", synthetic_stories[:100]), ("validation", synthetic_stories[300:320])):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    save_tokenizer(train_bpe_tokenizer(synthetic_stories[:100], 384), str(root / "tokenizer"))
     data = tokenized("tokenized/moe-stories", str(root / "train.jsonl"), str(root / "tokenizer"),
                      validation=str(root / "validation.jsonl"))
     model = train_lm(name="checkpoints/moe-tiny", model=TINY_MOE, optimizer=AdamConfig(learning_rate=1e-2),

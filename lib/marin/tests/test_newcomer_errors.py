@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import pytest
@@ -23,10 +22,6 @@ from marin.execution.step_spec import StepSpec
 from marin.experiment.data import tokenized
 from marin.experiment.train import TrainConfigError, train_lm
 
-REPO = Path(__file__).resolve().parents[3]
-SHARED = REPO / ".." / "shared"
-STORIES = SHARED / "data" / "tinystories"
-GPT2 = str(SHARED / "tokenizers" / "gpt2")
 TINY = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=64)
 
 
@@ -34,29 +29,39 @@ def _runner_log(caplog) -> str:
     return "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("marin.execution"))
 
 
+@pytest.fixture(scope="module")
+def small_inputs(tmp_path_factory, synthetic_stories):
+    """``train.jsonl`` (40 stories) and ``tokenizer/`` (a 300-token BPE trained on them)."""
+    root = tmp_path_factory.mktemp("inputs")
+    texts = synthetic_stories[:40]
+    (root / "train.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    save_tokenizer(train_bpe_tokenizer(texts, 300), str(root / "tokenizer"))
+    return root
+
+
 # -- data and tokenizer ----------------------------------------------------------------------------
 
 
-def test_unknown_dataset_id_offline_says_how_to_get_it(monkeypatch):
+def test_unknown_dataset_id_offline_says_how_to_get_it(monkeypatch, small_inputs):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SourceUnavailableError) as caught:
-        tokenized("tokenized/missing", "nobody-here/no-such-dataset-3141", GPT2)
+        tokenized("tokenized/missing", "nobody-here/no-such-dataset-3141", str(small_inputs / "tokenizer"))
     message = str(caught.value)
     assert "'nobody-here/no-such-dataset-3141' cannot be resolved: HF_HUB_OFFLINE is set" in message
     assert "hf download nobody-here/no-such-dataset-3141 --repo-type dataset" in message
     assert "pass a local file, folder or glob" in message
 
 
-def test_tokenizer_path_that_does_not_exist(tmp_path):
+def test_tokenizer_path_that_does_not_exist(tmp_path, small_inputs):
     missing = str(tmp_path / "no-tokenizer")
     with pytest.raises(TokenizerNotFoundError, match="does not exist. Pass a tokenizer.json file, a folder containing one"):
-        tokenized("tokenized/t", str(STORIES / "validation.jsonl"), missing)
+        tokenized("tokenized/t", str(small_inputs / "train.jsonl"), missing)
 
 
-def test_tokenizer_hub_id_not_cached_offline(monkeypatch):
+def test_tokenizer_hub_id_not_cached_offline(monkeypatch, small_inputs):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(TokenizerNotFoundError) as caught:
-        tokenized("tokenized/t", str(STORIES / "validation.jsonl"), "nobody-here/no-such-tokenizer-3141")
+        tokenized("tokenized/t", str(small_inputs / "train.jsonl"), "nobody-here/no-such-tokenizer-3141")
     message = str(caught.value)
     assert "not in the local cache while the hub is disabled (HF_HUB_OFFLINE=1)" in message
     assert "Pass a path to a tokenizer.json or a folder, or download it while online" in message
@@ -65,22 +70,13 @@ def test_tokenizer_hub_id_not_cached_offline(monkeypatch):
 # -- training ---------------------------------------------------------------------------------------
 
 
-def test_seq_len_longer_than_the_model_takes_is_refused_when_declared():
-    data = tokenized("tokenized/t", str(STORIES / "validation.jsonl"), GPT2)
+def test_seq_len_longer_than_the_model_takes_is_refused_when_declared(small_inputs):
+    data = tokenized("tokenized/t", str(small_inputs / "train.jsonl"), str(small_inputs / "tokenizer"))
     with pytest.raises(TrainConfigError) as caught:
         train_lm("checkpoints/too-long", model=TINY, datasets={data: 1.0}, batch_size=8, seq_len=128, num_train_steps=1)
     message = str(caught.value)
     assert "seq_len=128 is longer than the model's max_seq_len=64" in message
     assert "Use seq_len <= 64" in message and "dataclasses.replace(model, max_seq_len=128)" in message
-
-
-@pytest.fixture(scope="module")
-def small_inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("inputs")
-    lines = (STORIES / "train.jsonl").read_text().splitlines()[:40]
-    (root / "train.jsonl").write_text("\n".join(lines) + "\n")
-    save_tokenizer(train_bpe_tokenizer([json.loads(line)["text"] for line in lines], 300), str(root / "tokenizer"))
-    return root
 
 
 def test_batch_size_the_devices_do_not_divide_fails_once_naming_step_and_folder(small_inputs, tmp_path, caplog):

@@ -24,7 +24,6 @@ from marin.datasets.builtin_corpus import DEFAULT_TRAIN_COUNT
 from marin.execution.lazy import lazy_step
 from marin.execution.step_runner import StepRunner
 
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "tinystories"
 TINYSTORIES = "roneneldan/TinyStories"
 
 
@@ -161,29 +160,38 @@ def test_builtin_corpus_is_built_by_a_cached_step_and_read_through_split_files(t
 # -- files -------------------------------------------------------------------------------------
 
 
-def test_folder_with_split_names_resolves_to_both_splits_with_content_digests(caplog):
+@pytest.fixture(scope="module")
+def stories_folder(tmp_path_factory, synthetic_stories) -> Path:
+    """``train.jsonl`` and ``validation.jsonl``, laid out as a downloaded dataset often is."""
+    root = tmp_path_factory.mktemp("stories")
+    for name, texts in (("train", synthetic_stories[:50]), ("validation", synthetic_stories[300:310])):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    return root
+
+
+def test_folder_with_split_names_resolves_to_both_splits_with_content_digests(stories_folder, caplog):
     with caplog.at_level(logging.INFO, logger="marin.datasets"):
-        resolved = resolve_source(str(SHARED))
+        resolved = resolve_source(str(stories_folder))
     assert resolved.kind == "files"
     assert set(resolved.files) == {"train", "validation"}
     assert resolved.files["train"][0].endswith("train.jsonl")
     train_identity = resolved.identity["splits"]["train"][0]
     assert train_identity["name"] == "train.jsonl"
-    assert train_identity["size"] == (SHARED / "train.jsonl").stat().st_size
+    assert train_identity["size"] == (stories_folder / "train.jsonl").stat().st_size
     assert len(train_identity["sha256"]) == 64
     assert resolved.split_files() == {k: list(v) for k, v in resolved.files.items()}
     assert all(r.levelno == logging.INFO for r in caplog.records)
 
 
-def test_single_file_is_all_training_data():
-    resolved = resolve_source(str(SHARED / "validation.jsonl"))
+def test_single_file_is_all_training_data(stories_folder):
+    resolved = resolve_source(str(stories_folder / "validation.jsonl"))
     assert list(resolved.files) == ["train"]
 
 
-def test_file_identity_follows_content_not_location(tmp_path):
+def test_file_identity_follows_content_not_location(stories_folder, tmp_path):
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
-        shutil.copy(SHARED / "validation.jsonl", tmp_path / folder / "docs.jsonl")
+        shutil.copy(stories_folder / "validation.jsonl", tmp_path / folder / "docs.jsonl")
     first = resolve_source(str(tmp_path / "a" / "docs.jsonl"))
     second = resolve_source(str(tmp_path / "b" / "docs.jsonl"))
     assert first.identity == second.identity

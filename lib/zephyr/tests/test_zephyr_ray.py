@@ -18,9 +18,6 @@ from zephyr.ray_backend import RayBackend  # noqa: E402
 # forking a multithreaded process does not apply.
 pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
 
-REPO = Path(__file__).resolve().parents[3]
-STORIES = REPO.parent / "shared" / "data" / "tinystories" / "validation.jsonl"
-
 
 @pytest.fixture(scope="module")
 def ray_backend():
@@ -34,9 +31,8 @@ def ray_backend():
 
 
 @pytest.fixture(scope="module")
-def stories():
-    with open(STORIES, encoding="utf-8") as handle:
-        return [json.loads(line)["text"] for line, _ in zip(handle, range(120))]
+def stories(synthetic_stories):
+    return list(synthetic_stories[:120])
 
 
 def _summarise(text):

@@ -1,7 +1,6 @@
 import gzip
 import json
 import os
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,8 +21,6 @@ from zephyr.readers import (
     resolve_hub_dataset,
 )
 from zephyr.sinks import CollectSink
-
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "tinystories"
 
 
 def _jsonl_bytes(texts, field="text"):
@@ -64,8 +61,8 @@ def test_text_split_on_separator(tmp_path):
     assert list(DocumentReader(separator="<|endoftext|>")(str(path))) == ["Once upon a time.", "The end."]
 
 
-def test_shared_tinystories_sample_reads_fully():
-    documents = list(read_documents(str(SHARED / "train.jsonl")))
+def test_shared_tinystories_sample_reads_fully(real_data):
+    documents = list(read_documents(str(real_data.train)))
     assert len(documents) == 1800 and all(documents)
 
 
