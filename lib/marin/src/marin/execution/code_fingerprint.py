@@ -92,7 +92,18 @@ def fingerprint_from_source(file: str | None, qualname: str, line: int | None) -
     """
     if not file:
         return None
-    tree = _parse(file)
+    try:
+        stat = os.stat(file)
+    except OSError:
+        return None
+    # Keyed by modification time and size: a file edited between two runs of one process is re-read.
+    return _digest_cached(file, stat.st_mtime_ns, stat.st_size, qualname, line)
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest_cached(file: str, mtime_ns: int, size: int, qualname: str, line: int | None) -> str | None:
+    # A sweep declares thousands of steps with one function: found and hashed once.
+    tree = _parse(file, mtime_ns, size)
     if tree is None:
         return None
     node = _find(tree, qualname.split("."), line)
@@ -102,17 +113,8 @@ def fingerprint_from_source(file: str | None, qualname: str, line: int | None) -
     return f"{AST_METHOD}:{hashlib.sha256(dumped.encode('utf-8')).hexdigest()}"
 
 
-def _parse(file: str) -> ast.Module | None:
-    try:
-        stat = os.stat(file)
-    except OSError:
-        return None
-    return _parse_cached(file, stat.st_mtime_ns, stat.st_size)
-
-
 @functools.lru_cache(maxsize=64)
-def _parse_cached(file: str, mtime_ns: int, size: int) -> ast.Module | None:
-    # Keyed by modification time and size: a file edited between two runs of one process is re-read.
+def _parse(file: str, mtime_ns: int, size: int) -> ast.Module | None:
     try:
         with open(file, encoding="utf-8") as handle:
             return ast.parse(handle.read(), filename=file)
