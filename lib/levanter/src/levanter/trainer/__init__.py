@@ -7,6 +7,7 @@ from levanter.trainer.data_feed import DataSourceError
 from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.state import TrainState
+from levanter.trainer.stopping import StopAction, StopRequest, StopSignal, StopSource, TrainingAbandoned
 from levanter.trainer.trainer import (
     DataSource,
     EvalSources,
@@ -24,9 +25,14 @@ __all__ = [
     "EvalSources",
     "MeshConfig",
     "NonFiniteLossError",
+    "StopAction",
+    "StopRequest",
+    "StopSignal",
+    "StopSource",
     "TrainResult",
     "TrainState",
     "Trainer",
+    "TrainingAbandoned",
     "TrainingPreempted",
     "TrainerConfig",
     "TrainerConfigError",
