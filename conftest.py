@@ -192,85 +192,58 @@ def _save_gpt2(endpoint: str, folder: Path) -> None:
         tok.save(str(folder / "tokenizer.json"))
 
 
-# -- an S3-compatible object store ----------------------------------------------------------------
+# -- object stores: S3 and GCS servers on 127.0.0.1 ------------------------------------------------
 
 
-@dataclass(frozen=True)
-class S3Server:
-    """A local S3 server (moto's, a separate process on 127.0.0.1) and the variables to reach it.
+def _serve_store(kind: str, tmp_path_factory):
+    from rigging.local_stores import LocalStoreUnavailableError, local_gcs_server, local_s3_server
 
-    ``env`` holds what s3fs, boto and every subprocess need (endpoint, dummy credentials, region);
-    tests put it into ``os.environ`` (the ``s3_prefix`` fixture does) or pass it to subprocesses.
-    """
-
-    endpoint: str
-    env: dict
-
-    def new_bucket(self, name: str) -> str:
-        import s3fs
-
-        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": self.endpoint}, key="test", secret="test")
-        fs.mkdir(name)
-        return f"s3://{name}"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    start = {"S3": local_s3_server, "GCS": local_gcs_server}[kind]
+    log = tmp_path_factory.mktemp(f"{kind.lower()}-server") / "server.log"
+    try:
+        with start(str(log)) as store:
+            yield store
+    except LocalStoreUnavailableError as exc:
+        pytest.skip(f"the {kind} test server is not available: {exc}")
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """Start moto's S3 server for the session (skips if the test extras are not installed)."""
-    import subprocess
-    import sys
-    import time
+    """moto's S3 server for the session (see rigging.local_stores); ``.env`` reaches it, ``.new_bucket`` makes one."""
+    yield from _serve_store("S3", tmp_path_factory)
 
-    pytest.importorskip("moto.server", reason="the S3 test server (moto[server], a test extra) is not installed")
-    pytest.importorskip("s3fs", reason="s3fs (a test extra) is not installed")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("s3-server") / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the S3 test server did not start; its log:\n{log.read_text()[-3000:]}") from None
-                time.sleep(0.2)
-        env = {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ENDPOINT_URL_S3": endpoint,
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-        yield S3Server(endpoint, env)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """fake-gcs-server for the session (see rigging.local_stores)."""
+    yield from _serve_store("GCS", tmp_path_factory)
+
+
+def _fresh_bucket(store, monkeypatch, request) -> str:
+    import fsspec
+
+    for name, value in store.env.items():
+        monkeypatch.setenv(name, value)
+    fsspec.AbstractFileSystem.clear_instance_cache()  # clients made before these variables
+    bucket = "t" + hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:20]
+    return store.new_bucket(bucket) + "/marin"
 
 
 @pytest.fixture
 def s3_prefix(s3_server, monkeypatch, request) -> str:
     """A fresh, empty bucket as an ``s3://`` prefix, with this process set up to reach it."""
-    import fsspec
+    return _fresh_bucket(s3_server, monkeypatch, request)
 
-    for name, value in s3_server.env.items():
-        monkeypatch.setenv(name, value)
-    fsspec.AbstractFileSystem.clear_instance_cache()  # s3fs instances made before these variables
-    bucket = "t" + hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:20]
-    return s3_server.new_bucket(bucket) + "/marin"
+
+@pytest.fixture
+def gcs_prefix(gcs_server, monkeypatch, request) -> str:
+    """A fresh, empty bucket as a ``gs://`` prefix, with this process set up to reach it."""
+    import fsspec
+    import gcsfs.core
+    from fsspec.registry import _registry
+
+    # What the variables do for a new process, done for this one, where fsspec and gcsfs have read them already.
+    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
+    for protocol in ("gs", "gcs"):
+        monkeypatch.setitem(_registry, protocol, gcsfs.core.GCSFileSystem)
+    return _fresh_bucket(gcs_server, monkeypatch, request)

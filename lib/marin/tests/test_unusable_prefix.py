@@ -1,6 +1,5 @@
 """A prefix whose storage cannot be reached stops the `marin` command with one line, not a traceback."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -23,10 +22,29 @@ def test_marin_status_with_an_unknown_protocol_names_marin_prefix(tmp_path):
     assert "MARIN_PREFIX" in result.stderr and "bogus://x" in result.stderr
 
 
-def test_marin_status_with_a_gs_prefix_without_gcsfs_says_to_install_it(tmp_path):
-    if importlib.util.find_spec("gcsfs") is not None:
-        pytest.skip("gcsfs is installed here")
+def test_marin_status_with_a_gs_prefix_without_gcsfs_says_to_install_it(tmp_path, monkeypatch):
+    # The test extras install gcsfs: a package of that name that fails to import stands for its absence.
+    hidden = tmp_path / "hidden"
+    (hidden / "gcsfs").mkdir(parents=True)
+    (hidden / "gcsfs" / "__init__.py").write_text("raise ImportError('No module named gcsfs')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")]))
     result = _marin("status", prefix="gs://bucket/marin", cwd=tmp_path)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert "MARIN_PREFIX" in result.stderr and "pip install gcsfs" in result.stderr
+
+
+def test_a_prefix_on_a_store_that_cannot_hold_leases_is_refused_before_any_step_runs(tmp_path):
+    import fsspec
+
+    from marin.execution.step_runner import PrefixNotWritableError, StepRunner
+    from marin.execution.step_spec import StepSpec
+
+    class PlainStore(fsspec.AbstractFileSystem):  # a filesystem with no conditional writes
+        protocol = ("plainstore",)
+
+    fsspec.register_implementation("plainstore", PlainStore, clobber=True)
+    calls = []
+    with pytest.raises(PrefixNotWritableError, match="plainstore:// cannot hold one safely"):
+        StepRunner(prefix="plainstore://bucket/marin").run([StepSpec("pre", lambda: calls.append(1))])
+    assert calls == []

@@ -29,10 +29,16 @@ terms, never the reader's, and a live process is never robbed:
    A fast-clocked live holder is therefore never taken over, and a dead one is, one TTL after the
    reader first saw its last record.
 
-Taking a stale lease over removes the judged record only if it is still exactly what was judged
-(on local disk by an atomic rename aside), then creates the lock with
-:func:`rigging.filesystem.create_exclusive`; on local disk that is exclusive between processes,
-on object stores it is check-then-write and the winner is confirmed by reading the file back.
+Every change to the lock file is conditional (:mod:`rigging.filesystem`'s conditional writes): it
+is created only if absent; taking a stale lease over deletes exactly the record judged stale, then
+creates the lock anew, so of two takers one wins; a heartbeat rewrites the record only if it still
+is the version its holder last wrote, so a holder that was taken over never overwrites the new
+holder's lock: its heartbeat fails, and it learns it lost the lease. Local disk, S3, GCS and
+``memory://`` (within one process) offer these writes; a lease anywhere else is refused
+(:class:`LeaseUnsupportedError`) rather than held by a check-then-write that two runners could
+both pass. On local disk a heartbeat compares, then renames its new record into place: a takeover
+landing between the two (possible only for a holder already judged stale) is overwritten, and the
+taker learns at its next heartbeat that it lost.
 """
 
 from __future__ import annotations
@@ -60,6 +66,10 @@ CLOCK_SKEW_TOLERANCE_S = 5.0
 
 class LeaseError(RuntimeError):
     """Using a lease in a way that cannot work (releasing one never held, ...)."""
+
+
+class LeaseUnsupportedError(LeaseError):
+    """The lock file's storage cannot hold a lease safely (no conditional writes)."""
 
 
 class LeaseLostError(RuntimeError):
@@ -99,6 +109,10 @@ class LeaseRecord:
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None  # a torn or foreign file counts as no valid holder
+
+
+def _parse(current: fsx.Versioned | None) -> LeaseRecord | None:
+    return None if current is None else LeaseRecord.from_json(current.data.decode("utf-8", "replace"))
 
 
 def _positive_or_none(value: object) -> float | None:
@@ -190,6 +204,8 @@ class Lease:
         self._pid_started = _process_start_time(os.getpid())
         self._pid_namespace = _pid_namespace()
         self._acquired_at = 0.0
+        self._version: str | None = None  # of the record this holder last wrote
+        self._writing = threading.Lock()  # one heartbeat at a time: each starts from the last one's version
         # The record whose age is unknown (future heartbeat) and when this reader first saw it.
         self._watched: tuple[LeaseRecord, float] | None = None
         self._reported: set[tuple[str, str]] = set()  # (what, holder): say each thing once, not every poll
@@ -291,63 +307,48 @@ class Lease:
         """Take the lease if it is free or stale; never waits. True when this instance holds it."""
         if self.held:
             return True
+        self._check_storage()
         self._acquired_at = time.time()
         if fsx.create_exclusive(self.url, self._record().to_json()):
             return self._confirm_and_start()
-        current_text = fsx.read_text(self.url)
-        current = None if current_text is None else LeaseRecord.from_json(current_text)
-        if current_text is None:
+        current = fsx.read_versioned(self.url)
+        if current is None:
             # Released between our create and read: try once more.
             return fsx.create_exclusive(self.url, self._record().to_json()) and self._confirm_and_start()
-        if current is not None and current.holder == self.holder_id:
+        record = _parse(current)
+        if record is not None and record.holder == self.holder_id:
             return self._confirm_and_start()
-        if not self.is_stale(current):
+        if not self.is_stale(record):
             return False
-        if not self._remove_if_unchanged(current_text):
+        # Delete exactly the record judged stale: if it changed since (its holder woke up, or another
+        # taker was faster), this fails and the lease stays with whoever holds it now.
+        if not fsx.remove_if_unchanged(self.url, current.version):
             return False
         logger.info(
             "Taking over stale lease %s (holder %s on %s, pid %s)",
             self.url,
-            current.holder if current else "?",
-            current.host if current else "?",
-            current.pid if current else "?",
+            record.holder if record else "?",
+            record.host if record else "?",
+            record.pid if record else "?",
         )
         return fsx.create_exclusive(self.url, self._record().to_json()) and self._confirm_and_start()
 
-    def _remove_if_unchanged(self, observed_text: str) -> bool:
-        """Delete the lock only if it still holds exactly what we judged stale.
-
-        On local disk the lock is first renamed to a private name (atomic), so of two processes
-        taking over the same stale lease only one removes it; the other finds nothing to rename.
-        """
-        fs, path = fsx.filesystem(self.url)
-        if fsx.is_local(self.url):
-            private = f"{path}.takeover-{self.holder_id}"
-            try:
-                os.rename(path, private)
-            except FileNotFoundError:
-                return False
-            with open(private, encoding="utf-8") as handle:
-                moved_text = handle.read()
-            if moved_text != observed_text:
-                # We moved a lease someone else just took over: put it back unless it was replaced.
-                try:
-                    os.link(private, path)
-                except FileExistsError:
-                    pass
-                os.remove(private)
-                return False
-            os.remove(private)
-            return True
-        if fsx.read_text(self.url) != observed_text:
-            return False
-        fs.rm(path)
-        return True
+    def _check_storage(self) -> None:
+        try:
+            fsx.check_conditional_writes(self.url)
+        except fsx.ConditionalWritesUnsupportedError as exc:
+            raise LeaseUnsupportedError(
+                f"Cannot hold a lease on {self.url}: it is on {exc.protocol}://, where {exc.missing}, so two runners "
+                "could both take it and run the same work twice. Put the prefix on local disk (or a shared disk "
+                "with hard links), on s3:// or gs://, or on memory:// within one process."
+            ) from exc
 
     def _confirm_and_start(self) -> bool:
-        record = self.read()
-        if record is None or record.holder != self.holder_id:
+        current = fsx.read_versioned(self.url)
+        record = _parse(current)
+        if current is None or record is None or record.holder != self.holder_id:
             return False
+        self._version = current.version
         self._held = True
         self.lost_event.clear()
         self._stop.clear()
@@ -368,12 +369,20 @@ class Lease:
 
     def heartbeat(self) -> bool:
         """Refresh the heartbeat now; False (and :attr:`lost` set) if the lease is no longer ours."""
-        record = self.read()
-        if record is None or record.holder != self.holder_id:
-            self._mark_lost(record)
-            return False
-        fsx.atomic_write(self.url, self._record().to_json())
-        return True
+        with self._writing:
+            version = fsx.replace_if_unchanged(self.url, self._record().to_json(), self._version or "")
+            if version is not None:
+                self._version = version
+                return True
+            current = fsx.read_versioned(self.url)
+            record = _parse(current)
+            if current is None or record is None or record.holder != self.holder_id:
+                self._mark_lost(record)
+                return False
+            # Our own record, at a version we never saw: an earlier write of ours whose reply was lost.
+            # It is at most one heartbeat old, so it stands for this one; the next starts from it.
+            self._version = current.version
+            return True
 
     def _mark_lost(self, record: LeaseRecord | None) -> None:
         if not self.lost_event.is_set():
@@ -403,9 +412,11 @@ class Lease:
         if not self._held:
             return
         self._held = False
-        record = self.read()
-        if record is not None and record.holder == self.holder_id:
-            fsx.rm(self.url)
+        with self._writing:
+            current = fsx.read_versioned(self.url)
+            record = _parse(current)
+            if current is not None and record is not None and record.holder == self.holder_id:
+                fsx.remove_if_unchanged(self.url, current.version)
 
     def __enter__(self) -> "Lease":
         self.acquire()

@@ -16,8 +16,9 @@ DATE_FORMAT = "%H:%M:%S"
 _HANDLER_MARK = "_marin_handler"
 
 # Libraries whose INFO lines read like failures on an ordinary machine (JAX reports at INFO that it
-# found no TPU); they are shown only at DEBUG.
-QUIET_LOGGERS = ("jax._src.xla_bridge",)
+# found no TPU), or repeat on every new connection (the S3 client says where it found credentials and
+# its endpoint); they are shown only at DEBUG.
+QUIET_LOGGERS = ("jax._src.xla_bridge", "aiobotocore.credentials", "botocore.credentials", "botocore.configprovider")
 
 
 def get_logger(name: str) -> logging.Logger:

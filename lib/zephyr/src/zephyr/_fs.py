@@ -47,22 +47,8 @@ def is_temporary_name(path: str) -> bool:
 @contextlib.contextmanager
 def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
     """Open ``url`` for writing; it appears only when the ``with`` block succeeds, else nothing changes."""
-    fs, path = url_to_fs(url)
-    if is_local(fs):
-        with rfs.atomic_open(url, mode) as handle:
-            yield handle
-        return
-    if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_open supports modes 'w' and 'wb', got {mode!r}")
-    temp_path = rfs.temporary_name_for(path)
-    try:
-        with fs.open(temp_path, mode) as handle:
-            yield handle
-        fs.mv(temp_path, path)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            fs.rm(temp_path)
-        raise
+    with rfs.atomic_open(url, mode) as handle:
+        yield handle
 
 
 def atomic_write_text(url: str, text: str) -> None:

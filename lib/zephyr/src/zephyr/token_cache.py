@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 import xxhash
+from rigging.filesystem import atomic_open
 
 from zephyr._fs import (
-    atomic_open,
     atomic_write_text,
     is_local,
     is_temporary_name,

@@ -3,8 +3,10 @@
 ``output`` names the files: a pattern with ``{shard}`` (and optionally ``{num_shards}``), e.g.
 ``"out/part-{shard:05d}-of-{num_shards:05d}.jsonl.gz"``, or a folder, in which case files are named
 ``part-{shard:05d}-of-{num_shards:05d}.<ext>``. Compression follows the extension (``.gz``, ``.zst``).
-With ``skip_existing=True`` shards whose file already exists are not recomputed: since every file
-is moved into place only when complete, an existing file is a finished one.
+With ``skip_existing=True`` shards whose file already exists are not recomputed: every file is
+written through :func:`rigging.filesystem.atomic_open`, so it appears only when complete (on S3 the
+upload goes straight to its name, and S3 shows no object before its upload completes), and an
+existing file is a finished one.
 """
 
 from __future__ import annotations
@@ -17,10 +19,18 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from zephyr._fs import atomic_open, exists, join_url
+from rigging.filesystem import atomic_open
+
+from zephyr._fs import exists, join_url
 from zephyr.execute import ExecutionResult, execute
 from zephyr.sinks import Sink
-from zephyr.token_cache import TokenCacheShardWriter, dtype_for_vocab, finalize_token_cache, read_shard_summary, shard_name
+from zephyr.token_cache import (
+    TokenCacheShardWriter,
+    dtype_for_vocab,
+    finalize_token_cache,
+    read_shard_summary,
+    shard_name,
+)
 
 logger = logging.getLogger(__name__)
 

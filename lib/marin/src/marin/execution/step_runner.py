@@ -485,13 +485,23 @@ class StepRunner:
             )
 
     def _check_prefix(self, *, writing: bool) -> None:
-        """Fail before any step starts if a local prefix can never hold outputs.
+        """Fail before any step starts if a prefix can never hold outputs.
 
         Otherwise the first status read or write fails deep inside the runner, once per step.
-        A dry run writes nothing, so it only checks that the prefix is not inside a file.
-        Object stores are not probed: their permissions show on the first write.
+        A dry run writes nothing, so it only checks that the prefix is not inside a file. Object
+        stores are checked for the conditional writes leases need, not probed: their permissions
+        show on the first write.
         """
         if not fsx.is_local(self.prefix):
+            if writing:
+                try:
+                    fsx.check_conditional_writes(fsx.join(self.prefix, LOCK_FILE))
+                except fsx.ConditionalWritesUnsupportedError as exc:
+                    raise PrefixNotWritableError(
+                        f"Steps cannot run under the prefix {self.prefix}, set by "
+                        f"{_describe_prefix_source(self._prefix_source)}: each running step holds a lease there, "
+                        f"and {exc.protocol}:// cannot hold one safely ({exc.missing}). Use local disk, s3:// or gs://."
+                    ) from None
             return
         path = self.prefix.removeprefix("file://")
         existing = path
