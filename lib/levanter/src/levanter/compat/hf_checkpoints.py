@@ -9,6 +9,9 @@ Our weights differ from the Hugging Face ones only by layout: HF stores ``nn.Lin
 ``[out, in]`` with heads flattened, we store ``[in, out]`` with heads as their own dimension. Both
 use the "rotate halves" RoPE layout, so no permutation of query/key rows is needed.
 
+Folders are local paths or any fsspec URL (``s3://``, ``gs://``, ``memory://``...): files are written
+and read through :mod:`rigging.filesystem`, each one appearing whole or not at all.
+
 Reading refuses a damaged folder with :class:`CorruptCheckpointError` naming the file at fault (a
 truncated or missing safetensors file, a ``config.json`` that is not JSON or lacks a field) and the
 tensors holding NaN or infinite values: a model loaded from them would only produce garbage.
@@ -20,7 +23,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from operator import attrgetter
@@ -31,10 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load, load_file, save, save_file
 
 from haliax import Stacked
 from levanter.models.llama import LlamaConfig, LlamaDecoderLayer, LlamaLMHeadModel
+from rigging import filesystem as fsx
 
 logger = logging.getLogger(__name__)
 
@@ -199,10 +202,18 @@ def iter_family_tensors(family: HfFamily, model: Any) -> Iterator[tuple[str, np.
         yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head.weight).T)
 
 
-def _save_atomically(tensors: dict[str, np.ndarray], path: str) -> None:
+def _save_atomically(tensors: dict[str, np.ndarray], url: str) -> None:
     # A crash never leaves a truncated file under the real name.
-    save_file(tensors, path + ".tmp", metadata={"format": "pt"})
-    os.replace(path + ".tmp", path)
+    if fsx.is_local(url):
+        path = fsx.absolute(url)
+        save_file(tensors, path + ".tmp", metadata={"format": "pt"})  # streamed to disk, no copy in memory
+        os.replace(path + ".tmp", path)
+    else:  # an object store publishes an object only when its upload completes
+        fsx.atomic_write(url, save(tensors, metadata={"format": "pt"}))
+
+
+def _write_json(url: str, value: Any) -> None:
+    fsx.atomic_write(url, json.dumps(value, indent=2))
 
 
 def write_checkpoint(family: HfFamily, model: Any, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj: Any = None,
@@ -214,7 +225,8 @@ def write_checkpoint(family: HfFamily, model: Any, out_dir: str | os.PathLike, *
     if dtype == jnp.bfloat16:
         raise HfFormatError("Export float32 parameters (safetensors.numpy cannot write bfloat16); cast with jax.tree.map first.")
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    if fsx.is_local(out_dir):
+        os.makedirs(fsx.absolute(out_dir), exist_ok=True)
 
     shards: list[dict[str, np.ndarray]] = [{}]
     shard_bytes = 0
@@ -226,19 +238,17 @@ def write_checkpoint(family: HfFamily, model: Any, out_dir: str | os.PathLike, *
         shard_bytes += tensor.nbytes
     total = sum(t.nbytes for shard in shards for t in shard.values())
     if len(shards) == 1:
-        _save_atomically(shards[0], os.path.join(out_dir, WEIGHTS_FILE))
+        _save_atomically(shards[0], fsx.join(out_dir, WEIGHTS_FILE))
     else:
         weight_map = {}
         started = time.monotonic()
         for i, shard in enumerate(shards):
             file_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            _save_atomically(shard, os.path.join(out_dir, file_name))
+            _save_atomically(shard, fsx.join(out_dir, file_name))
             weight_map.update({name: file_name for name in shard})
             logger.info("Exported shard %d/%d (%.1fs elapsed)", i + 1, len(shards), time.monotonic() - started)
-        with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(family.config_to_hf(model.config, model.vocab_size, dtype), f, indent=2)
+        _write_json(fsx.join(out_dir, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
+    _write_json(fsx.join(out_dir, "config.json"), family.config_to_hf(model.config, model.vocab_size, dtype))
     if tokenizer_dir_or_obj is not None:
         _write_tokenizer(tokenizer_dir_or_obj, out_dir)
     logger.info("Exported %d parameters (%.1f MB) in %d file(s) to %s", model.config.num_parameters(model.vocab_size), total / 1e6, len(shards), out_dir)
@@ -248,27 +258,27 @@ def write_checkpoint(family: HfFamily, model: Any, out_dir: str | os.PathLike, *
 def _write_tokenizer(tokenizer: Any, out_dir: str) -> None:
     if isinstance(tokenizer, (str, os.PathLike)):
         src = os.fspath(tokenizer)
-        found = [name for name in TOKENIZER_FILES if os.path.exists(os.path.join(src, name))]
+        found = [name for name in TOKENIZER_FILES if fsx.exists(fsx.join(src, name))]
         if not found:
             raise HfFormatError(f"No tokenizer files ({', '.join(TOKENIZER_FILES)}) in {src}.")
         for name in found:
-            shutil.copyfile(os.path.join(src, name), os.path.join(out_dir, name))
+            with fsx.open_url(fsx.join(src, name), "rb") as f:
+                fsx.atomic_write(fsx.join(out_dir, name), f.read())
     elif hasattr(tokenizer, "to_str"):  # a tokenizers.Tokenizer
-        tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+        fsx.atomic_write(fsx.join(out_dir, "tokenizer.json"), tokenizer.to_str(pretty=True))  # as Tokenizer.save writes it
     else:
         raise TypeError(f"tokenizer_dir_or_obj must be a folder or a tokenizers.Tokenizer, got {type(tokenizer).__name__}.")
-    config_path = os.path.join(out_dir, "tokenizer_config.json")
-    if not os.path.exists(config_path):
+    config_path = fsx.join(out_dir, "tokenizer_config.json")
+    if not fsx.exists(config_path):
         # Lets transformers.AutoTokenizer open a bare tokenizer.json.
-        with open(config_path, "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
+        _write_json(config_path, {"tokenizer_class": "PreTrainedTokenizerFast"})
 
 
 def _read_json_object(file_path: str) -> dict:
     """A JSON file holding one object; :class:`CorruptCheckpointError` naming the file otherwise."""
     try:
-        with open(file_path, encoding="utf-8") as f:
-            value = json.load(f)
+        with fsx.open_url(file_path, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise CorruptCheckpointError(
             f"{file_path} is not valid JSON ({e}); the checkpoint folder is damaged. Export or download it again."
@@ -282,16 +292,16 @@ def _read_json_object(file_path: str) -> dict:
 
 
 def read_hf_config(path: str | os.PathLike) -> dict:
-    """The ``config.json`` of a local checkpoint folder, as a dict."""
-    config_path = os.path.join(os.fspath(path), "config.json")
-    if not os.path.exists(config_path):
+    """The ``config.json`` of a checkpoint folder (a local path or any fsspec URL), as a dict."""
+    config_path = fsx.join(os.fspath(path), "config.json")
+    if not fsx.exists(config_path):
         raise HfFormatError(f"No config.json in {os.fspath(path)}: not a Hugging Face checkpoint folder.")
     return _read_json_object(config_path)
 
 
 def _config_of_family(family: HfFamily, path: str) -> tuple[Any, int]:
     """Our config from the folder's ``config.json``; a missing or ill-typed field names the file."""
-    config_path = os.path.join(path, "config.json")
+    config_path = fsx.join(path, "config.json")
     hf = read_hf_config(path)
     missing = [name for name in REQUIRED_CONFIG_FIELDS if name not in hf]
     if missing:
@@ -326,13 +336,17 @@ def _non_finite(tensor: np.ndarray) -> bool:
 
 def _load_weights_file(file_path: str, *, named_by: str | None = None) -> dict[str, np.ndarray]:
     """The tensors of one safetensors file, refusing a missing, unreadable or non-finite one."""
-    if not os.path.exists(file_path):
+    if not fsx.exists(file_path):
         raise CorruptCheckpointError(
             f"{file_path} is missing" + (f" (named by {named_by})" if named_by else "")
             + "; the checkpoint folder is incomplete. Copy or export it again."
         )
     try:
-        tensors = load_file(file_path)
+        if fsx.is_local(file_path):
+            tensors = load_file(fsx.absolute(file_path))  # memory-mapped
+        else:
+            with fsx.open_url(file_path, "rb") as f:
+                tensors = load(f.read())
     except (SafetensorError, OSError) as e:
         raise CorruptCheckpointError(
             f"{file_path} is truncated or corrupt and cannot be read ({e}). Copy or export the checkpoint again."
@@ -348,17 +362,17 @@ def _load_weights_file(file_path: str, *, named_by: str | None = None) -> dict[s
 
 
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
-    single = os.path.join(path, WEIGHTS_FILE)
-    if os.path.exists(single):
+    single = fsx.join(path, WEIGHTS_FILE)
+    if fsx.exists(single):
         return _load_weights_file(single)
-    index = os.path.join(path, INDEX_FILE)
-    if os.path.exists(index):
+    index = fsx.join(path, INDEX_FILE)
+    if fsx.exists(index):
         weight_map = _read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CorruptCheckpointError(f"{index} has no 'weight_map' object; the checkpoint folder is damaged.")
         tensors: dict[str, np.ndarray] = {}
         for name in sorted(set(weight_map.values())):
-            tensors.update(_load_weights_file(os.path.join(path, name), named_by=index))
+            tensors.update(_load_weights_file(fsx.join(path, name), named_by=index))
         return tensors
     raise HfFormatError(f"No {WEIGHTS_FILE} or {INDEX_FILE} in {path}; save the Hugging Face model with safe_serialization.")
 
@@ -381,7 +395,7 @@ def _check_shapes(model: Any, skeleton: Any, path: str) -> None:
 
 def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False,
                     dtype: Any = jnp.float32) -> Any:
-    """Load a local checkpoint folder of ``family`` (config.json + safetensors) as our model."""
+    """Load a checkpoint folder of ``family`` (config.json + safetensors; a local path or any URL) as our model."""
     path = os.fspath(path)
     config, vocab_size = _config_of_family(family, path)
     config = dataclasses.replace(config, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing)
@@ -472,7 +486,7 @@ def export_llama_to_hf(model: LlamaLMHeadModel, out_dir: str | os.PathLike, *, t
 
 
 def import_llama_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False, dtype: Any = jnp.float32) -> LlamaLMHeadModel:
-    """Load a local ``LlamaForCausalLM`` checkpoint folder (config.json + safetensors) as our model."""
+    """Load a ``LlamaForCausalLM`` checkpoint folder (config.json + safetensors; a local path or any URL) as our model."""
     return read_checkpoint(LLAMA, path, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing, dtype=dtype)
 
 
@@ -509,7 +523,7 @@ def export_to_hf(model: Any, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj
 
 
 def import_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False, dtype: Any = jnp.float32) -> Any:
-    """Load a local checkpoint folder as our model of the family its ``config.json`` names.
+    """Load a checkpoint folder (a local path or any URL) as our model of the family its ``config.json`` names.
 
     ``model_type`` ``llama`` (or none) gives a ``LlamaLMHeadModel``, ``mixtral`` a ``MoeLMHeadModel``.
     """

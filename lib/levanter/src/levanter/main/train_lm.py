@@ -1,6 +1,6 @@
 """Train a language model end to end: the entry point the experiment layer calls.
 
-Output folder::
+Output folder (a local path or any fsspec URL, e.g. ``s3://bucket/run``)::
 
     <output_path>/
       checkpoints/<step>/   Orbax checkpoints (resume from the newest automatically)
@@ -102,11 +102,17 @@ def _export_hf(model, out_dir: str, tokenizer: str | None) -> str | None:
         logger.info("No Hugging Face export for %s models; skipped.", type(model).__name__)
         return None
     tokenizer_arg: Any = tokenizer
-    if tokenizer is not None and os.path.isfile(tokenizer):
+    if tokenizer is not None and _is_file(tokenizer):
         from tokenizers import Tokenizer
 
-        tokenizer_arg = Tokenizer.from_file(tokenizer)
+        with fsx.open_url(tokenizer, "rb") as f:
+            tokenizer_arg = Tokenizer.from_str(f.read().decode("utf-8"))
     return export_to_hf(model, out_dir, tokenizer_dir_or_obj=tokenizer_arg)
+
+
+def _is_file(url: str) -> bool:
+    fs, path = fsx.filesystem(url)
+    return fs.isfile(path)
 
 
 def train_lm(
@@ -123,8 +129,9 @@ def train_lm(
     request also keeps ``eval.json`` and the Hugging Face export from being written.
     """
     _ensure_logging()
-    out = os.path.abspath(config.output_path)
-    os.makedirs(out, exist_ok=True)
+    out = fsx.absolute(config.output_path)
+    if fsx.is_local(out):
+        os.makedirs(out, exist_ok=True)
     model_config = config.model
     flops = None
     if hasattr(model_config, "flops_per_token"):
@@ -139,14 +146,14 @@ def train_lm(
     )
     result = trainer.train(lambda key: model_config.build(config.vocab_size, key=key), train_source, eval_sources)
 
-    eval_path = os.path.join(out, "eval.json")
+    eval_path = fsx.join(out, "eval.json")
     trainer.raise_if_abandoned(result.final_step)
     _write_json_atomically(
         eval_path,
         {"step": result.final_step, "train_loss": result.final_train_loss, "eval": result.eval_losses},
     )
     trainer.raise_if_abandoned(result.final_step)
-    hf_path = _export_hf(result.model, os.path.join(out, "hf"), config.tokenizer) if config.export_hf else None
+    hf_path = _export_hf(result.model, fsx.join(out, "hf"), config.tokenizer) if config.export_hf else None
     trainer.checkpointer.close()
     return TrainLmResult(
         final_step=result.final_step,
@@ -154,7 +161,7 @@ def train_lm(
         eval_losses=result.eval_losses,
         output_path=out,
         checkpoint_dir=result.checkpoint_dir,
-        checkpoint_paths=[os.path.join(result.checkpoint_dir, str(s)) for s in result.checkpoint_steps],
+        checkpoint_paths=[trainer.checkpointer.path_of(s) for s in result.checkpoint_steps],
         metrics_path=result.metrics_path,
         eval_path=eval_path,
         hf_path=hf_path,

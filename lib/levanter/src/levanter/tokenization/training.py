@@ -54,14 +54,14 @@ def save_tokenizer(
     bos_token: str | None = None,
     model_max_length: int | None = None,
 ) -> str:
-    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` into ``folder``.
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` into ``folder``
+    (a local path or any fsspec URL).
 
     The folder loads with ``transformers.AutoTokenizer.from_pretrained(folder)`` (as a
     ``PreTrainedTokenizerFast``) and with :func:`levanter.tokenization.load_tokenizer`. Special tokens
     that the vocabulary lacks are left out rather than written as dangling names. Returns the folder.
     """
     folder = os.fspath(folder)
-    os.makedirs(folder, exist_ok=True)
     specials = {}
     for key, token in (("eos_token", eos_token), ("bos_token", bos_token)):
         if token is not None and tok.token_to_id(token) is not None:
@@ -70,8 +70,9 @@ def save_tokenizer(
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
     # Atomic: a crash mid-save must not leave a truncated tokenizer.json that later loads as garbage.
-    fsx.atomic_write(os.path.join(folder, TOKENIZER_FILE), tok.to_str())
-    fsx.atomic_write(os.path.join(folder, SPECIAL_TOKENS_MAP_FILE), json.dumps(specials, indent=2, sort_keys=True))
-    fsx.atomic_write(os.path.join(folder, TOKENIZER_CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True))
+    # (atomic_write also makes a local folder that does not exist yet.)
+    fsx.atomic_write(fsx.join(folder, TOKENIZER_FILE), tok.to_str())
+    fsx.atomic_write(fsx.join(folder, SPECIAL_TOKENS_MAP_FILE), json.dumps(specials, indent=2, sort_keys=True))
+    fsx.atomic_write(fsx.join(folder, TOKENIZER_CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True))
     return folder
 

@@ -9,6 +9,14 @@ writes in a background thread so training continues while a checkpoint is writte
 Layout: ``<directory>/<step>/state/...``; ``step`` counts optimizer updates, so resuming from
 checkpoint ``k`` continues with batch index ``k`` of the data source.
 
+Where: ``directory`` is a local path or any fsspec URL. Orbax writes local paths and ``gs://``
+itself; for every other URL (``s3://``, ``memory://``, ...) it writes a local staging folder and each
+committed step is uploaded with a commit marker written last, and downloaded again to be restored
+(:mod:`levanter.trainer.checkpoint_staging`). Staging exists because Orbax (through TensorStore)
+has no driver for those stores; it costs local disk for one checkpoint and an upload per save, which
+an asynchronous save runs in the background. Listing, keep-last pruning, the set-aside below and the
+disk-full report work the same on both paths.
+
 What goes wrong on real disks is handled here, not in the trainer: :meth:`Checkpointer.restore_latest`
 moves a committed checkpoint whose files no longer read back (truncated, deleted, garbled) aside
 to ``<step>.corrupt-<UTC time>`` with a WARNING and resumes from the one before it (a name Orbax
@@ -31,6 +39,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from levanter.trainer.checkpoint_staging import COMMIT_MARKER, CheckpointStaging, UploadError, orbax_writes_natively
 from rigging import filesystem as fsx
 
 logger = logging.getLogger(__name__)
@@ -105,6 +114,20 @@ def _size(num_bytes: float) -> str:
     return f"{num_bytes / 1000:.1f} TB"
 
 
+def _move_folder(source: str, target: str) -> None:
+    """Rename a folder; on an object store, which cannot rename, copy its files, then delete them."""
+    fs, source_path = fsx.filesystem(source)
+    target_path = fsx.filesystem(target)[1]
+    if fsx.is_local(source):
+        fs.mv(source_path, target_path, recursive=True)
+        return
+    names = fsx.find_files(source)
+    fs.copy([f"{source_path}/{name}" for name in names], [f"{target_path}/{name}" for name in names])
+    # The commit marker goes first, so a move cut short leaves a folder that is no longer listed as a step.
+    fsx.remove_files(source, [name for name in names if name == COMMIT_MARKER])
+    fsx.remove_files(source, [name for name in names if name != COMMIT_MARKER])
+
+
 def _flat_name(path) -> str:
     name = jax.tree_util.keystr(path)
     # Orbax uses the keys as parts of storage paths; keep them to a safe alphabet.
@@ -142,20 +165,38 @@ class Checkpointer:
         keep_every: int | None = None,
         asynchronous: bool = True,
     ):
-        self.directory = os.path.abspath(directory)
+        self.directory = fsx.absolute(directory)
         self.every_steps = every_steps
         self.every_minutes = every_minutes
+        self._asynchronous = asynchronous
         self._last_save_time = time.monotonic()
+        self._staging: CheckpointStaging | None = None
+        if not orbax_writes_natively(self.directory):
+            if jax.process_count() > 1:
+                raise CheckpointError(
+                    f"Checkpoints in {self.directory} are staged through a local folder, which works for one "
+                    f"process only; this run has {jax.process_count()}. Use a gs:// or shared local output folder."
+                )
+            # The URL is pruned by the staging; Orbax only ever holds the step being written or read.
+            self._staging = CheckpointStaging(self.directory, keep_last=keep_last, keep_every=keep_every)
+            keep_last = keep_every = None
+            logger.info(
+                "Checkpoints for %s are written in the local folder %s first (Orbax cannot write there itself), "
+                "then uploaded.", self.directory, self._staging.local_root,
+            )
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep_last,
             keep_period=keep_every,
             create=True,
-            cleanup_tmp_directories=True,
+            # A staging folder starts empty; its clean-up thread would only race the folder's removal.
+            cleanup_tmp_directories=self._staging is None,
             enable_async_checkpointing=asynchronous,
         )
         # Naming the handler up front lets a fresh manager (a resumed run) read metadata before restoring.
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers={"state": ocp.StandardCheckpointHandler()}
+            self.directory if self._staging is None else self._staging.local_root,
+            options=options,
+            item_handlers={"state": ocp.StandardCheckpointHandler()},
         )
 
     # -- policy ---------------------------------------------------------------------------------
@@ -171,23 +212,35 @@ class Checkpointer:
     # -- save / restore ---------------------------------------------------------------------------
 
     def save(self, step: int, state: Any) -> None:
+        if self._staging is not None:
+            with self._writing():  # the previous save's upload; it must finish before Orbax writes again
+                self._staging.wait()
         if step in self.all_steps():
             return
         flat, _ = flatten_state(state)
         started = time.monotonic()
         with self._writing():  # an asynchronous save's failure surfaces in the next save (or wait)
             self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat)), force=True)
+            if self._staging is not None:
+                self._staging.upload_when_committed(
+                    step, self._manager.wait_until_finished, asynchronous=self._asynchronous
+                )
         self._last_save_time = time.monotonic()
         logger.info("Checkpoint of step %d handed to the writer in %.2fs (%s).", step, time.monotonic() - started, self.directory)
 
     def all_steps(self) -> list[int]:
+        if self._staging is not None:
+            return self._staging.committed_steps()
         return sorted(self._manager.all_steps())
 
     def latest_step(self) -> int | None:
+        if self._staging is not None:
+            steps = self._staging.committed_steps()
+            return steps[-1] if steps else None
         return self._manager.latest_step()
 
     def path_of(self, step: int) -> str:
-        return os.path.join(self.directory, str(step))
+        return fsx.join(self.directory, str(step))
 
     def restore(self, step: int, template: Any) -> Any:
         """The state saved at ``step``, with ``template``'s structure, dtypes and shardings.
@@ -201,13 +254,34 @@ class Checkpointer:
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
             for k, v in flat_template.items()
         }
+        if self._staging is None:
+            return unflatten_state(self._restore_flat(step, abstract), template)
+        self._download(step)
+        try:
+            return unflatten_state(self._restore_flat(step, abstract), template)
+        finally:
+            self._staging.discard_local(step)
+            self._manager.reload()
+
+    def _restore_flat(self, step: int, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:
         with self._reading(step):
             stored = self._manager.item_metadata(step)["state"]
         self._check_matches(step, abstract, getattr(stored, "tree", stored))
         # Names, shapes and dtypes match, so a failure from here on is in the files themselves.
         with self._reading(step):
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-        return unflatten_state(restored["state"], template)
+        return restored["state"]
+
+    def _download(self, step: int) -> None:
+        # Failing to copy a listed step says nothing about its files: it is left in place, not set aside.
+        try:
+            self._staging.download(step)
+        except Exception as e:
+            raise CheckpointError(
+                f"Checkpoint {self.path_of(step)} could not be downloaded ({_root_cause(e)}); it was left in place. "
+                "Check that its storage is reachable and run again."
+            ) from e
+        self._manager.reload()
 
     def restore_latest(self, template: Any) -> tuple[int, Any] | None:
         """``(step, state)`` of the newest checkpoint that reads back; None when there is none.
@@ -245,10 +319,9 @@ class Checkpointer:
         while fsx.exists(target):
             target = f"{self.path_of(step)}.corrupt-{stamp}-{suffix}"
             suffix += 1
-        fs, source_path = fsx.filesystem(self.path_of(step))
         try:
-            fs.mv(source_path, fsx.filesystem(target)[1], recursive=True)
-        except OSError as e:
+            _move_folder(self.path_of(step), target)
+        except Exception as e:  # OSError from disks, the store client's own errors from object stores
             # Left where it is, the step would be tried first again, and never saved again.
             raise CheckpointError(
                 f"{error} Moving it aside to {target} failed ({e}); move or delete it yourself and run again."
@@ -278,18 +351,26 @@ class Checkpointer:
         TensorStore ValueError, with the writer's asyncio internals in the traceback."""
         try:
             yield
+        except UploadError as e:
+            raise CheckpointError(str(e)) from e
         except Exception as e:
             if _is_disk_full(e):
                 raise CheckpointDiskFullError(self._disk_full_message()) from e
             raise
 
     def _disk_full_message(self) -> str:
-        where = self.directory
-        if fsx.is_local(self.directory):
+        where, local_disk = self.directory, self.directory if fsx.is_local(self.directory) else None
+        bigger_disk = "give the run an output folder on a bigger disk"
+        if self._staging is not None:
+            where = local_disk = self._staging.local_root
+            where += f" (the local staging folder of {self.directory})"
+            bigger_disk = "point TMPDIR at a bigger disk (checkpoints for object stores are staged under it)"
+        if local_disk is not None:
             with contextlib.suppress(OSError):  # the figure helps; its absence must not hide the error
-                usage = shutil.disk_usage(self.directory)
+                usage = shutil.disk_usage(local_disk)
                 where += f" ({_size(usage.free)} free of {_size(usage.total)})"
-        # Orbax lists a step only once its save is committed, so the newest listed one is whole.
+        # Orbax lists a step only once its save is committed (and the staging once its upload is),
+        # so the newest listed one is whole.
         self._manager.reload()
         newest = self.latest_step()
         if newest is None:
@@ -298,18 +379,20 @@ class Checkpointer:
             kept = f"The newest complete checkpoint is step {newest}, and a rerun resumes from it.{self._size_note(newest)}"
         return (
             f"Disk full: a checkpoint could not be written to {where}. {kept} Free space there (delete old runs, "
-            "or keep fewer checkpoints with keep_last_checkpoints) or give the run an output folder on a bigger "
-            "disk, then run again; the half-written checkpoint is removed when the next run starts."
+            f"or keep fewer checkpoints with keep_last_checkpoints) or {bigger_disk}, then run again; the "
+            "half-written checkpoint is removed when the next run starts."
         )
 
     def _size_note(self, step: int) -> str:
-        if not fsx.is_local(self.directory):
-            return ""
         total = 0
         try:
-            for folder, _, files in os.walk(self.path_of(step)):
-                total += sum(os.path.getsize(os.path.join(folder, name)) for name in files)
-        except OSError:
+            if fsx.is_local(self.directory):
+                for folder, _, files in os.walk(self.path_of(step)):
+                    total += sum(os.path.getsize(os.path.join(folder, name)) for name in files)
+            else:
+                fs, path = fsx.filesystem(self.path_of(step))
+                total = fs.du(path)
+        except Exception:  # the figure helps; failing to get it must not hide the disk-full error
             return ""
         return f" Each checkpoint takes about {_size(total)}."
 
@@ -339,11 +422,14 @@ class Checkpointer:
             )
 
     def wait(self) -> None:
-        """Block until every started save is committed to disk."""
+        """Block until every started save is committed to disk (and uploaded, when staged)."""
         with self._writing():
+            if self._staging is not None:
+                self._staging.wait()
             self._manager.wait_until_finished()
 
     def close(self) -> None:
-        with self._writing():
-            self._manager.wait_until_finished()
+        self.wait()
         self._manager.close()
+        if self._staging is not None:
+            self._staging.close()

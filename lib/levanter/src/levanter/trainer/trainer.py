@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -47,6 +46,7 @@ from levanter.trainer.stopping import (
     first_stop_request,
 )
 from levanter.trainer.tracker import build_trackers
+from rigging import filesystem as fsx
 
 logger = logging.getLogger("levanter.trainer")
 
@@ -88,9 +88,10 @@ def _format_duration(seconds: float) -> str:
 class Trainer:
     """Trains one model with one optimizer config on one data source.
 
-    ``output_dir`` receives ``checkpoints/``, ``metrics.jsonl`` and tracker folders. If it already
-    holds checkpoints, training resumes from the newest one. ``flops_per_token`` (a number, or a
-    function of the sequence length, called once the first batch arrives) enables MFU.
+    ``output_dir`` (a local path or any fsspec URL: ``s3://``, ``gs://``, ``memory://``...) receives
+    ``checkpoints/``, ``metrics.jsonl`` and tracker folders. If it already holds checkpoints,
+    training resumes from the newest one. ``flops_per_token`` (a number, or a function of the
+    sequence length, called once the first batch arrives) enables MFU.
     ``stop_sources`` are polled between steps (:mod:`levanter.trainer.stopping`); SIGTERM, when
     training runs in the main thread, is one more.
     """
@@ -109,7 +110,7 @@ class Trainer:
     ):
         self.config = config
         self.optimizer_config = optimizer
-        self.output_dir = os.path.abspath(output_dir)
+        self.output_dir = fsx.absolute(output_dir)
         self.flops_per_token = flops_per_token
         self.run_config = dict(run_config or {})
         self.hooks = list(hooks)
@@ -122,11 +123,11 @@ class Trainer:
         # file of their own (for debugging) instead of writing over the shared one.
         self.is_reporting_process = jax.process_index() == 0
         metrics_name = "metrics.jsonl" if self.is_reporting_process else f"metrics.process-{jax.process_index()}.jsonl"
-        self.metrics_path = os.path.join(self.output_dir, metrics_name)
+        self.metrics_path = fsx.join(self.output_dir, metrics_name)
         self.compute_dtype = resolve_compute_dtype(config.compute_dtype)
         self.mesh = self._build_mesh()
         self.checkpointer = Checkpointer(
-            os.path.join(self.output_dir, "checkpoints"),
+            fsx.join(self.output_dir, "checkpoints"),
             every_steps=config.steps_per_checkpoint,
             every_minutes=config.minutes_per_checkpoint,
             keep_last=config.keep_last_checkpoints,
@@ -283,6 +284,7 @@ class Trainer:
                 eval_losses = self.evaluate(state.params, eval_sources)
             self.raise_if_abandoned(int(state.step))
             if cfg.checkpoint_at_end:
+                trackers.flush()
                 self.checkpointer.save(int(state.step), state)
             self.checkpointer.wait()
             trackers.log_summary({"final/train_loss": last_loss, **{f"final/eval/{k}/loss": v for k, v in eval_losses.items()}})
@@ -447,6 +449,8 @@ class Trainer:
                     pending = None
                 if do_checkpoint:
                     self.raise_if_abandoned(step)  # asked while the metrics were written?
+                    # Metrics up to this step are stored before the checkpoint that a resume would cut them back to.
+                    trackers.flush()
                     self.checkpointer.save(step, state)
                 if preempted:
                     self.checkpointer.wait()
@@ -495,7 +499,7 @@ def _is_floating(x) -> bool:
 
 
 def _last_logged_loss(metrics_path: str) -> float | None:
-    if not os.path.exists(metrics_path):
+    if not fsx.exists(metrics_path):
         return None
     from levanter.trainer.tracker import read_metrics
 

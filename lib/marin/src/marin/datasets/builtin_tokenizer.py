@@ -67,16 +67,7 @@ def train_builtin_tokenizer(ctx: StepContext) -> TrainedTokenizer:
     texts = list(_read_texts(train_file))
     tok = train_bpe_tokenizer(texts, config.vocab_size, special_tokens=config.special_tokens,
                               min_frequency=config.min_frequency)
-    if fsx.is_local(ctx.output_path):
-        save_tokenizer(tok, ctx.output_path, eos_token=config.eos_token)
-    else:  # save_tokenizer writes local folders; stage there and copy for object stores
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as staging:
-            save_tokenizer(tok, staging, eos_token=config.eos_token)
-            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-                with open(f"{staging}/{name}", "rb") as f:
-                    fsx.atomic_write(fsx.join(ctx.output_path, name), f.read())
+    save_tokenizer(tok, ctx.output_path, eos_token=config.eos_token)  # a local folder or the prefix's store
     result = TrainedTokenizer(
         path=ctx.output_path,
         vocab_size=tok.get_vocab_size(with_added_tokens=True),

@@ -1,13 +1,14 @@
 """Metric trackers: ``metrics.jsonl`` always; TensorBoard and W&B when configured (imported lazily,
-with an actionable error when their package is missing)."""
+with an actionable error when their package is missing). The run's folder may be any URL: each
+tracker writes there, or says in a log line where its files go instead."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Sequence
 
 from levanter.trainer.tracker.base import Tracker, TrackerUnavailableError
 from levanter.trainer.tracker.jsonl import JsonlTracker, read_metrics, truncate_metrics
+from rigging import filesystem as fsx
 
 TRACKER_NAMES = ("jsonl", "tensorboard", "wandb")
 
@@ -25,6 +26,10 @@ class CompositeTracker:
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         for t in self.trackers:
             t.log_summary(metrics)
+
+    def flush(self) -> None:
+        for t in self.trackers:
+            t.flush()
 
     def close(self) -> None:
         for t in self.trackers:
@@ -50,7 +55,7 @@ def build_trackers(
     if "tensorboard" in names:
         from levanter.trainer.tracker.tensorboard import TensorBoardTracker
 
-        trackers.append(TensorBoardTracker(os.path.join(log_dir, "tensorboard")))
+        trackers.append(TensorBoardTracker(fsx.join(log_dir, "tensorboard")))
     if "wandb" in names:
         from levanter.trainer.tracker.wandb import WandbTracker
 

@@ -10,6 +10,11 @@ bad disk or a crash) is skipped, and dropped when the file is cut, with a WARNIN
 line; steps up to the checkpoint that have no record are reported as missing (they cannot be
 recovered: the checkpoint holds the state, not the metrics). Only a torn last line, what a kill
 mid-write leaves, passes without a warning.
+
+On an object store (any URL but a local path), which cannot append, the tracker keeps the whole file
+in memory and rewrites the object: before each checkpoint (the trainer calls :meth:`JsonlTracker.flush`),
+at the end, and every ``rewrite_every_seconds`` in between. The stored file is therefore complete
+at every checkpoint, so a resume can always cut it back to the checkpoint's step.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Iterator
 from typing import Any, Mapping
 
@@ -37,32 +43,60 @@ class JsonlTracker:
     """Appends to ``path`` and flushes each line, so a killed run leaves every completed step on disk.
 
     ``resume_step`` is the checkpoint step the run resumes from, or ``None`` for a fresh run; the
-    file is first cut back to match it (see :func:`truncate_metrics`), then appended to.
+    file is first cut back to match it (see :func:`truncate_metrics`), then appended to. A URL
+    ``path`` is rewritten whole instead (see the module docstring).
     """
 
-    def __init__(self, path: str, *, resume_step: int | None = None):
+    def __init__(self, path: str, *, resume_step: int | None = None, rewrite_every_seconds: float = 60.0):
         self.path = path
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.rewrite_every_seconds = rewrite_every_seconds
+        self._file = None
+        local = fsx.is_local(path)
+        if local:
+            os.makedirs(os.path.dirname(fsx.absolute(path)), exist_ok=True)
         truncate_metrics(path, resume_step)
-        self._file = open(path, "a", encoding="utf-8")
+        if local:
+            self._file = open(fsx.absolute(path), "a", encoding="utf-8")
+        else:
+            self._lines = [fsx.read_text(path) or ""]  # what is kept of an earlier attempt, then this run's lines
+            self._unwritten = False
+            self._last_rewrite = time.monotonic()
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = json.dumps({"step": step, **{k: _plain(v) for k, v in metrics.items()}}) + "\n"
+        if self._file is not None:
+            self._file.write(line)
+            self._file.flush()
+            return
+        self._lines.append(line)
+        self._unwritten = True
+        if time.monotonic() - self._last_rewrite >= self.rewrite_every_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make the stored file hold every line logged so far (local files always do)."""
+        if self._file is not None or not self._unwritten:
+            return
+        text = "".join(self._lines)
+        self._lines = [text]
+        fsx.atomic_write(self.path, text)
+        self._unwritten = False
+        self._last_rewrite = time.monotonic()
 
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         pass  # the summary goes to eval.json / the run's result, not into the per-step stream
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file is None:
+            self.flush()
+        elif not self._file.closed:
             self._file.close()
 
 
 def _numbered_lines(path: str) -> list[tuple[int, str]]:
     """The file's non-blank lines with their 1-based numbers; undecodable bytes become U+FFFD, so a
     damaged line fails to parse on its own instead of failing the whole read."""
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with fsx.open_url(path, "r", encoding="utf-8", errors="replace") as f:
         return [(number, line) for number, line in enumerate(f, 1) if line.strip()]
 
 
@@ -117,7 +151,7 @@ def truncate_metrics(path: str, resume_step: int | None) -> int:
     ``1..resume_step`` without a record are reported. The file is replaced atomically, so a kill
     during the cut leaves the old file whole; it is rewritten only when something goes.
     """
-    if not os.path.exists(path):
+    if not fsx.exists(path):
         if resume_step:
             _warn_missing_steps(path, resume_step, set())
         return 0

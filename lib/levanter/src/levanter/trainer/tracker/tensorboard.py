@@ -1,10 +1,22 @@
-"""TensorBoard event files, written with ``torch.utils.tensorboard`` or ``tensorboardX``."""
+"""TensorBoard event files, written with ``torch.utils.tensorboard`` or ``tensorboardX``.
+
+Those writers append to local files. For a run whose folder is a URL, the event files are written
+in a local temporary folder (a log line names it) and copied to ``<run>/tensorboard/`` before each
+checkpoint and at the end.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import tempfile
 from typing import Any, Mapping
 
 from levanter.trainer.tracker.base import TrackerUnavailableError
+from rigging import filesystem as fsx
+
+logger = logging.getLogger(__name__)
 
 
 def _summary_writer_class():
@@ -28,7 +40,16 @@ def _summary_writer_class():
 
 class TensorBoardTracker:
     def __init__(self, log_dir: str):
-        self._writer = _summary_writer_class()(log_dir=log_dir)
+        writer_class = _summary_writer_class()
+        self.log_dir = log_dir
+        self._local_dir: str | None = None
+        if not fsx.is_local(log_dir):
+            self._local_dir = tempfile.mkdtemp(prefix="levanter-tensorboard-")
+            logger.info(
+                "TensorBoard writes its event files locally in %s (its writer cannot write to %s); they are "
+                "copied there before each checkpoint and at the end.", self._local_dir, log_dir,
+            )
+        self._writer = writer_class(log_dir=self._local_dir or log_dir)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         for name, value in metrics.items():
@@ -38,6 +59,21 @@ class TensorBoardTracker:
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         pass
 
+    def flush(self) -> None:
+        self._writer.flush()
+        self._copy_to_log_dir()
+
     def close(self) -> None:
         self._writer.flush()
         self._writer.close()
+        self._copy_to_log_dir()
+        if self._local_dir is not None:
+            shutil.rmtree(self._local_dir, ignore_errors=True)
+
+    def _copy_to_log_dir(self) -> None:
+        if self._local_dir is None:
+            return
+        names = [os.path.relpath(os.path.join(folder, name), self._local_dir)
+                 for folder, _, files in os.walk(self._local_dir) for name in files]
+        fs, remote = fsx.filesystem(self.log_dir)
+        fs.put([os.path.join(self._local_dir, name) for name in names], [f"{remote.rstrip('/')}/{name}" for name in names])

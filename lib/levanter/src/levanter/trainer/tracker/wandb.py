@@ -1,10 +1,19 @@
-"""Weights & Biases, imported only when asked for."""
+"""Weights & Biases, imported only when asked for.
+
+W&B keeps its run files in a local folder before syncing them to its server; for a run whose folder
+is a URL that is a local temporary folder, named in a log line.
+"""
 
 from __future__ import annotations
 
+import logging
+import tempfile
 from typing import Any, Mapping
 
 from levanter.trainer.tracker.base import TrackerUnavailableError
+from rigging import filesystem as fsx
+
+logger = logging.getLogger(__name__)
 
 
 class WandbTracker:
@@ -16,6 +25,11 @@ class WandbTracker:
                 "The 'wandb' tracker needs the wandb package: `pip install wandb` and `wandb login` (or set "
                 "WANDB_MODE=offline); or drop 'wandb' from TrainerConfig.trackers."
             ) from e
+        if not fsx.is_local(log_dir):
+            local_dir = tempfile.mkdtemp(prefix="levanter-wandb-")
+            logger.info("W&B keeps its local run files in %s (it cannot write to %s); the run syncs to W&B as usual.",
+                        local_dir, log_dir)
+            log_dir = local_dir
         self._wandb = wandb
         self._run = wandb.init(project=project, name=run_name, config=dict(config), dir=log_dir, resume="allow")
 
@@ -25,6 +39,9 @@ class WandbTracker:
     def log_summary(self, metrics: Mapping[str, Any]) -> None:
         for k, v in metrics.items():
             self._run.summary[k] = v
+
+    def flush(self) -> None:
+        pass  # W&B streams to its server by itself
 
     def close(self) -> None:
         self._run.finish()
