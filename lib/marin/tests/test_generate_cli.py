@@ -167,9 +167,9 @@ def test_help_states_the_sampling_defaults(capsys):
         assert expected in text
 
 
-def test_a_remote_location_asks_for_a_local_copy():
-    with pytest.raises(ModelNotFoundError, match="not on this machine; generation reads local folders only. Copy its hf/ folder"):
-        locate_model("gs://bucket/marin/checkpoints/tiny-0123abcd")
+def test_a_url_with_nothing_there_says_so():
+    with pytest.raises(ModelNotFoundError, match="memory://generate-test-empty/checkpoints/tiny-0123abcd does not exist"):
+        locate_model("memory://generate-test-empty/checkpoints/tiny-0123abcd")
 
 
 def test_a_tokenizer_larger_than_the_model_is_refused(trained, capsys, tmp_path, synthetic_stories):

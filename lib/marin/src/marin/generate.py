@@ -4,7 +4,7 @@ CHECKPOINT-OR-STEP is a training step's output folder, the ``hf/`` folder inside
 Hugging Face Llama or Mixtral folder works), or a step name such as ``checkpoints/marin-nano-tinystories``,
 looked up under the prefix the way ``marin explain`` does (the newest finished run wins). The model
 is read from its Hugging Face export and the tokenizer from the same folder, where training saves
-it; ``--tokenizer`` names another one.
+it; ``--tokenizer`` names another one. Folders and prefixes may be local or URLs (``s3://...``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rigging import filesystem as fsx
 from rigging.config.discovery import discover_config
 from rigging.log import get_logger
 
@@ -49,7 +50,12 @@ class ModelLocation:
 
 
 def _has_model(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, MODEL_CONFIG))
+    return fsx.exists(fsx.join(folder, MODEL_CONFIG))
+
+
+def _is_folder(location: str) -> bool:
+    fs, path = fsx.filesystem(location)
+    return fs.isdir(path)
 
 
 def _export_of_step(output_path: str) -> str | None:
@@ -63,7 +69,7 @@ def _export_of_step(output_path: str) -> str | None:
     except ArtifactError:
         result = None
     recorded = result.get("hf_path") if isinstance(result, dict) else None
-    for candidate in (os.path.join(output_path, HF_FOLDER), recorded):
+    for candidate in (fsx.join(output_path, HF_FOLDER), recorded):
         if candidate and _has_model(candidate):
             return candidate
     return None
@@ -77,13 +83,14 @@ def _no_model_message(folder: str) -> str:
             + (f" ({status.error})" if status.error else "")
             + ". Run the training step to completion first (`marin status` shows each step's state)."
         )
-    weights = sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
+    weights = sorted(name for name in (entry.rstrip("/").rsplit("/", 1)[-1] for entry in fsx.ls(folder))
+                     if name.endswith(".safetensors"))
     if weights:
         return (
             f"{folder} holds weights ({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}) but no {MODEL_CONFIG}: "
             "the export is incomplete or damaged. Export or copy the whole folder again."
         )
-    if os.path.isdir(os.path.join(folder, "checkpoints")):
+    if _is_folder(fsx.join(folder, "checkpoints")):
         return (
             f"{folder} has training checkpoints but no Hugging Face export ({HF_FOLDER}/{MODEL_CONFIG}); "
             "only Llama and MoE models are exported, and only when training finishes."
@@ -94,34 +101,26 @@ def _no_model_message(folder: str) -> str:
     )
 
 
-def _is_remote(location: str) -> bool:
-    return "://" in location and not location.startswith("file://")
-
-
-def _remote_message(location: str) -> str:
-    return (f"{location} is not on this machine; generation reads local folders only. Copy its hf/ folder here "
-            "(with your storage tool, e.g. `gcloud storage cp -r`) and pass that folder.")
-
-
 def locate_model(checkpoint_or_step: str, prefix: str | None = None) -> ModelLocation:
     """Resolve CHECKPOINT-OR-STEP (see the module docstring) to a loadable HF folder.
 
-    Raises :class:`ModelNotFoundError` with what to do when nothing loadable is found.
+    Folders may be local paths or URLs (``s3://``, ``gs://``, ...). Raises
+    :class:`ModelNotFoundError` with what to do when nothing loadable is found.
     """
     what = os.path.expanduser(checkpoint_or_step)
-    if _is_remote(what):
-        raise ModelNotFoundError(_remote_message(what))
-    what = what.removeprefix("file://")
-    if os.path.isdir(what):
-        folder = os.path.abspath(what)
+    if _is_folder(what):
+        folder = fsx.absolute(what)
         if _has_model(folder):
             return ModelLocation(folder)
         export = _export_of_step(folder)
         if export is not None:
             return ModelLocation(export, step_output=folder)
         raise ModelNotFoundError(_no_model_message(folder))
-    if os.path.exists(what):
+    if fsx.exists(what):
         raise ModelNotFoundError(f"{what} is a file; pass the folder holding the model (its hf/ folder or the step's output folder).")
+    if "://" in what:
+        raise ModelNotFoundError(f"{what} does not exist. Pass the output folder of a train_lm step, its hf/ folder, "
+                                 "or a step name (`marin status --prefix URL` lists them).")
 
     prefix = discover_config(prefix=prefix).prefix
     folders = find_step_folders(prefix, what.rstrip("/"))
@@ -130,8 +129,6 @@ def locate_model(checkpoint_or_step: str, prefix: str | None = None) -> ModelLoc
             f"{checkpoint_or_step!r} is neither a folder nor a step under the prefix {prefix}. "
             "`marin status` lists the steps there; pass --prefix if your outputs are elsewhere."
         )
-    if _is_remote(folders[0]):
-        raise ModelNotFoundError(_remote_message(folders[0]))
     # Newest first; a run still in progress (or failed) may hold a half-written export, so only
     # finished runs are candidates when the user named a step rather than a folder.
     finished = [f for f in folders if (status := read_status(f)) is not None and status.status == STATUS_SUCCESS]
@@ -254,7 +251,7 @@ def generate_command(args: argparse.Namespace) -> int:
     try:
         texts = generate(args.model, args.prompt, sampling, prefix=args.prefix, tokenizer=args.tokenizer)
     except (ModelNotFoundError, TokenizerMismatchError, HfFormatError, TokenizerNotFoundError, TokenizerFormatError,
-            SamplingError, NonFiniteLogitsError) as exc:
+            SamplingError, NonFiniteLogitsError, fsx.FilesystemUnavailableError) as exc:
         return _usage_error(str(exc))
     for i, text in enumerate(texts):
         if i:

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Literal
 
-from zephyr._fs import url_to_fs
+from zephyr._fs import exists, url_to_fs
 from zephyr.dataset import Dataset, expand_glob
 from zephyr.errors import (
     HubDatasetUnavailableError,
@@ -282,7 +282,7 @@ _SPLIT_ALIASES = {
 
 def looks_like_hub_dataset_id(spec: str) -> bool:
     """``owner/name`` that is not an existing local path."""
-    return bool(_HUB_ID.match(spec)) and not os.path.exists(spec)
+    return bool(_HUB_ID.match(spec)) and not exists(spec)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ def include_path_identity(include_path: str | None) -> dict[str, str] | None:
     """``{relative file: sha256}`` of the task files under ``include_path``: their content is the task."""
     if include_path is None:
         return None
+    if "://" in include_path:
+        raise HarnessConfigError(f"include_path {include_path!r} must be a local folder: lm-eval reads task files from local disk.")
     if not os.path.isdir(include_path):
         raise HarnessConfigError(f"include_path {include_path!r} is not a folder of lm-eval task files (YAML configs and their data).")
     files = {}

@@ -63,10 +63,8 @@ def _digest(fs: Any, path: str) -> str:
 
 
 def load_hf_checkpoint(path: str) -> LoadedModel:
-    """A local Llama or Mixtral checkpoint folder in the Hugging Face format, as our model."""
+    """A Llama or Mixtral checkpoint folder in the Hugging Face format (local or a URL), as our model."""
     from levanter.compat.hf_checkpoints import import_from_hf
 
-    if "://" in path and not path.startswith("file://"):
-        raise ModelSourceError(f"{path}: evaluating a checkpoint on a remote filesystem is not supported yet; copy it locally.")
-    model = import_from_hf(path.removeprefix("file://"))
+    model = import_from_hf(path)
     return LoadedModel(model=model, model_type=type(model).__name__, path=path)

@@ -40,13 +40,27 @@ def _basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
+def _spelled_like(url: str, root: str, path: str) -> str:
+    """``path`` (inside the filesystem of ``url``, whose own path there is ``root``) spelled like ``url``.
+
+    fsspec lists paths without their protocol and, for some filesystems, with a leading slash the
+    user never wrote (``memory://a`` lists ``/a/b``); outputs are shown and compared as the runner
+    names them, so each is rebuilt from the URL it was found under.
+    """
+    if "://" not in url or url.startswith("file://"):
+        return path
+    root = root.rstrip("/")
+    if path == root or path.startswith(root + "/"):
+        return url.rstrip("/") + path[len(root):]
+    return url.split("://", 1)[0] + "://" + path.lstrip("/")
+
+
 def step_folders(prefix: str) -> list[str]:
     """Output folders under ``prefix`` (a folder with ``.executor_info`` or ``.executor_status``).
 
     The walk does not descend into step folders: their contents (checkpoints, caches) can be huge.
     """
     fs, root = fsx.filesystem(prefix)
-    protocol = prefix.split("://", 1)[0] + "://" if "://" in prefix and not prefix.startswith("file://") else ""
     if not fs.exists(root):
         return []
     found: list[str] = []
@@ -59,7 +73,7 @@ def step_folders(prefix: str) -> list[str]:
             continue
         names = {_basename(e["name"]) for e in entries}
         if INFO_FILE in names or STATUS_FILE in names:
-            found.append(protocol + folder if protocol and "://" not in folder else folder)
+            found.append(_spelled_like(prefix, root, folder))
             continue
         if depth >= MAX_DEPTH:
             continue
@@ -120,13 +134,15 @@ def find_step_folders(prefix: str, name_or_path: str) -> list[str]:
             return [candidate]
     parent_rel, _, base = name_or_path.rstrip("/").rpartition("/")
     parent = fsx.join(prefix, parent_rel) if parent_rel else prefix
-    if not fsx.exists(parent):
+    fs, root = fsx.filesystem(parent)
+    if not fs.isdir(root):
         return []
     matches = []
-    for entry in fsx.ls(parent):
+    for entry in fs.ls(root, detail=False):
         match = _HASHED_FOLDER.match(_basename(entry))
-        if match and match["name"] == base and _is_step_folder(entry):
-            matches.append(entry)
+        folder = _spelled_like(parent, root, entry)
+        if match and match["name"] == base and _is_step_folder(folder):
+            matches.append(folder)
     listings = [describe_folder(m, prefix) for m in matches]
     listings.sort(key=lambda listing: listing.status_time or 0.0, reverse=True)
     return [listing.output_path for listing in listings]

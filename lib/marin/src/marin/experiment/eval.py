@@ -43,8 +43,8 @@ def evaluate_lm(
 ) -> LazyStep:
     """A lazy handle scoring ``model`` on the ``split`` of each dataset; its artifact is an :class:`EvalResults`.
 
-    ``model``: a ``train_lm(...)`` handle (its Hugging Face export is evaluated) or a local Hugging
-    Face Llama or Mixtral checkpoint folder. ``datasets``: ``tokenized(...)`` handles (named by their step names),
+    ``model``: a ``train_lm(...)`` handle (its Hugging Face export is evaluated) or a Hugging Face
+    Llama or Mixtral checkpoint folder, local or a URL. ``datasets``: ``tokenized(...)`` handles (named by their step names),
     ``{name: handle}``, or a ``train_lm``-style ``{handle: weight}`` mixture (weights ignored). ``seq_len`` defaults to the training step's.
     """
     named = _named_datasets(datasets)

@@ -17,6 +17,7 @@ from fray.cluster import ResourceConfig
 from marin.evaluation.harness import HarnessConfigError, HarnessResults, include_path_identity, run_harness
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.experiment.model_ref import ModelRef
+from rigging import filesystem as fsx
 
 # Bumped when the harness step's results change meaning, so old results are never reused for it.
 HARNESS_STEP_VERSION = "1"
@@ -43,8 +44,8 @@ def evaluate_harness(
 ) -> LazyStep:
     """A lazy handle running lm-eval ``tasks`` on ``model``; its artifact is a :class:`HarnessResults`.
 
-    ``model``: a ``train_lm(...)`` handle (its Hugging Face export and tokenizer) or a local Hugging
-    Face Llama or Mixtral checkpoint folder with its ``tokenizer.json``. ``include_path``: a folder of task YAML
+    ``model``: a ``train_lm(...)`` handle (its Hugging Face export and tokenizer) or a Hugging Face
+    Llama or Mixtral checkpoint folder (local or a URL) with its ``tokenizer.json``. ``include_path``: a folder of task YAML
     files to add to lm-eval's own (``marin.evaluation.tasks.TASKS_DIR`` holds the project's).
     ``limit``: at most this many documents per task (for smoke runs). ``max_seq_len`` defaults to
     the model's.
@@ -55,7 +56,7 @@ def evaluate_harness(
         raise HarnessConfigError(f"limit must be a positive integer (documents per task) or None, got {limit!r}.")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise HarnessConfigError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    include = None if include_path is None else os.path.abspath(os.fspath(include_path))
+    include = None if include_path is None else fsx.absolute(include_path)
     task_files = include_path_identity(include)
     ref = ModelRef.of(model, error=HarnessConfigError)
 

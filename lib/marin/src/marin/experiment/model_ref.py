@@ -17,6 +17,7 @@ from levanter.tokenization import HfTokenizer, load_tokenizer
 from marin.evaluation.model_source import LoadedModel, ModelSourceError, checkpoint_folder_identity, load_hf_checkpoint
 from marin.execution.lazy import LazyStep
 from marin.experiment.train import TrainedModel
+from rigging import filesystem as fsx
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,13 @@ class ResolvedModel:
     folder: str  # the Hugging Face folder the weights came from
     trained: TrainedModel | None = None
 
+    def _has_tokenizer(self) -> bool:
+        return fsx.exists(fsx.join(self.folder, "tokenizer.json"))
+
     def tokenizer(self) -> HfTokenizer:
         """The tokenizer saved beside the weights, else the one the training step used."""
-        local = self.folder.removeprefix("file://")
-        if os.path.exists(os.path.join(local, "tokenizer.json")):
-            return load_tokenizer(local)
+        if self._has_tokenizer():
+            return load_tokenizer(self.folder)
         if self.trained is not None:
             return load_tokenizer(self.trained.tokenizer)
         raise ModelSourceError(f"{self.folder} has no tokenizer.json; save the model's tokenizer beside its weights.")
@@ -41,8 +44,7 @@ class ResolvedModel:
     def tokenizer_identity(self) -> str | None:
         if self.trained is not None:
             return self.trained.tokenizer_identity
-        local = self.folder.removeprefix("file://")
-        return load_tokenizer(local).identity if os.path.exists(os.path.join(local, "tokenizer.json")) else None
+        return load_tokenizer(self.folder).identity if self._has_tokenizer() else None
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,7 @@ class ModelRef:
         if isinstance(model, LazyStep):
             return cls(handle=model, record={"kind": "step"})  # the step's identity enters through deps
         if isinstance(model, (str, os.PathLike)):
-            path = os.fspath(model)
-            folder = path if "://" in path else os.path.abspath(path)
+            folder = fsx.absolute(model)
             return cls(folder=folder, record=checkpoint_folder_identity(folder))
         raise error(f"model must be a train_lm(...) handle or a checkpoint folder, got {type(model).__name__}.")
 

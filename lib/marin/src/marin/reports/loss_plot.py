@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from collections.abc import Iterable
+
+from rigging import filesystem as fsx
 
 
 def read_loss_curves(metrics_lines: Iterable[str]) -> tuple[list[tuple[int, float]], dict[str, list[tuple[int, float]]]]:
@@ -27,7 +29,7 @@ def read_loss_curves(metrics_lines: Iterable[str]) -> tuple[list[tuple[int, floa
 
 
 def plot_loss_curves(train, validation, path: str, *, title: str) -> str:
-    """Write the figure as a PNG at ``path`` (Agg backend: no display needed); returns ``path``."""
+    """Write the figure as a PNG at ``path``, a local path or URL (Agg backend: no display needed); returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +52,8 @@ def plot_loss_curves(train, validation, path: str, *, title: str) -> str:
     else:
         axes.text(0.5, 0.5, "no losses recorded", ha="center", va="center", transform=axes.transAxes)
     figure.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    figure.savefig(path)
+    png = io.BytesIO()
+    figure.savefig(png, format="png")
     plt.close(figure)
+    fsx.atomic_write(path, png.getvalue())
     return path

@@ -8,15 +8,15 @@ eval steps that depend on the training step: the ones given, or those found unde
 
 from __future__ import annotations
 
-import glob
-import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from marin.execution.artifact import ArtifactError, load_artifact, register_result_type
+from marin.execution.catalog import step_folders
 from marin.execution.executor_files import STATUS_SUCCESS, prefix_of, read_info, read_status, recorded_dependency_paths
 from marin.reports.loss_plot import plot_loss_curves, read_loss_curves
+from rigging import filesystem as fsx
 
 CARD_FILE = "MODEL_CARD.md"
 PLOT_FILE = "loss_curves.png"
@@ -106,11 +106,10 @@ def _evaluations_of(identity: str, prefix: str | None, given: list[str] | None) 
     """Output folders of finished steps that depend directly on the training step ``identity``."""
     if given is not None:
         return given
-    if prefix is None or not os.path.isdir(prefix):
+    if prefix is None:
         return []
     found = []
-    for info_path in sorted(glob.glob(os.path.join(prefix, "**", ".executor_info"), recursive=True)):
-        folder = os.path.dirname(info_path)
+    for folder in step_folders(prefix):
         info = read_info(folder)
         status = read_status(folder)
         if info and status and status.status == STATUS_SUCCESS and any(d["identity"] == identity for d in info.get("deps", [])):
@@ -139,11 +138,8 @@ def collect_card(training_output: str, *, evaluations: list[str] | None = None) 
     if not isinstance(trained, dict) or "final_step" not in trained:
         raise ReportSourceError(f"{training_output} is the output of {info['name']!r}, not of a train_lm step; "
                                 "reports describe trained models.")
-    curves: tuple[list, dict] = ([], {})
-    metrics_path = os.path.join(training_output, "metrics.jsonl")
-    if os.path.exists(metrics_path):
-        with open(metrics_path, encoding="utf-8") as f:
-            curves = read_loss_curves(f)
+    metrics = fsx.read_text(fsx.join(training_output, "metrics.jsonl"))
+    curves = read_loss_curves(metrics.splitlines()) if metrics is not None else ([], {})
     evals, eval_steps = [], []
     for folder in _evaluations_of(info["identity"], _prefix_of(training_output, info), evaluations):
         eval_info = read_info(folder) or {}
@@ -241,13 +237,15 @@ def render_markdown(card: CardData, plot_file: str = PLOT_FILE) -> str:
 
 
 def write_model_card(training_output: str, output_dir: str, *, evaluations: list[str] | None = None) -> ModelCard:
-    """Write ``MODEL_CARD.md`` and ``loss_curves.png`` into ``output_dir``; see :func:`collect_card`."""
-    card = collect_card(os.path.abspath(training_output), evaluations=evaluations)
-    os.makedirs(output_dir, exist_ok=True)
-    plot_path = plot_loss_curves(card.train_curve, card.validation_curves, os.path.join(output_dir, PLOT_FILE),
+    """Write ``MODEL_CARD.md`` and ``loss_curves.png`` into ``output_dir``; see :func:`collect_card`.
+
+    Both folders may be local paths or URLs (``s3://...``).
+    """
+    card = collect_card(fsx.absolute(training_output), evaluations=evaluations)
+    output_dir = fsx.absolute(output_dir)
+    plot_path = plot_loss_curves(card.train_curve, card.validation_curves, fsx.join(output_dir, PLOT_FILE),
                                  title=f"{card.name}: loss per training step")
-    markdown_path = os.path.join(output_dir, CARD_FILE)
-    with open(markdown_path, "w", encoding="utf-8") as f:
-        f.write(render_markdown(card))
+    markdown_path = fsx.join(output_dir, CARD_FILE)
+    fsx.atomic_write(markdown_path, render_markdown(card))
     return ModelCard(model=card.name, model_identity=card.identity, markdown_path=markdown_path, plot_path=plot_path,
                      evaluations=[name for name, _ in card.evaluations])
