@@ -62,6 +62,12 @@ def test_request_larger_than_any_node_fails_at_once(client):
         client.create_actor(Accumulator, resources=ResourceConfig.with_gpu("H100", 1))
 
 
+def test_request_for_a_custom_resource_no_node_declares_fails_at_once(client):
+    with pytest.raises(UnschedulableError, match=r"asks for 1 CPU, 64m RAM, trainer: 1.*none of its 1 node\(s\) has the "
+                       r"custom resource 'trainer' \(custom resources of its nodes: none; .*--resources='\{\"trainer\": 1\}'"):
+        client.remote(lambda: None, resources=ResourceConfig.with_cpu(ram="64m", custom={"trainer": 1}))
+
+
 def test_job_runs_on_a_ray_node_with_logs(client):
     def greet(name):
         print(f"hello {name}")
@@ -82,3 +88,13 @@ def test_resource_mapping_for_accelerators():
     }
     assert ray_options(ResourceConfig.with_tpu("v4-32"))["resources"] == {"TPU": 4, "TPU-v4-32-head": 1}
     assert ray_options(ResourceConfig.with_tpu("v5e-4"))["resources"] == {"TPU": 4, "TPU-v5e-4-head": 1}
+
+
+def test_custom_resources_become_ray_resources():
+    assert ray_options(ResourceConfig.with_cpu(cpu=2, ram="1g", custom={"trainer": 1})) == {
+        "num_cpus": 2,
+        "memory": 1 << 30,
+        "resources": {"trainer": 1.0},
+    }
+    tpu = ray_options(ResourceConfig.with_tpu("v4-8", custom={"big_disk": 1}))
+    assert tpu["resources"] == {"TPU": 4, "TPU-v4-8-head": 1, "big_disk": 1.0}

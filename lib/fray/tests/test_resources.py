@@ -49,3 +49,37 @@ def test_iris_exports_the_same_class():
     from iris.cluster import ResourceConfig as IrisResourceConfig
 
     assert IrisResourceConfig is ResourceConfig
+
+
+def test_custom_resources_are_kept_sorted_and_hashable():
+    r = ResourceConfig.with_cpu(custom={"trainer": 1, "fast_disk": 0.5})
+    assert r.custom == (("fast_disk", 0.5), ("trainer", 1.0)) and dict(r.custom)["trainer"] == 1
+    assert hash(r) == hash(ResourceConfig.with_cpu(custom={"fast_disk": 0.5, "trainer": 1}))
+    assert ResourceConfig.with_gpu("H100", 2, custom={"trainer": 1}).custom == (("trainer", 1.0),)
+    assert ResourceConfig().custom == ()
+
+
+@pytest.mark.parametrize(
+    "custom, message",
+    [
+        ({"CPU": 2}, "'CPU' is built in; ask for it with cpu="),
+        ({"memory": 1}, "'memory' is built in; ask for it with ram="),
+        ({"GPU": 1}, r"'GPU' is built in; ask for it with with_gpu\(...\)"),
+        ({"trainer": 0}, "'trainer' needs a positive amount"),
+        ({"trainer": -1}, "'trainer' needs a positive amount"),
+        ({"trainer": float("nan")}, "'trainer' needs a positive amount"),
+        ({"trainer": "1"}, "'trainer' needs a positive amount"),
+        ({"trainer": 1.5}, "amounts above 1 must be whole numbers"),
+        ({"": 1}, "non-empty strings"),
+        ("trainer", "custom must map resource names to amounts"),
+    ],
+)
+def test_custom_resources_no_cluster_could_give_are_refused(custom, message):
+    with pytest.raises(InvalidResourceConfig, match=message):
+        ResourceConfig.with_cpu(custom=custom)
+
+
+def test_a_request_in_words_names_its_custom_resources():
+    from fray.cluster.client import describe_request
+
+    assert describe_request(ResourceConfig.with_cpu(ram="1g", custom={"trainer": 1})) == "1 CPU, 1g RAM, trainer: 1"

@@ -215,6 +215,13 @@ def test_a_tpu_slice_runs_one_replica_per_host_by_default():
     assert JobSpec.from_json(spec.to_json()) == spec
 
 
+def test_a_job_keeps_its_custom_resources_through_the_store():
+    from fray.cluster import ResourceConfig
+
+    spec = JobSpec(name="t", command=("true",), resources=ResourceConfig.with_cpu(ram="1g", custom={"trainer": 1}))
+    assert JobSpec.from_json(spec.to_json()).resources.custom == (("trainer", 1.0),)
+
+
 def test_replicas_join_one_jax_distributed_runtime_through_the_coordinator_address(store):
     # Two CPU processes, two simulated devices each: together they see four devices.
     program = (

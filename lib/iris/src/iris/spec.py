@@ -95,12 +95,15 @@ def _resources_to_dict(resources: ResourceConfig) -> dict[str, Any]:
         device_dict = {"kind": "tpu", "type": device.type, "slice_count": device.slice_count}
     else:
         device_dict = {"kind": "cpu"}
-    return {"cpu": resources.cpu, "ram": resources.ram, "disk": resources.disk, "device": device_dict}
+    data = {"cpu": resources.cpu, "ram": resources.ram, "disk": resources.disk, "device": device_dict}
+    if resources.custom:
+        data["custom"] = dict(resources.custom)
+    return data
 
 
 def _resources_from_dict(data: dict[str, Any]) -> ResourceConfig:
     device = data["device"]
-    common = {"cpu": data["cpu"], "ram": data["ram"]}
+    common = {"cpu": data["cpu"], "ram": data["ram"], "custom": data.get("custom", {})}
     if device["kind"] == "gpu":
         return ResourceConfig.with_gpu(device["variant"], device["count"], disk=data["disk"], **common)
     if device["kind"] == "tpu":

@@ -157,11 +157,13 @@ class DistributedClient(Protocol):
 
 
 def describe_request(resources: ResourceConfig) -> str:
-    """``"64 CPUs, 4g RAM"`` / ``"1 CPU, 16g RAM, 8 x H100"``: what a user asked for, in words."""
+    """``"64 CPUs, 4g RAM"`` / ``"1 CPU, 16g RAM, 8 x H100 GPU"`` / ``"1 CPU, 4g RAM, trainer: 1"``: what a
+    user asked for, in words."""
     parts = [f"{resources.cpu:g} CPU{'s' if resources.cpu != 1 else ''}", f"{resources.ram} RAM"]
     device = resources.device
     if device.kind == "gpu":
         parts.append(f"{device.count} x {device.variant} GPU")
     elif device.kind == "tpu":
         parts.append(f"TPU {device.type} x {device.slice_count} slice(s)")
+    parts.extend(f"{name}: {amount:g}" for name, amount in resources.custom)
     return ", ".join(parts)

@@ -206,7 +206,7 @@ class LocalClient:
         if resources is None:
             return
         cpus = os.cpu_count() or 1
-        if resources.cpu > cpus or resources.device_kind != "cpu":
+        if resources.cpu > cpus or resources.device_kind != "cpu" or resources.custom:
             key = describe_request(resources)
             if key not in self._warned_sizes:
                 self._warned_sizes.add(key)

@@ -7,7 +7,8 @@ How a :class:`ResourceConfig` becomes Ray scheduling options:
 * ``cpu`` -> ``num_cpus``; ``ram`` -> ``memory`` (bytes);
 * GPU -> ``num_gpus=count``, and ``accelerator_type=variant`` unless the variant is ``"auto"``;
 * TPU -> the custom resource ``TPU`` (chips on one host) plus ``TPU-<type>-head`` so the work lands
-  on the first host of a slice of that type (Ray's own TPU node labels).
+  on the first host of a slice of that type (Ray's own TPU node labels);
+* ``custom`` -> Ray custom resources of the same names (``ray start --resources='{"trainer": 1}'``).
 
 Before anything is submitted the request is checked against the nodes that are alive: if none
 could ever hold it, :class:`UnschedulableError` says what was asked for and what the largest node
@@ -53,6 +54,8 @@ def ray_options(resources: ResourceConfig | None) -> dict[str, Any]:
     elif isinstance(device, TpuDevice):
         chips_on_host = min(device.chips_per_slice, _chips_per_host(device))
         options["resources"] = {"TPU": chips_on_host, f"TPU-{device.type}-head": 1}
+    if resources.custom:
+        options["resources"] = {**options.get("resources", {}), **dict(resources.custom)}
     return options
 
 
@@ -74,6 +77,17 @@ def _required(options: dict[str, Any]) -> dict[str, float]:
     return needed
 
 
+_BUILTIN = {"CPU", "GPU", "TPU", "memory", "object_store_memory"}
+# Resources Ray adds by itself: a node's address, accelerator labels and TPU slice names.
+_LABEL_PREFIXES = ("node:", "accelerator_type:", "TPU-")
+
+
+def _custom_of(node: dict[str, float]) -> dict[str, float]:
+    """A node's resources beyond CPUs, memory and accelerators: the ones ``ray start --resources`` declared."""
+    return {name: amount for name, amount in node.items()
+            if name not in _BUILTIN and not name.startswith(_LABEL_PREFIXES)}
+
+
 def _describe_node(resources: dict[str, float]) -> str:
     cpus = resources.get("CPU", 0)
     memory = resources.get("memory", 0) / (1 << 30)
@@ -82,7 +96,24 @@ def _describe_node(resources: dict[str, float]) -> str:
         text += f", {resources['GPU']:g} GPUs"
     if resources.get("TPU"):
         text += f", {resources['TPU']:g} TPU chips"
+    for name, amount in sorted(_custom_of(resources).items()):
+        text += f", {name}: {amount:g}"
     return text
+
+
+def _why_none_fits(needed: dict[str, float], nodes: list[dict[str, float]]) -> str:
+    """What the live ``nodes`` lack for ``needed``, in words."""
+    if not nodes:
+        return "it has no live nodes"
+    wanted = {name for name in needed if name not in _BUILTIN and not name.startswith(_LABEL_PREFIXES)}
+    missing = sorted(name for name in wanted if not any(name in node for node in nodes))
+    if missing:
+        declared = sorted({name for node in nodes for name in _custom_of(node)})
+        names = ", ".join(repr(name) for name in missing)
+        return (f"none of its {len(nodes)} node(s) has the custom resource {names} (custom resources of its nodes: "
+                f"{', '.join(declared) or 'none'}; a node declares them with `ray start --resources='{{\"{missing[0]}\": 1}}'`)")
+    largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("TPU", 0), n.get("CPU", 0), n.get("memory", 0)))
+    return f"the largest of its {len(nodes)} node(s) has {_describe_node(largest)}"
 
 
 class RayFuture(cf.Future):
@@ -207,13 +238,8 @@ class RayClient:
         if any(all(node.get(name, 0) >= amount for name, amount in needed.items()) for node in nodes):
             return
         asked = describe_request(resources) if resources is not None else "1 CPU"
-        if nodes:
-            largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("TPU", 0), n.get("CPU", 0), n.get("memory", 0)))
-            has = f"the largest of its {len(nodes)} node(s) has {_describe_node(largest)}"
-        else:
-            has = "it has no live nodes"
         raise UnschedulableError(
-            f"{what} asks for {asked}, but no node of the Ray cluster can ever provide that: {has}. "
+            f"{what} asks for {asked}, but no node of the Ray cluster can ever provide that: {_why_none_fits(needed, nodes)}. "
             "Ask for less (e.g. ResourceConfig.with_cpu(cpu=1)), or add a node that large; on an autoscaling "
             "cluster create the client with RayClient(check_resources=False)."
         )

@@ -7,7 +7,9 @@ resources compute the same thing, so the execution engine leaves resources out o
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -89,6 +91,11 @@ def _parse_tpu_type(tpu_type: str) -> tuple[str, int]:
     return match["gen"], int(match["size"])
 
 
+# Resource names a cluster defines itself; ``custom`` may not use them (cpu=, ram= and the device say these).
+_BUILTIN_RESOURCES = {"CPU": "cpu=", "GPU": "with_gpu(...)", "TPU": "with_tpu(...)", "memory": "ram=",
+                      "object_store_memory": "ram="}
+
+
 @dataclass(frozen=True)
 class ResourceConfig:
     """Resources for one replica of a job or step, plus how many replicas to run.
@@ -96,6 +103,11 @@ class ResourceConfig:
     Build one with ``ResourceConfig.with_cpu()``, ``with_gpu(variant, count)`` or
     ``with_tpu(type, slice_count)``; every constructor validates, so an impossible request fails
     where it is written rather than hanging in a cluster queue.
+
+    ``custom`` asks for resources a cluster's nodes declare themselves (on Ray,
+    ``ray start --resources='{"trainer": 1}'``): ``custom={"trainer": 1}`` runs the work only on a
+    node that has one ``trainer`` free. Given as a mapping, kept as sorted ``(name, amount)`` pairs
+    so the config stays hashable; ``dict(config.custom)`` reads it back.
     """
 
     cpu: float = 1
@@ -105,6 +117,7 @@ class ResourceConfig:
     preemptible: bool = True
     regions: tuple[str, ...] = ()
     replicas: int = 1
+    custom: Mapping[str, float] | tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.cpu > 0:
@@ -124,6 +137,7 @@ class ResourceConfig:
             raise InvalidResourceConfig(f"replicas must be at least 1, got {self.replicas!r}.")
         if isinstance(self.regions, list):
             object.__setattr__(self, "regions", tuple(self.regions))
+        object.__setattr__(self, "custom", _custom_resources(self.custom))
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -161,6 +175,36 @@ class ResourceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _custom_resources(custom: Any) -> tuple[tuple[str, float], ...]:
+    """``custom`` as sorted ``(name, amount)`` pairs, refusing names and amounts no cluster takes."""
+    pairs = custom.items() if isinstance(custom, Mapping) else custom
+    try:
+        pairs = [(name, amount) for name, amount in pairs]
+    except (TypeError, ValueError):
+        raise InvalidResourceConfig(
+            f"custom must map resource names to amounts, like custom={{'trainer': 1}}; got {custom!r}."
+        ) from None
+    checked: dict[str, float] = {}
+    for name, amount in pairs:
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidResourceConfig(f"custom resource names must be non-empty strings, got {name!r}.")
+        if name in _BUILTIN_RESOURCES:
+            raise InvalidResourceConfig(
+                f"custom resource {name!r} is built in; ask for it with {_BUILTIN_RESOURCES[name]} instead."
+            )
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+            raise InvalidResourceConfig(f"custom resource {name!r} needs a positive amount, got {amount!r}.")
+        # Clusters hand out whole units above one (Ray refuses 1.5 of a resource, but takes 0.5).
+        if amount > 1 and amount != int(amount):
+            raise InvalidResourceConfig(
+                f"custom resource {name!r}: amounts above 1 must be whole numbers, got {amount!r}."
+            )
+        if name in checked:
+            raise InvalidResourceConfig(f"custom resource {name!r} is given twice.")
+        checked[name] = float(amount)
+    return tuple(sorted(checked.items()))
 
 
 _SIZE = re.compile(r"^\s*(?P<num>\d+(\.\d+)?)\s*(?P<unit>[kmgtp]?i?b?)?\s*$", re.IGNORECASE)

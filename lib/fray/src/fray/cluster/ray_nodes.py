@@ -1,0 +1,255 @@
+"""Ray nodes as processes of this machine, started with the ``ray`` CLI: a real multi-node cluster on one host.
+
+Each node is one ``ray start --block`` process, in a session of its own, with its own temporary
+folder and its own ports, so that several nodes (and other people's Ray instances on a shared
+machine) live side by side. Nothing is shared between the nodes but the head's address, exactly as
+on separate machines: work placed on a node runs in that node's worker processes, with that node's
+environment variables.
+
+Stopping touches only the processes a :class:`LocalRayCluster` started (never ``ray stop``, which
+ends every Ray instance of the machine): the ``ray start`` process of each node and every process
+below it (raylet, GCS, agents, workers), found through ``/proc`` before any signal is sent.
+:meth:`LocalRayCluster.kill` ends one node at once with SIGKILL, as a machine that dies would.
+
+The cluster uses Ray's token authentication with a token of its own; :attr:`LocalRayCluster.driver_env`
+holds the variables a driver process needs to connect (``RAY_ADDRESS`` and the token).
+
+Linux only (it reads ``/proc``); meant for tests and for trying a multi-node set-up on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+# The lines `ray start` prints once the node is registered with the cluster (and, with --block,
+# right before it starts waiting).
+_STARTED = "Ray runtime started"
+# Worker processes of a node get ports from a range of their own (Ray's default range, 10002-19999,
+# is left to other Ray instances of the machine).
+_WORKER_PORT_BASE = 20000
+_WORKER_PORTS_PER_NODE = 200
+
+
+class RayNodeError(RuntimeError):
+    """A node that did not start (its ``ray start`` output is in the message)."""
+
+
+@dataclass
+class RayNode:
+    """One node: its ``ray start --block`` process, its temporary folder and its output."""
+
+    name: str
+    process: subprocess.Popen
+    temp_dir: Path
+    log_path: Path
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class LocalRayCluster:
+    """A Ray head and further nodes on this machine; use as a context manager, or call :meth:`stop`.
+
+    ``env`` is added to every node's environment (and so to every worker process of the cluster):
+    the place for credentials and endpoints the work needs, such as an object store's.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, object_store_bytes: int = 128 << 20) -> None:
+        # Unix socket paths live under each node's temporary folder and may not exceed 107 bytes,
+        # so the folder is short and directly under the system's temporary directory.
+        self.root = Path(tempfile.mkdtemp(prefix="ray-nodes-"))
+        self.env = dict(env or {})
+        self.object_store_bytes = object_store_bytes
+        self.nodes: dict[str, RayNode] = {}
+        self.port: int | None = None
+        self._token = secrets.token_hex(16)
+        self._started = 0  # nodes started so far, for unique folder names when a node is restarted
+        self._worker_ports = _WORKER_PORT_BASE + _WORKER_PORTS_PER_NODE * (os.getpid() % 40)
+
+    # -- what a driver needs ----------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RayNodeError("the cluster has no head node yet: call start_head() first")
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def driver_env(self) -> dict[str, str]:
+        """Variables for a driver process: ``RAY_ADDRESS`` (so ``ray.init(address="auto")`` and
+        ``MARIN_CLUSTER=ray:auto`` find this cluster) and the cluster's authentication token."""
+        return {"RAY_ADDRESS": self.address, **self._auth_env}
+
+    @property
+    def _auth_env(self) -> dict[str, str]:
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self._token}
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def start_head(self, name: str = "head", *, cpus: int = 1, resources: Mapping[str, float] | None = None,
+                   env: Mapping[str, str] | None = None, timeout: float = 90) -> RayNode:
+        """Start the head node (GCS and a raylet); the dashboard is off."""
+        if self.port is not None:
+            raise RayNodeError("this cluster already has a head node")
+        self.port = _free_port()
+        args = ["--head", f"--port={self.port}", "--include-dashboard=false", f"--dashboard-port={_free_port()}"]
+        return self._start(name, args, cpus, resources, env, timeout)
+
+    def add_node(self, name: str, *, cpus: int = 1, resources: Mapping[str, float] | None = None,
+                 env: Mapping[str, str] | None = None, timeout: float = 90) -> RayNode:
+        """Start a node that joins the head; returns once the head knows it."""
+        return self._start(name, [f"--address={self.address}"], cpus, resources, env, timeout)
+
+    def _start(self, name: str, role_args: list[str], cpus: int, resources: Mapping[str, float] | None,
+               env: Mapping[str, str] | None, timeout: float) -> RayNode:
+        if name in self.nodes and self.nodes[name].alive:
+            raise RayNodeError(f"a node named {name!r} is already running")
+        label = f"{name}-{self._started}"
+        self._started += 1
+        temp_dir = self.root / label
+        temp_dir.mkdir()
+        first_port = self._worker_ports
+        self._worker_ports += _WORKER_PORTS_PER_NODE
+        command = [
+            _ray_cli(), "start", *role_args, "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={cpus}", "--num-gpus=0",
+            f"--resources={json.dumps(dict(resources or {}))}",
+            f"--object-store-memory={self.object_store_bytes}",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+            # Every port of its own, so that two nodes of one machine never reach for the same.
+            f"--node-manager-port={_free_port()}",
+            f"--object-manager-port={_free_port()}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}",
+            f"--min-worker-port={first_port}",
+            f"--max-worker-port={first_port + _WORKER_PORTS_PER_NODE - 1}",
+        ]
+        node_env = {**os.environ, **self.env, **self._auth_env, **dict(env or {})}
+        node_env.pop("RAY_ADDRESS", None)
+        log_path = self.root / f"{label}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=node_env,
+                                       start_new_session=True, cwd=self.root)
+        node = RayNode(name, process, temp_dir, log_path, dict(resources or {}))
+        self.nodes[name] = node
+        deadline = time.monotonic() + timeout
+        while _STARTED not in node.output():
+            if not node.alive or time.monotonic() > deadline:
+                self._terminate(node, grace=0)
+                reason = f"exited with {process.returncode}" if process.returncode is not None else f"not up after {timeout:.0f} s"
+                raise RayNodeError(f"Ray node {name!r} {reason}; `{' '.join(command)}` printed:\n{node.output()[-4000:]}")
+            time.sleep(0.1)
+        return node
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def kill(self, name: str) -> None:
+        """End node ``name`` and all its processes at once (SIGKILL), like a machine that dies."""
+        self._terminate(self.nodes[name], grace=0)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every node (SIGTERM, then SIGKILL for what is left after ``grace`` seconds) and
+        remove the cluster's temporary folders."""
+        # Non-head nodes first, so that none of them spends the grace period retrying a lost head.
+        for node in reversed(list(self.nodes.values())):
+            self._terminate(node, grace=grace)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _terminate(self, node: RayNode, *, grace: float) -> None:
+        processes = _process_tree(node.process.pid)  # before any signal: orphans lose their parent link
+        if grace > 0 and node.alive:
+            node.process.send_signal(signal.SIGTERM)
+            try:
+                node.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid, started in processes:
+            if _start_time(pid) == started:  # the same process, not a new one that reused the pid
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            node.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+            pass
+        deadline = time.monotonic() + 10
+        while any(_start_time(pid) == started for pid, started in processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _ray_cli() -> str:
+    """The ``ray`` script of this Python environment (so every node runs the same Ray and Python)."""
+    beside = Path(sys.executable).with_name("ray")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("ray")
+    if found is None:
+        raise RayNodeError("the `ray` command is not installed: `pip install 'marin[ray]'`")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses; the fields after it do not.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
+
+
+def _process_tree(root: int) -> list[tuple[int, str]]:
+    """``(pid, start time)`` of ``root`` and every process below it, found through ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        started = _start_time(pid)
+        if started is not None:
+            found.append((pid, started))
+        stack.extend(children.get(pid, ()))
+    return found
