@@ -56,8 +56,9 @@ def median_seconds(fn, *args, repeats: int) -> float:
     return statistics.median(times)
 
 
-def reference_attention(q, k, v, *, segment_ids=None):
-    """Masked full attention: the implementation before blocking."""
+def reference_attention(q, k, v, *, segment_ids=None, implementation=None):
+    """Masked full attention: the implementation before blocking. (``implementation``, which the
+    model passes from its config, is ignored.)"""
     import jax
 
     mask = None if segment_ids is None else (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]

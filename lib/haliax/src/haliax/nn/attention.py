@@ -1,4 +1,18 @@
-"""Scaled dot-product attention with causal and per-document (segment) masking, and GQA."""
+"""Scaled dot-product attention with causal and per-document (segment) masking, and GQA.
+
+``dot_product_attention`` is the one entry point. Unless the caller names an implementation, it
+chooses one at trace time by platform, shape and dtype (``resolve_implementation``):
+
+- ``"blocked"``, the CPU default: query blocks, each over only the keys it can see, unrolled at
+  trace time. Fastest on a CPU; on accelerators the unrolled blocks are slow to compile (74 s for
+  the tutorial model on a GPU), so it is never chosen there by itself.
+- ``"xla"``: one masked [T, T] attention (``attend``); runs anywhere, the accelerators' fallback.
+- ``"cudnn"`` (the GPU default where cuDNN applies), ``"pallas_gpu"`` (the GPU fallback) and
+  ``"splash"`` (the TPU default): fused kernels, see ``haliax.nn.attention_kernels``.
+
+All of them compute the same thing up to rounding: causal attention that never crosses a document
+boundary (``segment_ids``), with grouped-query attention.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +20,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from haliax.nn.attention_kernels import KERNELS, UNSUPPORTED_CHECKS, Platform
+
+IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn", "pallas_gpu", "splash")
+# What "auto" tries, in order, per platform; the first that supports the shape and dtype runs.
+AUTO_PREFERENCE = {"cpu": ("blocked",), "gpu": ("cudnn", "pallas_gpu", "xla"), "tpu": ("splash", "xla")}
 
 # Sequences up to this length attend in one block. bench/attention_long_context.py --sweep
 # (forward+backward on CPU, head_dim 16, same tokens per batch) found blocking faster from
@@ -21,7 +41,7 @@ LONG_SEQUENCE_MIN_LEN = 1025
 # proportionally larger blocks to keep the compiled program (and compile time) bounded.
 MAX_QUERY_BLOCKS = 32
 # With packed documents, a query block whose documents all begin within this many query blocks
-# before its end attends only to that window of keys (see dot_product_attention). Four blocks of
+# before its end attends only to that window of keys (see blocked_attention). Four blocks of
 # 128 keys cover stories of a few hundred tokens; longer documents take the full key range.
 DOCUMENT_WINDOW_BLOCKS = 4
 
@@ -36,7 +56,7 @@ def attention_mask(seq_len: int, segment_ids: jax.Array | None = None) -> jax.Ar
 
 
 def causal_block_size(seq_len: int) -> int:
-    """The query-block length ``dot_product_attention`` uses for a sequence of ``seq_len`` tokens.
+    """The query-block length ``blocked_attention`` uses for a sequence of ``seq_len`` tokens.
 
     ``seq_len`` itself (one block, plain attention) up to ``FULL_ATTENTION_MAX_LEN``; then
     ``SHORT_QUERY_BLOCK_SIZE``, from ``LONG_SEQUENCE_MIN_LEN`` on ``LONG_QUERY_BLOCK_SIZE``, grown
@@ -48,6 +68,10 @@ def causal_block_size(seq_len: int) -> int:
     return max(block, -(-seq_len // MAX_QUERY_BLOCKS))
 
 
+class AttentionImplementationError(ValueError):
+    """An attention implementation that is unknown, or cannot run on this platform, shape or dtype."""
+
+
 def dot_product_attention(
     q: jax.Array,
     k: jax.Array,
@@ -56,12 +80,77 @@ def dot_product_attention(
     segment_ids: jax.Array | None = None,
     block_size: int | None = None,
     document_window: int | None = None,
+    implementation: str = "auto",
 ) -> jax.Array:
     """Causal (and, with ``segment_ids`` [B, T], per-document) self-attention.
 
     ``q``: [B, T, H, D]; ``k``, ``v``: [B, T, KV, D] with ``H % KV == 0`` (grouped-query
-    attention, without repeating ``k``/``v``). Scores and softmax are float32; the output has
-    ``q``'s dtype.
+    attention). Softmax is float32 on every path; the output has ``q``'s dtype.
+
+    ``implementation`` is ``"auto"`` (chosen by platform, shape and dtype) or one of
+    ``IMPLEMENTATIONS``; a named one that cannot run here raises ``AttentionImplementationError``
+    saying why. ``block_size`` and ``document_window`` tune the ``"blocked"`` implementation
+    (see ``blocked_attention``) and are refused with any other.
+    """
+    batch, seq_len, num_heads, head_dim = q.shape
+    if num_heads % k.shape[2]:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({k.shape[2]}).")
+    if k.shape[1] != seq_len or v.shape[1] != seq_len:
+        raise ValueError(
+            f"Self-attention needs as many keys as queries, got q {q.shape}, k {k.shape}, v {v.shape}; "
+            "use attend() with an explicit mask for other layouts."
+        )
+    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
+        raise ValueError(f"segment_ids must have shape {(batch, seq_len)}, got {segment_ids.shape}.")
+    name = resolve_implementation(
+        implementation, Platform.current(), seq_len=seq_len, head_dim=head_dim, dtype=q.dtype, has_segments=segment_ids is not None
+    )
+    if name == "blocked":
+        return blocked_attention(q, k, v, segment_ids=segment_ids, block_size=block_size, document_window=document_window)
+    if block_size is not None or document_window is not None:
+        raise AttentionImplementationError(
+            f"block_size and document_window tune the 'blocked' attention implementation; this call uses {name!r}."
+        )
+    if name == "xla":
+        return attend(q, k, v, attention_mask(seq_len, segment_ids))
+    return KERNELS[name](q, k, v, segment_ids)
+
+
+def resolve_implementation(
+    requested: str, platform: Platform, *, seq_len: int, head_dim: int, dtype, has_segments: bool
+) -> str:
+    """The implementation ``dot_product_attention`` runs for ``requested`` on ``platform``.
+
+    ``"auto"`` takes the first of ``AUTO_PREFERENCE[platform.name]`` that supports the shape and
+    dtype (``"xla"`` on platforms not listed). A named implementation is returned as is if it can
+    run, else refused with the reason and the implementations that could.
+    """
+    if requested not in IMPLEMENTATIONS:
+        raise AttentionImplementationError(f"Unknown attention implementation {requested!r}; expected one of {IMPLEMENTATIONS}.")
+    shape = {"seq_len": seq_len, "head_dim": head_dim, "dtype": dtype, "has_segments": has_segments}
+    reasons = {name: check(platform, **shape) for name, check in UNSUPPORTED_CHECKS.items()}
+    if requested == "auto":
+        return next(name for name in (*AUTO_PREFERENCE.get(platform.name, ()), "xla") if reasons.get(name) is None)
+    if reasons.get(requested) is not None:
+        runnable = [name for name in IMPLEMENTATIONS[1:] if reasons.get(name) is None]
+        raise AttentionImplementationError(
+            f"Attention implementation {requested!r} cannot run on platform {platform.name!r}: {reasons[requested]}. "
+            f"Use 'auto' or one of {runnable}."
+        )
+    return requested
+
+
+def blocked_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    segment_ids: jax.Array | None = None,
+    block_size: int | None = None,
+    document_window: int | None = None,
+) -> jax.Array:
+    """The ``"blocked"`` implementation of ``dot_product_attention`` (same arguments; scores are
+    float32 too).
 
     Blocked causal: the queries are split into blocks of ``block_size`` (default
     ``causal_block_size(T)``) and block ``i`` attends only to the keys ``[0, (i + 1) * block_size)``
@@ -81,16 +170,7 @@ def dot_product_attention(
     slower (0.26 s instead of 0.23 s), the price of the recomputation. ``document_window >= T``
     turns windows off.
     """
-    batch, seq_len, num_heads, _ = q.shape
-    if num_heads % k.shape[2]:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({k.shape[2]}).")
-    if k.shape[1] != seq_len or v.shape[1] != seq_len:
-        raise ValueError(
-            f"Self-attention needs as many keys as queries, got q {q.shape}, k {k.shape}, v {v.shape}; "
-            "use attend() with an explicit mask for other layouts."
-        )
-    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
-        raise ValueError(f"segment_ids must have shape {(batch, seq_len)}, got {segment_ids.shape}.")
+    seq_len = q.shape[1]
     if block_size is None:
         block_size = causal_block_size(seq_len)
     if block_size <= 0:
