@@ -119,9 +119,10 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("levanter.trainer.checkpoint_staging", "CheckpointStaging._copy_up", "walks the local staging folder to upload it"),
     Allowed("levanter.trainer.checkpoint_staging", "CheckpointStaging.download", "creates folders in the local staging folder"),
     Allowed("levanter.trainer.checkpoint_staging", "CheckpointStaging.discard_local", "removes a step from the local staging folder"),
+    Allowed("levanter.trainer.compilation_cache", "compilation_cache_dir", "JAX's compilation cache lives in the user's local cache folder"),
+    Allowed("levanter.trainer.profiler", "StepProfiler.stop", "removes the local tempfile.mkdtemp folder jax.profiler wrote"),
     Allowed("levanter.trainer.tracker.jsonl", "JsonlTracker.__init__", "inside `if local`: appends to a local metrics file"),
     Allowed("levanter.trainer.tracker.tensorboard", "TensorBoardTracker.close", "removes its local staging folder"),
-    Allowed("levanter.trainer.tracker.tensorboard", "TensorBoardTracker._copy_to_log_dir", "walks its local staging folder to upload it"),
 )
 
 HOW_TO_FIX = """\

@@ -106,7 +106,7 @@ def test_next_token_loss_matches_a_direct_computation():
 def test_scan_checkpointing_and_fused_loss_give_the_same_loss_and_gradients(model, tokens):
     # One gradient compile per side keeps this cheap: the plain model with the plain loss against
     # the scanned, rematerialised model with the blocked loss.
-    variant = dataclasses.replace(TINY, use_scan=True, gradient_checkpointing=True)
+    variant = dataclasses.replace(TINY, use_scan=True, remat="full")
     scanned = variant.build(VOCAB, key=jax.random.PRNGKey(0))
     np.testing.assert_allclose(_forward(scanned, tokens).logits, _forward(model, tokens).logits, atol=1e-5)
     mask = jnp.ones(tokens.shape, jnp.float32).at[0, 3:6].set(0.0)

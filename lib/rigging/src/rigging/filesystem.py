@@ -205,6 +205,20 @@ def find_files(url: str) -> list[str]:
     return sorted(f[len(root) + 1 :] for f in found if f.startswith(root + "/"))
 
 
+def upload_files(local_folder: str, names: list[str], url: str) -> None:
+    """Copy the files ``names`` (relative to the local folder) to the same names under ``url``.
+
+    One batched transfer (concurrent uploads on object stores). For what a tool can only write to
+    local disk (a profiler trace, TensorBoard events, a staged checkpoint) and must end up in an
+    output that may be a URL.
+    """
+    if not names:
+        return
+    fs, remote = filesystem(url)
+    local = local_folder.rstrip("/")
+    fs.put([f"{local}/{name}" for name in names], [f"{remote.rstrip('/')}/{name}" for name in names])
+
+
 def remove_files(url: str, names: list[str]) -> None:
     """Delete ``names`` (relative to the folder ``url``) in one call, a batch delete on object stores."""
     if not names:

@@ -7,6 +7,7 @@ Output folder (a local path or any fsspec URL, e.g. ``s3://bucket/run``)::
       metrics.jsonl         one line per step, plus eval lines at eval steps
       eval.json             final step, train loss and validation losses
       hf/                   the final model in Hugging Face format (Llama or Mixtral)
+      profile/              a jax.profiler trace, when TrainerConfig.profile asks for one
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rigging import filesystem as fsx
 
 from levanter.optim import OptimizerConfig
 from levanter.trainer import EvalSources, Trainer, TrainerConfig
+from levanter.trainer.compilation_cache import enable_compilation_cache
 from levanter.trainer.stopping import StopSource
 from levanter.trainer.trainer import DataSource
 
@@ -126,9 +128,11 @@ def train_lm(
     checkpoint is there), evaluate on ``eval_sources``, and write the output folder.
 
     ``stop_sources`` are polled between steps (:mod:`levanter.trainer.stopping`); an ABANDON
-    request also keeps ``eval.json`` and the Hugging Face export from being written.
+    request also keeps ``eval.json`` and the Hugging Face export from being written. Compiled
+    programs go to the persistent compilation cache (:mod:`levanter.trainer.compilation_cache`).
     """
     _ensure_logging()
+    enable_compilation_cache()
     out = fsx.absolute(config.output_path)
     if fsx.is_local(out):
         os.makedirs(out, exist_ok=True)

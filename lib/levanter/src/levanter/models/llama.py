@@ -3,7 +3,7 @@ embeddings. Weight layout matches Hugging Face ``LlamaForCausalLM`` up to transp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import equinox as eqx
 import jax
@@ -30,10 +30,14 @@ class LlamaConfig(DecoderShape):
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     use_scan: bool = False
-    gradient_checkpointing: bool = False
+    remat: str = "none"  # what each layer keeps for the backward pass: see transformer.REMAT_POLICIES
+    gradient_checkpointing: InitVar[bool | None] = None  # deprecated: True means remat="full"
+    attention: str = "auto"  # "auto" (by platform) or an implementation of haliax.nn.dot_product_attention
 
-    def __post_init__(self):
+    def __post_init__(self, gradient_checkpointing: bool | None = None):
         self.check_shape(("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"))
+        self.check_remat(gradient_checkpointing)
+        self.check_attention()
 
     def build(self, vocab_size: int, *, key: jax.Array) -> "LlamaLMHeadModel":
         return LlamaLMHeadModel(self, vocab_size, key=key)
@@ -72,7 +76,9 @@ class LlamaDecoderLayer(eqx.Module):
         ka, km = jax.random.split(key)
         std = config.initializer_range
         self.input_norm = RMSNorm(config.hidden_dim, eps=config.norm_eps)
-        self.attention = Attention(config.hidden_dim, config.num_heads, config.num_kv_heads, init_std=std, key=ka)
+        self.attention = Attention(
+            config.hidden_dim, config.num_heads, config.num_kv_heads, init_std=std, key=ka, implementation=config.attention
+        )
         self.post_attention_norm = RMSNorm(config.hidden_dim, eps=config.norm_eps)
         self.mlp = SwiGluMlp(config.hidden_dim, config.intermediate_dim, init_std=std, key=km)
 
@@ -142,7 +148,5 @@ def _trunk(model, tokens: jax.Array, segment_ids: jax.Array | None) -> tuple[jax
         raise ConfigError(f"Sequence length {seq_len} exceeds the model's max_seq_len {config.max_seq_len}.")
     x = constrain(model.embed(tokens), (BATCH, SEQ, EMBED))
     cos, sin = rotary_cos_sin(jnp.arange(seq_len), config.head_dim, config.rope_theta)
-    x, aux = run_layers(
-        model.layers, x, cos=cos, sin=sin, segment_ids=segment_ids, gradient_checkpointing=config.gradient_checkpointing
-    )
+    x, aux = run_layers(model.layers, x, cos=cos, sin=sin, segment_ids=segment_ids, remat=config.remat)
     return model.final_norm(x), aux

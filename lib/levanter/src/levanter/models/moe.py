@@ -9,7 +9,7 @@ experts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import equinox as eqx
 import jax
@@ -40,10 +40,14 @@ class MoeConfig(DecoderShape):
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     use_scan: bool = False
-    gradient_checkpointing: bool = False
+    remat: str = "none"  # what each layer keeps for the backward pass: see transformer.REMAT_POLICIES
+    gradient_checkpointing: InitVar[bool | None] = None  # deprecated: True means remat="full"
+    attention: str = "auto"  # "auto" (by platform) or an implementation of haliax.nn.dot_product_attention
 
-    def __post_init__(self):
+    def __post_init__(self, gradient_checkpointing: bool | None = None):
         self.check_shape(("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "num_experts", "max_seq_len"))
+        self.check_remat(gradient_checkpointing)
+        self.check_attention()
         if not 1 <= self.num_experts_per_token <= self.num_experts:
             raise ConfigError(
                 f"num_experts_per_token ({self.num_experts_per_token}) must be between 1 and num_experts ({self.num_experts})."
@@ -146,7 +150,10 @@ class MoeDecoderLayer(eqx.Module):
     def __init__(self, config: MoeConfig, *, key: jax.Array):
         ka, km = jax.random.split(key)
         self.input_norm = RMSNorm(config.hidden_dim, eps=config.norm_eps)
-        self.attention = Attention(config.hidden_dim, config.num_heads, config.num_kv_heads, init_std=config.initializer_range, key=ka)
+        self.attention = Attention(
+            config.hidden_dim, config.num_heads, config.num_kv_heads, init_std=config.initializer_range, key=ka,
+            implementation=config.attention,
+        )
         self.post_attention_norm = RMSNorm(config.hidden_dim, eps=config.norm_eps)
         self.moe = MoeMlp(config, key=km)
 

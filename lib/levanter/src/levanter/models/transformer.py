@@ -4,6 +4,7 @@ and the loop over layers (unrolled or scanned, optionally rematerialised)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from typing import Any, Callable, Sequence
 
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 from haliax import Stacked
 from haliax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP, SEQ
 from haliax.nn import Linear, apply_rotary, attend, dot_product_attention
+from haliax.nn.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from haliax.partitioning import constrain
 
 
@@ -30,12 +32,23 @@ def check_attention_shape(hidden_dim: int, num_heads: int, num_kv_heads: int) ->
         raise ConfigError(f"head_dim = hidden_dim / num_heads = {hidden_dim // num_heads} must be even for RoPE.")
 
 
+# What each layer keeps for the backward pass (``remat`` in the model configs):
+# - "none": every intermediate activation; the fastest step and the most memory.
+# - "full": only its input [B, T, embed]; the backward pass first reruns the whole layer, about one
+#   extra forward pass of compute.
+# - "save_matmuls": also the outputs of its projections (matmuls without batch dimensions: q, k, v,
+#   o, and the dense MLP's gate, up, down or the MoE router); norms, RoPE, activations, attention
+#   (whose scores are the large [B, heads, T, T] part) and the MoE experts' grouped matmuls
+#   (ragged_dot) are recomputed. Memory between the two, for much less recompute than "full".
+REMAT_POLICIES = ("none", "full", "save_matmuls")
+
+
 class DecoderShape:
     """What every decoder config (Llama, MoE) derives from its shape fields.
 
     A mixin rather than a base dataclass so each config keeps its own field order and defaults;
-    it expects ``hidden_dim``, ``num_heads``, ``num_kv_heads``, ``num_layers`` and
-    ``tie_word_embeddings``.
+    it expects ``hidden_dim``, ``num_heads``, ``num_kv_heads``, ``num_layers``,
+    ``tie_word_embeddings`` and ``attention``.
     """
 
     def check_shape(self, positive_fields: tuple[str, ...]) -> None:
@@ -43,6 +56,28 @@ class DecoderShape:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{type(self).__name__}.{name} must be positive, got {getattr(self, name)}.")
         check_attention_shape(self.hidden_dim, self.num_heads, self.num_kv_heads)
+
+    def check_attention(self) -> None:
+        """``attention`` names how attention runs: ``"auto"`` (by platform) or one implementation of
+        ``haliax.nn.dot_product_attention``; whether it can run here is checked when tracing."""
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(
+                f"{type(self).__name__}.attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}."
+            )
+
+    def check_remat(self, gradient_checkpointing: bool | None) -> None:
+        """Validate ``remat``; the deprecated ``gradient_checkpointing=True`` means ``remat="full"``."""
+        name = type(self).__name__
+        if gradient_checkpointing:
+            if self.remat not in ("none", "full"):
+                raise ConfigError(f"{name} got gradient_checkpointing=True and remat={self.remat!r}; set only remat.")
+            warnings.warn(
+                f'{name}(gradient_checkpointing=True) is deprecated; write remat="full".', DeprecationWarning, stacklevel=4
+            )
+            object.__setattr__(self, "remat", "full")
+        if not isinstance(self.remat, str) or self.remat not in REMAT_POLICIES:
+            choices = ", ".join(repr(p) for p in REMAT_POLICIES)
+            raise ConfigError(f"{name}.remat must be one of {choices}; got {self.remat!r}.")
 
     @property
     def head_dim(self) -> int:
@@ -71,21 +106,25 @@ class Attention(eqx.Module):
     k_proj: Linear  # embed -> (kv_heads, head_dim)
     v_proj: Linear  # embed -> (kv_heads, head_dim)
     o_proj: Linear  # (heads, head_dim) -> embed
+    implementation: str = eqx.field(static=True, default="auto")  # see haliax.nn.dot_product_attention
 
-    def __init__(self, hidden_dim: int, num_heads: int, num_kv_heads: int, *, init_std: float, key: jax.Array):
+    def __init__(
+        self, hidden_dim: int, num_heads: int, num_kv_heads: int, *, init_std: float, key: jax.Array, implementation: str = "auto"
+    ):
         head_dim = hidden_dim // num_heads
         kq, kk, kv, ko = jax.random.split(key, 4)
         self.q_proj = Linear((hidden_dim,), (num_heads, head_dim), in_axes=(EMBED,), out_axes=(HEADS, HEAD_DIM), key=kq, init_std=init_std)
         self.k_proj = Linear((hidden_dim,), (num_kv_heads, head_dim), in_axes=(EMBED,), out_axes=(KV_HEADS, HEAD_DIM), key=kk, init_std=init_std)
         self.v_proj = Linear((hidden_dim,), (num_kv_heads, head_dim), in_axes=(EMBED,), out_axes=(KV_HEADS, HEAD_DIM), key=kv, init_std=init_std)
         self.o_proj = Linear((num_heads, head_dim), (hidden_dim,), in_axes=(HEADS, HEAD_DIM), out_axes=(EMBED,), key=ko, init_std=init_std)
+        self.implementation = implementation
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
         q = apply_rotary(self.q_proj(x), cos, sin)
         k = apply_rotary(self.k_proj(x), cos, sin)
         v = self.v_proj(x)
         q = constrain(q, (BATCH, SEQ, HEADS, HEAD_DIM))
-        out = dot_product_attention(q, k, v, segment_ids=segment_ids)
+        out = dot_product_attention(q, k, v, segment_ids=segment_ids, implementation=self.implementation)
         return self.o_proj(out)
 
     def decode(
@@ -145,20 +184,23 @@ def run_layers(
     cos: jax.Array,
     sin: jax.Array,
     segment_ids: jax.Array | None,
-    gradient_checkpointing: bool,
+    remat: str = "none",
 ) -> tuple[jax.Array, jax.Array]:
     """Apply every layer in turn; returns the hidden states and the sum of the layers' aux losses.
 
-    Each layer maps ``(x, cos, sin, segment_ids) -> (x, aux)``. With gradient checkpointing a
-    layer's activations are recomputed in the backward pass instead of stored: memory per layer
-    drops to its input, for about one extra forward pass of compute.
+    Each layer maps ``(x, cos, sin, segment_ids) -> (x, aux)``. ``remat`` (one of
+    ``REMAT_POLICIES``) says which of a layer's activations the backward pass recomputes instead of
+    storing.
     """
 
     def apply(layer, x):
         return layer(x, cos, sin, segment_ids)
 
-    if gradient_checkpointing:
-        apply = jax.checkpoint(apply, prevent_cse=not isinstance(layers, Stacked))
+    if remat != "none":
+        # Under scan, XLA cannot merge the recomputation back into the forward pass, so CSE
+        # prevention (extra barriers) is needed only for unrolled layers.
+        policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "save_matmuls" else None
+        apply = jax.checkpoint(apply, policy=policy, prevent_cse=not isinstance(layers, Stacked))
 
     aux_total = jnp.zeros((), jnp.float32)
     if isinstance(layers, Stacked):

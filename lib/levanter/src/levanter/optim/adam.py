@@ -30,5 +30,5 @@ class AdamConfig(OptimizerConfig):
             self._clipping(),
             optax.scale_by_adam(b1=self.beta1, b2=self.beta2, eps=self.epsilon),
             self._decay(weight_decay_mask),
-            optax.scale_by_learning_rate(self.lr_scheduler(num_train_steps)),
+            self._learning_rate(num_train_steps),
         )

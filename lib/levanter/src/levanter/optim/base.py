@@ -15,6 +15,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from levanter.optim.errors import OptimizerConfigError, ScheduleError
@@ -81,6 +82,25 @@ def require(
     number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not (number and math.isfinite(value) and holds(value)):
         raise error(f"{type(config).__name__}.{field} must be {expected}; got {value!r}.")
+
+
+def scale_by_learning_rate(schedule: optax.Schedule) -> optax.GradientTransformationExtraArgs:
+    """``optax.scale_by_learning_rate(schedule)`` (same state, same result), whose ``update`` also
+    accepts ``learning_rate=``, the rate of this step, in place of ``schedule(count)``.
+
+    The trainer computes the rate outside its compiled step and passes it in: the step's program
+    then holds none of the schedule's numbers (run length, warm-up, peak rate), so a rerun with
+    another ``num_train_steps`` or learning rate loads it from JAX's compilation cache.
+    """
+    scheduled = optax.scale_by_learning_rate(schedule)
+
+    def update(updates, state, params=None, *, learning_rate=None, **extra_args):
+        if learning_rate is None:
+            return scheduled.update(updates, state, params)
+        updates = jax.tree.map(lambda g: jnp.asarray(-learning_rate, dtype=g.dtype) * g, updates)
+        return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformationExtraArgs(scheduled.init, update)
 
 
 def _steps_or_fraction(value: float) -> bool:
@@ -157,8 +177,16 @@ class OptimizerConfig:
         )
 
     def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
-        """The optax transformation for a run of ``num_train_steps`` steps."""
+        """The optax transformation for a run of ``num_train_steps`` steps.
+
+        Its ``update`` also takes ``learning_rate=`` (an extra argument, as ``optax.chain`` passes
+        them on): the rate of this step, given from outside instead of read from the schedule.
+        """
         raise NotImplementedError
+
+    def _learning_rate(self, num_train_steps: int) -> optax.GradientTransformationExtraArgs:
+        """The last link of every chain: scale by ``-learning_rate``, see :func:`scale_by_learning_rate`."""
+        return scale_by_learning_rate(self.lr_scheduler(num_train_steps))
 
     def _clipping(self) -> optax.GradientTransformation:
         if self.max_grad_norm is None or self.max_grad_norm <= 0:

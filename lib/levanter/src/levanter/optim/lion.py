@@ -26,5 +26,5 @@ class LionConfig(OptimizerConfig):
             self._clipping(),
             optax.scale_by_lion(b1=self.beta1, b2=self.beta2),
             self._decay(weight_decay_mask),
-            optax.scale_by_learning_rate(self.lr_scheduler(num_train_steps)),
+            self._learning_rate(num_train_steps),
         )

@@ -2,7 +2,7 @@
 and checkpoints that resume to the same trajectory."""
 
 from levanter.trainer.checkpoint import CheckpointError, Checkpointer
-from levanter.trainer.config import MeshConfig, TrainerConfig, TrainerConfigError
+from levanter.trainer.config import MeshConfig, ProfileConfig, TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError
 from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
@@ -25,6 +25,7 @@ __all__ = [
     "EvalSources",
     "MeshConfig",
     "NonFiniteLossError",
+    "ProfileConfig",
     "StopAction",
     "StopRequest",
     "StopSignal",

@@ -115,17 +115,15 @@ class CheckpointStaging:
     def _copy_up(self, step: int) -> None:
         started = time.monotonic()
         local = self.local_path_of(step)
-        files = [os.path.relpath(os.path.join(folder, name), local) for folder, _, names in os.walk(local) for name in names]
         # Orbax leaves a marker of the same name in the step folder: it must not arrive before the other files.
-        names = sorted(name for name in files if name != COMMIT_MARKER)
+        names = [name for name in fsx.find_files(local) if name != COMMIT_MARKER]
         total = sum(os.path.getsize(os.path.join(local, name)) for name in names)
         listing = fsx.find_files(self.url)
         committed = sorted({int(m.group(1)) for m in map(_COMMITTED.match, listing) if m})
         # Files of steps without a marker: uploads that never completed (this step's among them).
         unfinished = [name for name in listing if (m := _STEP_FILE.match(name)) and int(m.group(1)) not in committed]
         fsx.remove_files(self.url, unfinished)
-        fs, remote = fsx.filesystem(fsx.join(self.url, str(step)))
-        fs.put([os.path.join(local, name) for name in names], [f"{remote}/{name}" for name in names])
+        fsx.upload_files(local, names, fsx.join(self.url, str(step)))
         marker = {"step": step, "files": len(names), "bytes": total, "uploaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         fsx.atomic_write(fsx.join(self.url, str(step), COMMIT_MARKER), json.dumps(marker))
         logger.info(

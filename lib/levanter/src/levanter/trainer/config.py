@@ -1,4 +1,4 @@
-"""The trainer's settings: one frozen, JSON-serialisable dataclass (it goes into step hashes)."""
+"""The trainer's settings: one frozen, JSON-serialisable dataclass (run configs and provenance record it)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,26 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
+class ProfileConfig:
+    """Trace ``num_steps`` training steps with ``jax.profiler``, from step ``start_step`` on (steps
+    numbered as in ``metrics.jsonl``: step 1 is the first update and includes compilation). The
+    trace goes to ``<run>/profile/`` (see :mod:`levanter.trainer.profiler`)."""
+
+    start_step: int = 5
+    num_steps: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("start_step", "num_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainerConfigError(f"ProfileConfig.{name} must be a positive integer, got {value!r}.")
+
+    @property
+    def last_step(self) -> int:
+        return self.start_step + self.num_steps - 1
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     num_train_steps: int
     batch_size: int
@@ -51,6 +71,8 @@ class TrainerConfig:
     trackers: tuple[str, ...] = ("jsonl",)
     wandb_project: str | None = None
     wandb_run_name: str | None = None
+    # Where and how the run is observed, not what it computes: never part of a step's identity.
+    profile: ProfileConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_train_steps <= 0:
@@ -88,4 +110,6 @@ class TrainerConfig:
         record = dict(record)
         if isinstance(record.get("mesh"), dict):
             record["mesh"] = MeshConfig(**record["mesh"])
+        if isinstance(record.get("profile"), dict):
+            record["profile"] = ProfileConfig(**record["profile"])
         return cls(**record)

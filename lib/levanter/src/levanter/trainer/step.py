@@ -41,45 +41,59 @@ def token_loss_sums(logits, tokens, loss_mask):
     return loss_sum, z_sum, weight_sum
 
 
-# The trainer picks the fused (blocked) cross-entropy by itself up to this hidden size ...
+# The trainer picks the fused (blocked) cross-entropy by itself for speed up to this hidden size ...
 FUSED_LOSS_MAX_HIDDEN = 64
-# ... and from this many logits per (micro)batch (32 MiB in float32): smaller logits stay in cache,
-# where the plain loss has nothing to lose.
+# ... from this many logits per device and (micro)batch (32 MiB in float32): smaller logits stay in
+# cache, where the plain loss has nothing to lose ...
 FUSED_LOSS_MIN_LOGITS = 1 << 23
+# ... and for memory, whatever the hidden size, once one device's float32 logits would take this
+# much: the plain loss holds several [tokens, vocab] arrays at once (2.5x the float32 logits in a
+# bfloat16 step on CPU), the blocked one a few blocks.
+FUSED_LOSS_MIN_BYTES = 1 << 30
 
 
 def prefers_fused_loss(model: Any, num_tokens: int, num_devices: int) -> bool:
     """Whether the train and eval steps compute the loss with ``fused_next_token_loss``.
 
-    The rule: the model exposes ``hidden_states``/``unembedding`` (the decoder-only models do),
-    its hidden size is at most ``FUSED_LOSS_MAX_HIDDEN``, the [tokens, vocab] logits of one
-    (micro)batch of ``num_tokens`` tokens hold at least ``FUSED_LOSS_MIN_LOGITS`` elements, and the
-    step runs on one device. With so narrow a hidden size the output layer's cost is the memory
-    traffic of the large logits, not its matmul FLOPs; the fused loss keeps each block of logits
-    in cache for one extra matmul and wins (``llama_nano`` at 4 x 2048 tokens); from hidden ~128 up
-    the extra matmul costs more than it saves (``docs/models.md``,
-    ``bench/attention_long_context.py``). Across several devices the plain loss stays: the fused
-    one loops over blocks of the flattened batch, which the partitioner would not spread over the
-    mesh. Both give the same sums up to float rounding.
+    The model must expose ``hidden_states``/``unembedding`` (the decoder-only models do). Then,
+    with ``num_tokens`` tokens per (micro)batch split over ``num_devices`` devices, the rule is:
+
+    - memory: one device's [tokens, vocab] logits would take at least ``FUSED_LOSS_MIN_BYTES`` in
+      float32 (a 128k vocabulary from 2,094 tokens per device). The blocked loss never holds more than
+      a few blocks of logits, for about a third more output-layer FLOPs (~6% of a 1.4B Llama's step).
+    - speed: the hidden size is at most ``FUSED_LOSS_MAX_HIDDEN`` and one device's logits hold at
+      least ``FUSED_LOSS_MIN_LOGITS`` elements. With so narrow a hidden size the output layer's cost
+      is the memory traffic of the large logits, not its matmul FLOPs; the fused loss keeps each
+      block of logits in cache for one extra matmul and wins (``llama_nano`` at 4 x 2048 tokens);
+      from hidden ~128 up the extra matmul costs more than it saves (``docs/models.md``,
+      ``bench/attention_long_context.py``).
+
+    Both give the same sums up to float rounding. The blocks keep the batch axis, so rows split
+    over devices stay split.
     """
     if not (callable(getattr(model, "hidden_states", None)) and callable(getattr(model, "unembedding", None))):
         return False
     hidden, vocab = model.unembedding().shape
-    return num_devices == 1 and hidden <= FUSED_LOSS_MAX_HIDDEN and num_tokens * vocab >= FUSED_LOSS_MIN_LOGITS
+    logits_per_device = num_tokens * vocab / num_devices
+    if 4 * logits_per_device >= FUSED_LOSS_MIN_BYTES:
+        return True
+    return hidden <= FUSED_LOSS_MAX_HIDDEN and logits_per_device >= FUSED_LOSS_MIN_LOGITS
 
 
-def fused_token_loss_sums(model, batch: "DeviceBatch"):
+def fused_token_loss_sums(model, batch: "DeviceBatch", num_devices: int = 1):
     """``token_loss_sums`` from the model's hidden states, without materialising the logits."""
-    from levanter.models.loss import fused_next_token_loss
+    from levanter.models.loss import default_block_size, fused_next_token_loss
 
     hidden, aux = model.hidden_states(batch.tokens, segment_ids=batch.segment_ids)
-    sums = fused_next_token_loss(hidden, model.unembedding(), batch.tokens, batch.loss_mask, z_loss_weight=1.0)
+    unembedding = model.unembedding()
+    block_size = default_block_size(unembedding.shape[-1], num_devices)
+    sums = fused_next_token_loss(hidden, unembedding, batch.tokens, batch.loss_mask, z_loss_weight=1.0, block_size=block_size)
     return (sums.loss_sum, sums.z_loss_sum, sums.weight_sum), aux
 
 
 @dataclass(frozen=True)
 class StepFunctions:
-    train_step: Callable[[TrainState, DeviceBatch], tuple[TrainState, dict[str, jax.Array]]]
+    train_step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]  # (state, batch[, learning_rate])
     eval_step: Callable[[Any, DeviceBatch], tuple[jax.Array, jax.Array]]
 
 
@@ -111,6 +125,7 @@ def build_step_functions(
     batch_sharding: Any = None,
     mesh_context: Callable[[], Any] | None = None,
     fused_loss: bool | None = None,
+    learning_rate_input: bool = False,
 ) -> StepFunctions:
     """``static_model`` is the non-trainable part of the model (``eqx.partition``'s second half).
 
@@ -118,6 +133,13 @@ def build_step_functions(
     shardings = input shardings) and lays each microbatch out like the batch. ``fused_loss``:
     compute the loss with ``fused_next_token_loss`` (True), from the logits (False), or by the rule
     of ``prefers_fused_loss`` (None, the default).
+
+    ``learning_rate_input``: the train step is ``train_step(state, batch, learning_rate)``, the
+    rate of this step computed by the caller and handed to ``optimizer.update(...,
+    learning_rate=)`` (optimizers built by ``levanter.optim`` accept it). The compiled step then
+    holds no number of the schedule, so runs that differ only in length or learning rate share one
+    program (and JAX's persistent compilation cache finds it). Otherwise the step computes
+    ``lr_schedule(step)`` itself, for any optax optimizer.
     """
     num_devices = 1 if batch_sharding is None else len(batch_sharding.device_set)
 
@@ -125,7 +147,7 @@ def build_step_functions(
         model = eqx.combine(cast_floating(params, compute_dtype), static_model)
         use_fused = prefers_fused_loss(model, batch.tokens.size, num_devices) if fused_loss is None else fused_loss
         if use_fused:
-            (loss_sum, z_sum, weight_sum), aux = fused_token_loss_sums(model, batch)
+            (loss_sum, z_sum, weight_sum), aux = fused_token_loss_sums(model, batch, num_devices)
         else:
             out = model.forward(batch.tokens, segment_ids=batch.segment_ids)
             loss_sum, z_sum, weight_sum = token_loss_sums(out.logits, batch.tokens, batch.loss_mask)
@@ -139,7 +161,7 @@ def build_step_functions(
 
     grad_fn = jax.grad(objective, has_aux=True)
 
-    def train_step(state: TrainState, batch: DeviceBatch):
+    def step_with_rate(state: TrainState, batch: DeviceBatch, learning_rate: jax.Array | None):
         # The last position has no target inside the window and never counts (as in the loss).
         total_weight = jnp.maximum(jnp.sum(batch.loss_mask[:, :-1].astype(jnp.float32)), 1.0)
         if num_microbatches == 1:
@@ -161,7 +183,8 @@ def build_step_functions(
             aux = aux / num_microbatches
 
         grad_norm = optax.tree.norm(grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        given_rate = {} if learning_rate is None else {"learning_rate": learning_rate}
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **given_rate)
         params = optax.apply_updates(state.params, updates)
         key, _ = jax.random.split(state.key)
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key)
@@ -172,7 +195,7 @@ def build_step_functions(
             "aux_loss": aux,
             "total_loss": loss + z_loss_weight * z_sum / total_weight + aux,
             "grad_norm": grad_norm,
-            "lr": lr_schedule(state.step),
+            "lr": lr_schedule(state.step) if learning_rate is None else learning_rate,
             "loss_tokens": total_weight,
         }
         return new_state, metrics
@@ -181,10 +204,22 @@ def build_step_functions(
         loss_sum, _, weight_sum, _ = forward_sums(params, batch)
         return loss_sum, weight_sum
 
+    if learning_rate_input:
+
+        def train_step(state: TrainState, batch: DeviceBatch, learning_rate: jax.Array):
+            return step_with_rate(state, batch, learning_rate)
+
+    else:
+
+        def train_step(state: TrainState, batch: DeviceBatch):
+            return step_with_rate(state, batch, None)
+
     if state_shardings is not None:
+        # The learning rate is a scalar, laid out like the step counter (replicated).
+        in_shardings = (state_shardings, batch_sharding) + ((state_shardings.step,) if learning_rate_input else ())
         jit_train = jax.jit(
             train_step,
-            in_shardings=(state_shardings, batch_sharding),
+            in_shardings=in_shardings,
             out_shardings=(state_shardings, None),
             donate_argnums=(0,),
         )

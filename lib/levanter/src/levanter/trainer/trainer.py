@@ -34,6 +34,7 @@ from levanter.trainer.config import TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError, Prefetcher, to_device
 from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
+from levanter.trainer.profiler import StepProfiler
 from levanter.trainer.state import TrainState
 from levanter.trainer.step import build_step_functions
 from levanter.trainer.stopping import (
@@ -245,19 +246,25 @@ class Trainer:
             logger.info("Resumed from checkpoint step %d in %s.", resumed_from, self.checkpointer.directory)
         start_step = int(state.step)
 
+        lr_schedule = self.optimizer_config.lr_scheduler(cfg.num_train_steps)
         steps = build_step_functions(
             static_model=static,
             optimizer=optimizer,
-            lr_schedule=self.optimizer_config.lr_scheduler(cfg.num_train_steps),
+            lr_schedule=lr_schedule,
             compute_dtype=self.compute_dtype,
             z_loss_weight=cfg.z_loss_weight,
             num_microbatches=cfg.num_microbatches,
             state_shardings=self.shardings_of(state),
             batch_sharding=self.batch_sharding,
             mesh_context=self._mesh_context,
+            # The rate of each step is an input: the compiled step does not depend on the run's
+            # length or schedule, so a rerun with other ones reuses it from the compilation cache.
+            learning_rate_input=True,
         )
         self._steps = steps
         self._static = static
+        self._learning_rates = np.asarray(lr_schedule(np.arange(cfg.num_train_steps)), np.float32)
+        self._profiler = StepProfiler(cfg.profile, self.output_dir)
 
         trackers = build_trackers(
             cfg.trackers if self.is_reporting_process else ("jsonl",),
@@ -428,8 +435,10 @@ class Trainer:
                     cumulative_tokens = start_step * tokens_per_step
                     if callable(self.flops_per_token):
                         self.flops_per_token = float(self.flops_per_token(host_batch.seq_len))
-                state, metrics = self._steps.train_step(state, device_batch)
+                with self._profiler.step(step_index + 1):
+                    state, metrics = self._steps.train_step(state, device_batch, self._learning_rates[step_index])
                 step = step_index + 1
+                self._profiler.step_dispatched(step, state)
                 self.raise_if_abandoned(step)  # before the previous step's metrics are written
                 if pending is not None:
                     record(*pending)  # the previous step, while this one runs
@@ -470,6 +479,7 @@ class Trainer:
                 record(*pending)
         finally:
             prefetch.close()
+            self._profiler.stop()  # a window that reaches past the last step ends with the loop
         return state, last_loss, eval_losses
 
     # -- evaluation ------------------------------------------------------------------------------

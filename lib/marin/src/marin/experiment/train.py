@@ -3,11 +3,12 @@
 The handle depends on its datasets' tokenize handles. Its identity covers what determines the
 trained weights: the model config, the optimizer config, the data mixture (through the datasets'
 identities and their weights), batch size, sequence length, number of steps, seed and numerics.
-Where it runs (``resources``), how often it checkpoints or logs, and where it writes are placement
-and never enter the hash.
+Where it runs (``resources``), how often it checkpoints or logs, whether it is profiled, and where
+it writes are placement and never enter the hash.
 
 The output folder holds ``checkpoints/``, ``metrics.jsonl``, ``eval.json`` and ``hf/`` (the final
-model in Hugging Face format, with its tokenizer); the artifact is a :class:`TrainedModel`.
+model in Hugging Face format, with its tokenizer), and ``profile/`` when ``profile=`` asks for a
+trace; the artifact is a :class:`TrainedModel`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from levanter.main.train_lm import TrainLmConfig
 from levanter.main.train_lm import train_lm as run_training
 from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.tokenization import load_tokenizer
-from levanter.trainer import TrainerConfig
+from levanter.trainer import ProfileConfig, TrainerConfig
 from levanter.trainer.stopping import StopAction, StopRequest, StopSource
 from marin.datasets.builtin_tokenizer import STEP_NAME as BUILTIN_TOKENIZER_STEP
 from marin.execution.artifact import register_result_type
@@ -128,10 +129,13 @@ def train_lm(
     trackers: Sequence[str] = ("jsonl",),
     num_samples: int = len(SAMPLE_PROMPTS),
     output_path: str | None = None,
+    profile: ProfileConfig | None = None,
 ) -> LazyStep:
     """A lazy handle that trains ``model`` on the weighted mixture ``datasets`` (``{tokenized handle: weight}``).
 
-    ``resources`` defaults to the local CPU. Nothing runs until the handle is lowered and run.
+    ``resources`` defaults to the local CPU. ``profile=ProfileConfig(start_step, num_steps)``
+    writes a ``jax.profiler`` trace of those steps to ``<output>/profile/`` (docs/training.md).
+    Nothing runs until the handle is lowered and run.
     """
     optimizer = optimizer or AdamConfig(learning_rate=3e-4)
     if not isinstance(optimizer, OptimizerConfig):
@@ -151,6 +155,7 @@ def train_lm(
         steps_per_checkpoint=steps_per_checkpoint,
         minutes_per_checkpoint=minutes_per_checkpoint,
         trackers=tuple(trackers),
+        profile=profile,
     )
     weights = {handle: float(weight) for handle, weight in datasets.items()}
 

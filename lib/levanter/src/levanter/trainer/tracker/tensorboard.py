@@ -8,7 +8,6 @@ checkpoint and at the end.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from typing import Any, Mapping
@@ -73,7 +72,4 @@ class TensorBoardTracker:
     def _copy_to_log_dir(self) -> None:
         if self._local_dir is None:
             return
-        names = [os.path.relpath(os.path.join(folder, name), self._local_dir)
-                 for folder, _, files in os.walk(self._local_dir) for name in files]
-        fs, remote = fsx.filesystem(self.log_dir)
-        fs.put([os.path.join(self._local_dir, name) for name in names], [f"{remote.rstrip('/')}/{name}" for name in names])
+        fsx.upload_files(self._local_dir, fsx.find_files(self._local_dir), self.log_dir)

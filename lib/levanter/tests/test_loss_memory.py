@@ -1,0 +1,109 @@
+"""The train step never holds a large vocabulary's [B, T, V] logits: past a size it computes the
+cross-entropy a block of positions at a time (forward and backward), on one device or a mesh, with
+the loss and gradients of the plain loss."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from haliax.partitioning import make_mesh
+from levanter.models.llama import LlamaConfig
+from levanter.models.loss import fused_next_token_loss, next_token_loss
+from levanter.trainer.state import TrainState
+from levanter.trainer.step import FUSED_LOSS_MIN_BYTES, DeviceBatch, build_step_functions, prefers_fused_loss
+
+MIB = 2**20
+
+
+def _abstract(config: LlamaConfig, vocab: int):
+    return jax.eval_shape(lambda: config.build(vocab, key=jax.random.PRNGKey(0)))
+
+
+def test_large_logits_take_the_blocked_loss_whatever_the_hidden_size():
+    # The shape of the issue: a 1.4B Llama (hidden 2048) with Llama 3's vocabulary at 8 x 2048 tokens,
+    # whose float32 logits alone would take 8 GiB.
+    llama_1_4b = LlamaConfig(hidden_dim=2048, intermediate_dim=7168, num_layers=16, num_heads=16, num_kv_heads=8, max_seq_len=4096)
+    model = _abstract(llama_1_4b, 128_256)
+    assert prefers_fused_loss(model, num_tokens=8 * 2048, num_devices=1)
+    assert prefers_fused_loss(model, num_tokens=8 * 8 * 2048, num_devices=8)  # the same per device
+    # Below FUSED_LOSS_MIN_BYTES of float32 logits per device a wide model keeps the plain loss.
+    small_batch = FUSED_LOSS_MIN_BYTES // (4 * 128_256) - 1
+    assert not prefers_fused_loss(model, num_tokens=small_batch, num_devices=1)
+    assert not prefers_fused_loss(model, num_tokens=8 * 2048, num_devices=16)
+
+
+def _step_temp_bytes(config: LlamaConfig, vocab: int, batch: int, seq_len: int, fused_loss) -> int:
+    """Scratch memory XLA plans for one bfloat16 train step (compiled, never run)."""
+    model = _abstract(config, vocab)
+    is_param = lambda x: isinstance(x, jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact)
+    params, static = eqx.partition(model, is_param)
+    optimizer = optax.sgd(1e-3)
+    state = TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=jax.eval_shape(optimizer.init, params),
+        key=jax.ShapeDtypeStruct((2,), jnp.uint32),
+    )
+    tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+    device_batch = DeviceBatch(tokens=tokens, loss_mask=jax.ShapeDtypeStruct((batch, seq_len), jnp.float32), segment_ids=None)
+    steps = build_step_functions(
+        static_model=static, optimizer=optimizer, lr_schedule=lambda step: 1e-3, compute_dtype=jnp.bfloat16,
+        z_loss_weight=1e-4, num_microbatches=1, fused_loss=fused_loss,
+    )
+    return int(steps.train_step.lower(state, device_batch).compile().memory_analysis().temp_size_in_bytes)
+
+
+def test_the_loss_of_a_train_step_takes_a_fraction_of_the_logits_it_would_have_materialised():
+    # A 32k vocabulary at 8 x 1024 tokens: 1 GiB of float32 logits, the size where the rule
+    # switches to the blocked loss. The same model with a 512-token vocabulary, whose logits are
+    # negligible, gives the memory of everything but the loss.
+    config = LlamaConfig(hidden_dim=256, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, max_seq_len=1024)
+    vocab, batch, seq_len = 32_768, 8, 1024
+    logits_f32 = 4 * batch * seq_len * vocab
+    rest = _step_temp_bytes(config, 512, batch, seq_len, fused_loss=False)
+    plain = _step_temp_bytes(config, vocab, batch, seq_len, fused_loss=False) - rest
+    automatic = _step_temp_bytes(config, vocab, batch, seq_len, fused_loss=None) - rest
+    print(f"scratch memory of the loss: plain {plain / MIB:.0f} MiB, automatic {automatic / MIB:.0f} MiB "
+          f"(float32 logits {logits_f32 / MIB:.0f} MiB, the rest of the step {rest / MIB:.0f} MiB)")
+    assert plain > 2 * logits_f32  # float32 logits and their gradient, bfloat16 copies of both
+    # Blocks of logits, the output matrix's gradient and the vocabulary-sized parameters' copies.
+    assert automatic < logits_f32 / 4
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_its_blocks():
+    # data=4 x model=2: rows split over "data", the vocabulary over "model" (haliax's default rules).
+    mesh = make_mesh(data=4, model=2)
+    batch, seq_len, embed, vocab = 8, 40, 16, 96
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    hidden = jax.random.normal(keys[0], (batch, seq_len, embed), jnp.float32)
+    unembedding = 0.3 * jax.random.normal(keys[1], (embed, vocab), jnp.float32)
+    tokens = jax.random.randint(keys[2], (batch, seq_len), 0, vocab, dtype=jnp.int32)
+    mask = jnp.ones((batch, seq_len), jnp.float32).at[1, 5:9].set(0.0)
+
+    def objective(loss_fn):
+        def value(h, w):
+            sums = loss_fn(h, w)
+            return (sums.loss_sum + sums.z_loss_sum) / sums.weight_sum
+
+        return jax.jit(jax.value_and_grad(value, argnums=(0, 1)))
+
+    plain = objective(lambda h, w: next_token_loss(jnp.dot(h, w), tokens, mask, z_loss_weight=1e-2))
+    # 7 positions of every row per block: 40 positions give 6 blocks, the last one padded.
+    blocked = objective(lambda h, w: fused_next_token_loss(h, w, tokens, mask, z_loss_weight=1e-2, block_size=7 * batch))
+    expected, (dh, dw) = plain(hidden, unembedding)
+    sharded = (jax.device_put(hidden, NamedSharding(mesh, P("data"))), jax.device_put(unembedding, NamedSharding(mesh, P(None, "model"))))
+    got, (dh_got, dw_got) = blocked(*sharded)
+    # float32 sums over at most 8 x 40 tokens, reordered: far below 1e-5 relative.
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    np.testing.assert_allclose(dh_got, dh, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dw_got, dw, rtol=1e-5, atol=1e-7)
+    # Each device scores only its own rows: the blocks stay split over "data" (no device holds
+    # every row's logits), so per-device scratch memory is well below the single-device figure.
+    one_device = blocked.lower(hidden, unembedding).compile().memory_analysis().temp_size_in_bytes
+    per_device = blocked.lower(*sharded).compile().memory_analysis().temp_size_in_bytes
+    assert dh_got.sharding.spec[0] == "data", dh_got.sharding
+    assert per_device < one_device / 2, (per_device, one_device)
