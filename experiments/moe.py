@@ -7,6 +7,8 @@ beside each; ``lib/levanter/tests/test_models_sizes.py`` checks both against the
 
 from levanter.models.moe import MoeConfig
 
+from experiments.llama import LLAMA3_VOCAB_SIZE
+
 MIXTRAL_VOCAB_SIZE = 32_000
 OLMOE_VOCAB_SIZE = 50_304
 
@@ -23,6 +25,12 @@ moe_1_2b_a250m = MoeConfig(
     hidden_dim=1024, intermediate_dim=1408, num_layers=16, num_heads=16, num_kv_heads=8,
     num_experts=16, num_experts_per_token=2, max_seq_len=4096,
 )
+# llama_600m's attention and per-token FLOPs with its MLP split into 8 half-width experts, 2 per
+# token: it compares routing against the dense model at equal compute (bench/mfu.py's MoE row).
+moe_1_4b_a600m = MoeConfig(
+    hidden_dim=1024, intermediate_dim=1792, num_layers=24, num_heads=16, num_kv_heads=8,
+    num_experts=8, num_experts_per_token=2, max_seq_len=4096,
+)
 olmoe_1b_7b = MoeConfig(
     hidden_dim=2048, intermediate_dim=1024, num_layers=16, num_heads=16, num_kv_heads=16,
     num_experts=64, num_experts_per_token=8, max_seq_len=4096,
@@ -36,6 +44,7 @@ mixtral_8x7b = MoeConfig(
 MOE_SIZES = {
     "moe_140m_a65m": (moe_140m_a65m, MIXTRAL_VOCAB_SIZE, 140e6, 65e6),
     "moe_1_2b_a250m": (moe_1_2b_a250m, MIXTRAL_VOCAB_SIZE, 1.2e9, 250e6),
+    "moe_1_4b_a600m": (moe_1_4b_a600m, LLAMA3_VOCAB_SIZE, 1.4e9, 600e6),
     "olmoe_1b_7b": (olmoe_1b_7b, OLMOE_VOCAB_SIZE, 7e9, 1e9),
     "mixtral_8x7b": (mixtral_8x7b, MIXTRAL_VOCAB_SIZE, 46.7e9, 12.9e9),
 }

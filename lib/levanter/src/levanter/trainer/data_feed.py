@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Any, Iterable, Iterator
@@ -11,6 +12,8 @@ import numpy as np
 
 from levanter.data.batch import Batch
 from levanter.trainer.step import DeviceBatch
+
+logger = logging.getLogger(__name__)
 
 
 class DataSourceError(RuntimeError):
@@ -94,3 +97,8 @@ class Prefetcher:
         """
         self._stop.set()
         self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            logger.warning(
+                "The batch prefetch thread is still busy 30s after training stopped (in the data source's next() "
+                "or a device copy); if it still is when Python exits, the process aborts."
+            )
