@@ -22,7 +22,7 @@ import time
 
 from rigging.local_stores import local_s3_server
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
-from marin.datasets.synthetic_stories import generate_stories
+from storygen import generate_stories
 from marin.processing.tokenize import TokenizeConfig, TokenizeInputs, run_tokenize
 
 

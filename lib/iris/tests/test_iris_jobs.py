@@ -180,6 +180,18 @@ def test_job_on_the_ray_backend_runs_to_completion_with_logs(store):
     assert [job.job_id for job in list_jobs(store)] == [record.job_id, too_big_id, breaks_id]
 
 
+def test_a_replica_whose_ray_worker_dies_counts_as_preempted_and_is_retried(store):
+    pytest.importorskip("ray", reason="the Ray backend needs `pip install 'marin[ray]'`")
+    # The replica's parent is the Ray worker holding it; killing that worker is its node going away.
+    script = 'if [ "$IRIS_ATTEMPT" = 1 ]; then kill -KILL $PPID; exec sleep 5; fi; echo "attempt $IRIS_ATTEMPT ok"'
+    spec = shell(script, backend="ray", resources=resources_from_flags(cpu=1, memory="64m"), max_retries_preemption=1)
+    record = run_to_end(spec, store)
+    assert (record.state, record.attempts, record.preemptions, record.failures) == (JobState.SUCCEEDED, 2, 1, 0)
+    assert store.attempts(record.job_id)[0].exit_codes == (PREEMPTED_EXIT_CODE,)
+    logs = read_logs(record.job_id, store)
+    assert "counted as preempted" in logs and logs.endswith("attempt 2 ok\n")
+
+
 def test_invalid_jobs_are_refused_with_clear_messages(store):
     with pytest.raises(InvalidJobSpec, match="list of arguments"):
         JobSpec(name="x", command="python train.py")

@@ -49,7 +49,7 @@ HELPERS = textwrap.dedent(
     import json, os, pathlib, sys, time
     import ray
     from marin.execution.step_spec import takes_context
-    from zephyr.ray_backend import RayBackend
+    from fray.cluster.ray_client import RayClient
 
     RECORDS = pathlib.Path(os.environ["TEST_RECORDS"])
 
@@ -70,23 +70,26 @@ HELPERS = textwrap.dedent(
             time.sleep(0.05)
 
     class RecordedShard:
-        \"\"\"A zephyr stage's task function that first records where shard ``index`` runs.\"\"\"
+        \"\"\"A zephyr stage's shard task that first records where shard ``index`` runs.\"\"\"
 
         def __init__(self, fn, hold):
             self.fn, self.hold = fn, hold
+            self.__name__ = getattr(fn, "__name__", "shard")
 
-        def __call__(self, index, shared):
+        def __call__(self, index):
             record("shard", shard=index)
             self.hold(index)
-            return self.fn(index, shared)
+            return self.fn(index)
 
-    class RecordingRayBackend(RayBackend):
+    class RecordingRayClient(RayClient):
+        \"\"\"The Ray client, with every task of its ``map`` calls recorded (zephyr runs shards through ``map``).\"\"\"
+
         def __init__(self, hold=lambda index: None, **kwargs):
             super().__init__(**kwargs)
             self.hold = hold
 
-        def run(self, fn, payloads, shared):
-            return super().run(RecordedShard(fn, self.hold), payloads, shared)
+        def map(self, fn, items, **kwargs):
+            return super().map(RecordedShard(fn, self.hold), items, **kwargs)
 
     class RecordedStep:
         def __init__(self, name, fn):
@@ -126,7 +129,7 @@ GRAPH_SCRIPT = HELPERS + textwrap.dedent(
             source=f"{inputs}/stories-*.jsonl",
             tokenizer=f"{inputs}/tokenizer",
             num_shards=4,
-            backend=RecordingRayBackend(hold=hold_until_slots_are_busy),
+            backend=RecordingRayClient(hold=hold_until_slots_are_busy),
             resources=ResourceConfig.with_cpu(ram="256m", custom={"head_node": 1}),
         )
         model = train_lm(
@@ -153,7 +156,7 @@ GRAPH_SCRIPT = HELPERS + textwrap.dedent(
     """
 )
 
-# A tokenize pipeline (marin's own) straight on zephyr's Ray backend. Every shard's first attempt
+# A tokenize pipeline (marin's own) straight on the Ray client. Every shard's first attempt
 # holds: on the second node until that node is killed, on the head until the test says go.
 # argv: inputs URL, output URL; the test releases the head's shards by creating `go` in the records folder.
 NODE_LOSS_SCRIPT = HELPERS + textwrap.dedent(
@@ -172,7 +175,7 @@ NODE_LOSS_SCRIPT = HELPERS + textwrap.dedent(
         inputs, output = sys.argv[1], sys.argv[2]
         files = sorted(f"{inputs}/stories-{i}.jsonl" for i in range(4))
         config = TokenizeConfig(source={"kind": "files", "test": "two-nodes"}, tokenizer=None, num_shards=4)
-        backend = RecordingRayBackend(hold=hold_until_released, max_retries=2)
+        backend = RecordingRayClient(hold=hold_until_released, task_retries=2)
         run_tokenize(config, TokenizeInputs({"train": files}, f"{inputs}/tokenizer"), output, backend=backend)
     """
 )

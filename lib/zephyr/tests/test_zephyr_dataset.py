@@ -118,5 +118,6 @@ def test_invalid_arguments_are_rejected():
         Dataset.from_list([1]).reshard(0)
     with pytest.raises(ValueError):
         Dataset.from_list([1]).take_per_shard(-1)
-    with pytest.raises(ValueError, match="unknown zephyr backend"):
+    with pytest.raises(ValueError, match="Unknown zephyr backend 'gpu-cluster'"):
         Dataset.from_list([1]).collect(backend="gpu-cluster")
+

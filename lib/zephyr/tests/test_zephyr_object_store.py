@@ -11,9 +11,9 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from fray.cluster import LocalClient, WorkerLostError
 from rigging import filesystem as fsx
-from zephyr import Dataset, ProcessPoolBackend, current_worker_context
-from zephyr.backends import ShardTaskError
+from zephyr import Dataset, current_worker_context
 from zephyr.token_cache import IncompleteTokenCacheError, TokenCache, read_shard_summary
 
 # Functions of this module travel to worker processes by value (the module itself is not importable there).
@@ -55,10 +55,10 @@ def test_a_killed_pipeline_on_s3_reruns_to_the_output_of_an_uninterrupted_local_
     remote = f"{s3_prefix}/out"
     jsonl, cache = remote + "/text/part-{shard}.jsonl.gz", remote + "/cache"
     # Record 45 is in shard 2: its worker dies mid-shard, while the shard's upload is open.
-    with pytest.raises(ShardTaskError, match="worker process died"):
-        dataset.write_jsonl(jsonl, backend=ProcessPoolBackend(2), shared={"kill_at": 45}, skip_existing=True)
-    with pytest.raises(ShardTaskError, match="worker process died"):
-        dataset.map(_tokens).write_token_cache(cache, vocab_size=300, metadata={"k": "v"}, backend=ProcessPoolBackend(2),
+    with pytest.raises(WorkerLostError, match="worker process died"):
+        dataset.write_jsonl(jsonl, backend=LocalClient(processes=True, max_workers=2), shared={"kill_at": 45}, skip_existing=True)
+    with pytest.raises(WorkerLostError, match="worker process died"):
+        dataset.map(_tokens).write_token_cache(cache, vocab_size=300, metadata={"k": "v"}, backend=LocalClient(processes=True, max_workers=2),
                                                shared={"kill_at": 45}, skip_existing=True)
     after_kill = _visible(remote)
     assert "text/part-2.jsonl.gz" not in after_kill  # no half shard
@@ -67,9 +67,9 @@ def test_a_killed_pipeline_on_s3_reruns_to_the_output_of_an_uninterrupted_local_
     with pytest.raises(IncompleteTokenCacheError):
         TokenCache.open(cache)
 
-    text_rerun = dataset.write_jsonl(jsonl, backend=ProcessPoolBackend(2), skip_existing=True)
+    text_rerun = dataset.write_jsonl(jsonl, backend=LocalClient(processes=True, max_workers=2), skip_existing=True)
     cache_rerun = dataset.map(_tokens).write_token_cache(cache, vocab_size=300, metadata={"k": "v"},
-                                                         backend=ProcessPoolBackend(2), skip_existing=True)
+                                                         backend=LocalClient(processes=True, max_workers=2), skip_existing=True)
     assert 2 not in text_rerun.skipped_shards and 2 not in cache_rerun.skipped_shards
     assert text_rerun.skipped_shards and cache_rerun.skipped_shards  # the finished shards were kept
 

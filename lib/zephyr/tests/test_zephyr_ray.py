@@ -8,11 +8,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fray.cluster import ship_by_value, use_client  # noqa: E402
+from fray.cluster import client_for, ship_by_value, use_client  # noqa: E402
 from fray.cluster.ray_client import RayClient  # noqa: E402
 from zephyr import Dataset, current_worker_context  # noqa: E402
-from zephyr.backends import resolve_backend  # noqa: E402
-from zephyr.ray_backend import RayBackend  # noqa: E402
 
 # ray.init starts its processes with fork+exec; the child execs at once, so JAX's warning about
 # forking a multithreaded process does not apply.
@@ -25,7 +23,7 @@ def ray_backend():
     ship_by_value(sys.modules[__name__])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        yield RayBackend(RayClient(address=None), max_retries=1)
+        yield RayClient(address=None, task_retries=1)
     finally:
         ray.shutdown()
 
@@ -104,17 +102,27 @@ def test_a_shard_that_keeps_failing_fails_the_run_with_its_error(ray_backend, tm
     def always_fails(x):
         raise ValueError(f"bad element {x}")
 
-    no_retry = RayBackend(ray_backend.client, max_retries=0)
+    no_retry = RayClient(address=None, task_retries=0)
     with pytest.raises(ValueError, match="bad element"):
         Dataset.from_list([1, 2], num_shards=2).map(always_fails).collect(backend=no_retry)
 
 
 def test_ray_is_a_backend_name(ray_backend):
-    assert isinstance(resolve_backend("ray"), RayBackend)
-    with use_client(ray_backend.client):
-        assert resolve_backend("ray").client is ray_backend.client
+    assert isinstance(client_for("ray"), RayClient)
+    with use_client(ray_backend):
+        assert client_for("ray") is ray_backend
     assert Dataset.from_list(range(6), num_shards=3).map(lambda x: x * x).collect(backend="ray") == [
         x * x for x in range(6)
     ]
     with pytest.raises(ValueError, match="max_retries"):
-        RayBackend(max_retries=-1)
+        ray_backend.map(abs, [1], max_retries=-1)
+
+
+def test_shard_resources_that_no_node_has_are_refused_before_any_shard_runs(ray_backend, tmp_path):
+    from fray.cluster import ResourceConfig, UnschedulableError
+
+    with pytest.raises(UnschedulableError, match="100000 CPUs"):
+        Dataset.from_list([1, 2], num_shards=2).write_jsonl(
+            str(tmp_path / "out" / "part-{shard:05d}.jsonl"), backend=ray_backend,
+            resources=ResourceConfig.with_cpu(cpu=100_000))
+    assert not (tmp_path / "out").exists()

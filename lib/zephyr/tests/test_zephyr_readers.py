@@ -134,10 +134,10 @@ def test_nonexistent_paths_raise_even_when_skipping(tmp_path):
 
 
 def test_errors_from_worker_processes_keep_file_and_line(bad):
-    from zephyr import ProcessPoolBackend
+    from fray.cluster import LocalClient
 
     with pytest.raises(InputFileError) as caught:
-        documents_dataset(str(bad / "malformed.jsonl")).collect(backend=ProcessPoolBackend(max_workers=1))
+        documents_dataset(str(bad / "malformed.jsonl")).collect(backend=LocalClient(processes=True, max_workers=1))
     assert caught.value.line == 2 and caught.value.path.endswith("malformed.jsonl")
     assert "raised in shard 0" in "".join(caught.value.__notes__)
 

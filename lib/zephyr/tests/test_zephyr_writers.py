@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from zephyr import Dataset, ProcessPoolBackend, current_worker_context
+from fray.cluster import LocalClient, WorkerLostError
+from zephyr import Dataset, current_worker_context
 from zephyr.token_cache import TokenCache
 from zephyr.writers import write_jsonl
 
@@ -103,7 +104,7 @@ def _pipeline(texts):
 
 
 def test_process_pool_matches_in_process_output(tmp_path, synthetic_stories):
-    backend = ProcessPoolBackend(max_workers=2)
+    backend = LocalClient(processes=True, max_workers=2)
     outputs = {}
     texts = synthetic_stories[:120]
     for name, chosen in [("inline", "inline"), ("pool", backend)]:
@@ -130,7 +131,7 @@ def test_process_pool_reports_worker_errors_and_counters(tmp_path):
             raise ValueError("element 5 is invalid")
         return x
 
-    backend = ProcessPoolBackend(max_workers=2)
+    backend = LocalClient(processes=True, max_workers=2)
     with pytest.raises(ValueError, match="element 5 is invalid"):
         Dataset.from_list(range(8), num_shards=2).map(check).collect(backend=backend)
     result = Dataset.from_list(range(4), num_shards=2).map(check).write_jsonl(str(tmp_path / "o"), backend=backend)
@@ -165,7 +166,6 @@ def _die_at(document):
 
 
 def test_sigkilled_token_cache_run_resumes_to_identical_cache(tmp_path):
-    from zephyr.backends import ShardTaskError
     from zephyr.token_cache import IncompleteTokenCacheError, read_shard_summary
 
     documents = [[i] + [(i * 7 + j) % 300 for j in range(i % 11)] for i in range(80)]
@@ -174,14 +174,14 @@ def test_sigkilled_token_cache_run_resumes_to_identical_cache(tmp_path):
     ds.write_token_cache(clean, vocab_size=300, metadata={"k": "v"}, backend="inline")
 
     crashed = str(tmp_path / "crashed")
-    with pytest.raises(ShardTaskError, match="worker process died"):
-        ds.write_token_cache(crashed, vocab_size=300, metadata={"k": "v"}, backend=ProcessPoolBackend(2),
+    with pytest.raises(WorkerLostError, match="worker process died"):
+        ds.write_token_cache(crashed, vocab_size=300, metadata={"k": "v"}, backend=LocalClient(processes=True, max_workers=2),
                              shared={"kill_at": 45}, skip_existing=True)
     assert read_shard_summary(os.path.join(crashed, "shard-00002")) is None  # the killed shard is not counted
     with pytest.raises(IncompleteTokenCacheError):
         TokenCache.open(crashed)
 
-    rerun = ds.write_token_cache(crashed, vocab_size=300, metadata={"k": "v"}, backend=ProcessPoolBackend(2),
+    rerun = ds.write_token_cache(crashed, vocab_size=300, metadata={"k": "v"}, backend=LocalClient(processes=True, max_workers=2),
                                  skip_existing=True)
     assert 2 not in rerun.skipped_shards
     for shard in range(4):
@@ -206,5 +206,5 @@ def _fail_fast_or_linger(x):
 def test_a_failed_shard_stops_the_other_workers(tmp_path):
     with pytest.raises(RuntimeError, match="fails at once"):
         Dataset.from_list([0, 1], num_shards=2).map(_fail_fast_or_linger).write_jsonl(
-            str(tmp_path / "part-{shard}.jsonl"), backend=ProcessPoolBackend(2))
+            str(tmp_path / "part-{shard}.jsonl"), backend=LocalClient(processes=True, max_workers=2))
     assert not (tmp_path / "part-1.jsonl").exists()

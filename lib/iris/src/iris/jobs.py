@@ -14,13 +14,14 @@ from pathlib import Path
 
 from rigging.log import get_logger
 
+from iris.errors import IrisError
 from iris.spec import JobSpec
 from iris.store import JobRecord, JobState, JobStore
 
 logger = get_logger(__name__)
 
 
-class JobNotFound(KeyError):
+class JobNotFound(IrisError, KeyError):
     """No job with that id in this iris database."""
 
     def __str__(self) -> str:

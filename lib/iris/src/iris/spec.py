@@ -12,6 +12,8 @@ from fray.cluster import InvalidResourceConfig, ResourceConfig
 from fray.cluster.resources import CpuDevice, GpuDevice, TpuDevice
 from rigging.names import UnsafeNameError, check_relative_name, safe_name_from
 
+from iris.errors import IrisError
+
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again later". A command exits with it to
 # say it was preempted (its checkpoint is safe; run it again) rather than broken.
 PREEMPTED_EXIT_CODE = 75
@@ -19,7 +21,7 @@ PREEMPTED_EXIT_CODE = 75
 BACKENDS = ("local", "ray")
 
 
-class InvalidJobSpec(ValueError):
+class InvalidJobSpec(IrisError, ValueError):
     """A job that cannot be run as written (empty command, negative budget, unknown backend...)."""
 
 

@@ -20,12 +20,13 @@ from pathlib import Path
 from rigging.config.discovery import discover_config
 from rigging.names import UnsafeNameError, check_relative_name
 
+from iris.errors import IrisError
 from iris.spec import InvalidJobSpec, JobSpec
 
 IRIS_HOME_VARIABLE = "IRIS_HOME"
 
 
-class IrisHomeError(ValueError):
+class IrisHomeError(IrisError, ValueError):
     """The folder for iris's database cannot be used."""
 
 

@@ -161,12 +161,12 @@ class Dataset:
 
         return compile_plan(self)
 
-    def collect(self, *, backend: Any = None, shared: Mapping[str, Any] | None = None) -> list:
-        """Run the pipeline and return every element, in shard order."""
+    def collect(self, *, backend: Any = None, shared: Mapping[str, Any] | None = None, resources: Any = None) -> list:
+        """Run the pipeline and return every element, in shard order (``backend``: see ``zephyr.execute``)."""
         from zephyr.execute import execute
         from zephyr.sinks import CollectSink
 
-        result = execute(self, CollectSink(), backend=backend, shared=shared)
+        result = execute(self, CollectSink(), backend=backend, shared=shared, resources=resources)
         return [item for shard in result.outputs for item in shard]
 
     def write_jsonl(self, output: str, **kwargs: Any):

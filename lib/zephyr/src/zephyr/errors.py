@@ -1,9 +1,15 @@
-"""Exceptions for problems a user can cause with the data they point zephyr at."""
+"""zephyr's errors: its base class, and the problems a user can cause with the data they point zephyr at."""
 
 from __future__ import annotations
 
+from rigging.errors import ExplainedError
 
-class InputError(ValueError):
+
+class ZephyrError(ExplainedError):
+    """Base of the errors raised by ``zephyr`` (see :mod:`rigging.errors`)."""
+
+
+class InputError(ZephyrError, ValueError):
     """Base class of problems with input data a user pointed a reader at."""
 
 

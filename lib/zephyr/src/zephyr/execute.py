@@ -1,4 +1,6 @@
-"""Running a dataset: stage after stage on a backend, with progress and skip-existing."""
+"""Running a dataset: stage after stage, each stage's shards as one ``map`` of a fray client, with
+progress and skip-existing. Where the shards run (in-process, threads, local processes, Ray) is the
+client's business; see :func:`fray.cluster.client_for` for the settings ``backend=`` accepts."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephyr.backends import Backend, resolve_backend
+from fray.cluster import DistributedClient, ResourceConfig, client_for
+
 from zephyr.plan import ShardResult, StageRunner, compile_plan
 from zephyr.sinks import Sink
 
@@ -57,24 +60,55 @@ class _Progress:
         )
 
 
+@dataclass(frozen=True)
+class _ShardTask:
+    """A stage's shard function with the run's shared objects: shipped to each worker once."""
+
+    runner: StageRunner
+    shared: Mapping[str, Any]
+
+    @property
+    def __name__(self) -> str:
+        return f"zephyr stage {self.runner.stage.index + 1}/{self.runner.num_stages}"
+
+    def __call__(self, shard_index: int) -> ShardResult:
+        return self.runner(shard_index, self.shared)
+
+
+def _run_stage(client: DistributedClient, task: _ShardTask, shard_indices: list[int], label: str,
+               counters: Counter, resources: ResourceConfig | None) -> list[ShardResult]:
+    progress = _Progress(label, len(shard_indices))
+
+    def shard_finished(position: int, result: ShardResult) -> None:
+        counters.update(result.counters)
+        progress.shard_finished(result)
+
+    return client.map(task, shard_indices, resources=resources, on_result=shard_finished)
+
+
 def execute(
     dataset: Any,
     sink: Sink,
     *,
-    backend: Backend | str | None = None,
+    backend: DistributedClient | str | None = None,
     shared: Mapping[str, Any] | None = None,
     skip_existing: bool = False,
     scratch_url: str | None = None,
+    resources: ResourceConfig | None = None,
 ) -> ExecutionResult:
     """Run ``dataset`` into ``sink``.
 
-    ``backend``: a :class:`~zephyr.backends.Backend`, ``"processes"`` (default) or ``"inline"``.
+    ``backend``: where shards run: ``"processes"`` (default: local worker processes, one per core),
+    ``"inline"`` (this thread, shard after shard), ``"threads"``, ``"ray"``, or a fray client (for
+    example ``LocalClient(processes=True, max_workers=2)`` or ``RayClient(task_retries=1)``).
     ``shared``: read-only objects every task can reach through its ``WorkerContext``.
     ``skip_existing``: shards whose output the sink reports as complete are not recomputed.
     ``scratch_url``: where shuffles put intermediate files (default: a local temporary folder,
     removed afterwards; a remote backend needs a URL every worker can reach).
+    ``resources``: what each shard task asks of a cluster (default: one CPU); a cluster refuses
+    at once what none of its nodes has, a local client runs shards on this machine regardless.
     """
-    runner_backend = resolve_backend(backend)
+    client = client_for("processes" if backend is None else backend, what="zephyr backend")
     shared = dict(shared or {})
     stages = compile_plan(dataset)
     final = stages[-1]
@@ -110,12 +144,10 @@ def execute(
                 shard_indices = to_run if is_final else list(range(stage.num_shards))
                 label = f"zephyr stage {stage.index + 1}/{len(stages)} [{stage.describe().split(': ', 1)[1]}"
                 label += f" → {sink.describe()}]" if is_final else "]"
-                progress = _Progress(label, len(shard_indices))
-                for position, result in runner_backend.run(task_fn, shard_indices, shared):
-                    counters.update(result.counters)
-                    progress.shard_finished(result)
-                    if is_final:
-                        outputs[shard_indices[position]] = result.output
+                results = _run_stage(client, _ShardTask(task_fn, shared), shard_indices, label, counters, resources)
+                if is_final:
+                    for shard_index, result in zip(shard_indices, results):
+                        outputs[shard_index] = result.output
                 previous_num_shards = stage.num_shards
     finally:
         if own_scratch is not None:

@@ -59,6 +59,7 @@ from zephyr._fs import (
     remove_if_exists,
     url_to_fs,
 )
+from zephyr.errors import ZephyrError
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ _VERIFY_THREADS = 8
 _PROGRESS_EVERY_SECONDS = 10.0
 
 
-class TokenCacheError(Exception):
+class TokenCacheError(ZephyrError):
     """Base class for token-cache problems."""
 
 

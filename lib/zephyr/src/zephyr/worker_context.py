@@ -15,8 +15,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephyr.errors import ZephyrError
 
-class NoWorkerContextError(RuntimeError):
+
+class NoWorkerContextError(ZephyrError, RuntimeError):
     """Raised when code asks for the worker context outside a running shard task."""
 
 

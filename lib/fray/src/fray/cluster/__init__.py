@@ -1,4 +1,5 @@
-"""Cluster-facing types of fray: resource requests, the ``DistributedClient`` protocol and its backends.
+"""Cluster-facing types of fray: resource requests, the ``DistributedClient`` protocol and its backends,
+and :func:`client_for`, which turns a setting such as ``"processes"`` or ``"ray"`` into a client.
 
 ``RayClient`` lives in :mod:`fray.cluster.ray_client` and imports Ray only when used.
 """
@@ -12,8 +13,9 @@ from fray.cluster.client import (
     JobStatus,
     UnschedulableError,
 )
-from fray.cluster.current import ClusterConfigError, client_from_spec, current_client, use_client
+from fray.cluster.current import ClusterConfigError, client_for, client_from_spec, current_client, use_client
 from fray.cluster.local import LocalClient
+from fray.cluster.main_guard import UnguardedMainError
 from fray.cluster.pickling import ship_by_value
 from fray.cluster.resources import (
     CpuDevice,
@@ -23,6 +25,7 @@ from fray.cluster.resources import (
     TpuDevice,
     parse_size,
 )
+from fray.cluster.task_map import TaskError, WorkerLostError, WorkerStartupError
 
 
 def __getattr__(name: str):
@@ -48,8 +51,13 @@ __all__ = [
     "LocalClient",
     "RayClient",
     "ResourceConfig",
+    "TaskError",
     "TpuDevice",
+    "UnguardedMainError",
     "UnschedulableError",
+    "WorkerLostError",
+    "WorkerStartupError",
+    "client_for",
     "client_from_spec",
     "current_client",
     "parse_size",

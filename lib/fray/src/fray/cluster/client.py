@@ -1,14 +1,18 @@
 """The ``DistributedClient`` protocol: how a program asks a cluster to run work.
 
-Three shapes of work, the same on every backend:
+Four shapes of work, the same on every backend:
 
 * **remote functions**: ``client.remote(fn, *args, resources=..., **kwargs)`` returns a
   :class:`concurrent.futures.Future` with ``fn``'s return value;
+* **many tasks**: ``client.map(fn, items, resources=..., max_retries=...)`` runs ``fn(item)`` for
+  every item, retries failed tasks, stops the rest when one fails for good and returns the results
+  in order (see :mod:`fray.cluster.task_map`);
 * **actors**: ``client.create_actor(cls, *args, resources=...)`` starts one long-lived instance
   and returns an :class:`ActorHandle`; ``handle.method.remote(...)`` returns a future. Calls to one
   actor run one at a time, in the order they were made, so the actor's state is never raced;
 * **jobs**: ``client.submit(JobRequest(...))`` runs a command or a callable in its own process and
-  returns a :class:`JobHandle` (``wait``, ``status``, ``logs``, ``terminate``).
+  returns a :class:`JobHandle` (``wait``, ``status``, ``logs``, ``terminate``). This is the one way
+  a program becomes a process somewhere; iris builds retries and gang replicas on it.
 
 Futures are plain ``concurrent.futures.Future`` objects, so ``concurrent.futures.wait`` and
 ``as_completed`` work across backends.
@@ -17,35 +21,37 @@ Futures are plain ``concurrent.futures.Future`` objects, so ``concurrent.futures
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from fray.cluster.resources import ResourceConfig
+from fray.errors import FrayError
 
 
-class UnschedulableError(ValueError):
+class UnschedulableError(FrayError, ValueError):
     """A request asks for more than any node of the cluster can ever provide.
 
     Raised when the work is submitted, instead of letting it wait in a queue forever.
     """
 
 
-class InvalidJobRequest(ValueError):
+class InvalidJobRequest(FrayError, ValueError):
     """A ``JobRequest`` that cannot be run as written."""
 
 
 class JobStatus(enum.Enum):
-    PENDING = "PENDING"
+    PENDING = "PENDING"  # placed, not started (``submit(..., start=False)``)
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
+    FAILED = "FAILED"  # a non-zero exit, or a command that could not start (exit code 127)
+    STOPPED = "STOPPED"  # ended by ``terminate()``
+    LOST = "LOST"  # the machine or worker that held it went away; its exit is unknown
 
     @property
     def finished(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+        return self not in (JobStatus.PENDING, JobStatus.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ class JobRequest:
     """A job: a command (``["python", "train.py"]``) or a Python callable, with its resources.
 
     A callable ``entrypoint`` is called with ``args`` and ``kwargs`` in a fresh process (shipped
-    there with cloudpickle); a command is run as is. ``env`` adds environment variables.
+    there with cloudpickle); a command is run as is. ``env`` adds environment variables. ``cwd`` is
+    the working directory where it exists on the machine that runs the job (elsewhere the worker's own).
     """
 
     name: str
@@ -62,6 +69,7 @@ class JobRequest:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -87,7 +95,7 @@ class JobRequest:
 
 @runtime_checkable
 class JobHandle(Protocol):
-    """A submitted job."""
+    """A submitted job: one process on the machine the client chose, in a session of its own."""
 
     job_id: str
 
@@ -97,11 +105,33 @@ class JobHandle(Protocol):
         """Block until the job finishes (or ``timeout`` seconds pass) and return its status."""
         ...
 
+    def exit_code(self) -> int | None:
+        """The process's exit status (negative: killed by that signal), ``None`` until it exits or when LOST."""
+        ...
+
     def logs(self) -> str:
         """Everything the job wrote to stdout and stderr so far."""
         ...
 
-    def terminate(self) -> None: ...
+    def read_log(self, offset: int = 0) -> bytes:
+        """The job's output from byte ``offset`` on, at most 4 MiB a call: for following it as it runs."""
+        ...
+
+    def terminate(self) -> None:
+        """Stop the job: SIGTERM to its process group, SIGKILL after a grace period."""
+        ...
+
+    def free_address(self) -> str:
+        """``HOST:PORT``, free now on the job's machine, as other machines reach it (for a server the job will run)."""
+        ...
+
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        """Start a job submitted with ``start=False``; ``env`` adds to (and overrides) the request's."""
+        ...
+
+    def release(self) -> None:
+        """Stop the job if it runs and free what holds it (its resources, its log); status and exit code stay."""
+        ...
 
 
 class ActorMethod:
@@ -145,9 +175,21 @@ class DistributedClient(Protocol):
 
     def remote(self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> Future: ...
 
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], *, resources: ResourceConfig | None = None,
+            max_retries: int | None = None, on_result: Callable[[int, Any], None] | None = None) -> list:
+        """``[fn(item) for item in items]`` as one task per item, each with ``resources``.
+
+        ``fn`` is shipped once per call. A failed task runs again up to ``max_retries`` times
+        (``None``: the client's ``task_retries``); one that fails for good stops the others and its
+        exception is raised. ``on_result(index, result)`` sees each result as it arrives.
+        """
+        ...
+
     def create_actor(self, cls: type, *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> ActorHandle: ...
 
-    def submit(self, request: JobRequest) -> JobHandle: ...
+    def submit(self, request: JobRequest, *, start: bool = True) -> JobHandle:
+        """Place ``request`` and start it; with ``start=False`` it holds its place (PENDING) until ``job.start(env)``."""
+        ...
 
     def check_fits(self, resources: ResourceConfig | None, *, what: str = "this request") -> None:
         """Raise :class:`UnschedulableError` if no node can ever provide ``resources``."""

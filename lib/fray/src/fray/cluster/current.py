@@ -1,6 +1,16 @@
-"""Which client a program uses.
+"""Which client runs a piece of work: the one place a setting such as ``"processes"`` becomes a client.
 
-First match wins:
+A setting, wherever it is given (``backend=`` of a zephyr run or a tokenize step, ``MARIN_CLUSTER``,
+``cluster:`` in ``marin.yaml``):
+
+* ``inline``: ``LocalClient(inline=True)``, the calling thread, one task after another;
+* ``threads`` (also ``local``, ``local:threads``): ``LocalClient()``, threads of this process;
+* ``processes`` (also ``local:processes``): ``LocalClient(processes=True)``, local worker processes;
+* ``ray`` (also ``ray:auto``): the Ray cluster this machine belongs to;
+* ``ray:local``: a private local Ray cluster, started on first use;
+* ``ray://HOST:PORT``: a Ray client connection.
+
+The current client, first match wins:
 
 1. an explicit client passed to the code that runs work (``StepRunner(client=...)``), or one
    installed for a block with ``with use_client(client):``;
@@ -8,9 +18,8 @@ First match wins:
    / ``[tool.marin]`` (read by :func:`rigging.config.discovery.discover_config`);
 3. a :class:`LocalClient` running work in threads of this process.
 
-A cluster setting is one of ``local`` (threads), ``local:processes``, ``ray`` or ``ray:auto`` (the
-Ray cluster this machine belongs to), ``ray:local`` (start a private local Ray cluster) and
-``ray://HOST:PORT`` (Ray client connection).
+:func:`client_for` resolves any choice (a client, a setting, or ``None`` for the current client);
+``"ray"`` there means the program's own Ray client when the current one is a ``RayClient``.
 """
 
 from __future__ import annotations
@@ -18,43 +27,50 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from rigging.config.discovery import ConfigError, discover_config
 
 from fray.cluster.client import DistributedClient
 from fray.cluster.local import LocalClient
+from fray.errors import FrayError
 
 _installed: list[DistributedClient] = []  # use_client blocks, innermost last
-_from_config: dict[str, DistributedClient] = {}
+_from_settings: dict[str, DistributedClient] = {}  # one client per setting, shared by its users
 _lock = threading.Lock()
 
+_LOCAL_SETTINGS: dict[str, dict[str, bool]] = {
+    "inline": {"inline": True},
+    "local:inline": {"inline": True},
+    "in_process": {"inline": True},
+    "sync": {"inline": True},
+    "": {},
+    "local": {},
+    "local:threads": {},
+    "threads": {},
+    "processes": {"processes": True},
+    "local:processes": {"processes": True},
+    "process_pool": {"processes": True},
+}
+_RAY_SETTINGS: dict[str, str | None] = {"ray": "auto", "ray:auto": "auto", "ray:local": None}
 
-class ClusterConfigError(ConfigError):
+
+class ClusterConfigError(FrayError, ConfigError):
     """A cluster setting that names no known backend."""
 
 
-def client_from_spec(spec: str) -> DistributedClient:
-    """A client for a cluster setting such as ``"local"``, ``"ray:auto"`` or ``"ray://head:10001"``."""
+def client_from_spec(spec: str, *, what: str = "cluster setting") -> DistributedClient:
+    """A new client for a setting such as ``"processes"``, ``"ray:auto"`` or ``"ray://head:10001"``."""
     text = spec.strip()
-    if text in ("", "local", "local:threads"):
-        return LocalClient()
-    if text == "local:processes":
-        return LocalClient(processes=True)
-    if text in ("ray", "ray:auto"):
+    if text in _LOCAL_SETTINGS:
+        return LocalClient(**_LOCAL_SETTINGS[text])
+    if text in _RAY_SETTINGS or text.startswith("ray://"):
         from fray.cluster.ray_client import RayClient
 
-        return RayClient("auto")
-    if text == "ray:local":
-        from fray.cluster.ray_client import RayClient
-
-        return RayClient(None)
-    if text.startswith("ray://"):
-        from fray.cluster.ray_client import RayClient
-
-        return RayClient(text)
+        return RayClient(_RAY_SETTINGS.get(text, text))
     raise ClusterConfigError(
-        f"Unknown cluster setting {spec!r}. Use 'local', 'local:processes', 'ray:auto', 'ray:local' or "
-        "'ray://HOST:PORT' (in MARIN_CLUSTER or as 'cluster:' in marin.yaml)."
+        f"Unknown {what} {spec!r}. Use 'inline', 'threads', 'processes' or 'ray' (also 'local', 'local:processes', "
+        "'ray:auto', 'ray:local' or 'ray://HOST:PORT'), as backend=..., in MARIN_CLUSTER or as 'cluster:' in marin.yaml."
     )
 
 
@@ -63,17 +79,41 @@ def configured_cluster() -> str | None:
     return discover_config(check_prefix=False).cluster
 
 
+def _shared_client(spec: str, what: str) -> DistributedClient:
+    with _lock:
+        if spec not in _from_settings:
+            _from_settings[spec] = client_from_spec(spec, what=what)
+        return _from_settings[spec]
+
+
 def current_client() -> DistributedClient:
     """The client to use now; see the module docstring for the order."""
     if _installed:
         return _installed[-1]
-    spec = configured_cluster()
-    if not spec:
-        spec = "local"
-    with _lock:
-        if spec not in _from_config:
-            _from_config[spec] = client_from_spec(spec)
-        return _from_config[spec]
+    return _shared_client(configured_cluster() or "local", "cluster setting")
+
+
+def client_for(choice: DistributedClient | str | None, *, what: str = "backend") -> DistributedClient:
+    """The client ``choice`` names: a client as it is, ``None`` the current client, a setting its
+    (shared) client. ``what`` names the argument in the error for an unknown setting."""
+    if choice is None:
+        return current_client()
+    if not isinstance(choice, str):
+        if isinstance(choice, DistributedClient):
+            return choice
+        raise TypeError(f"{what} must be a fray client or a setting such as 'processes' or 'ray', got {choice!r}")
+    spec = choice.strip()
+    if spec == "ray":
+        current = current_client()
+        if _is_ray_client(current):
+            return current  # the cluster the program chose (use_client, MARIN_CLUSTER=ray:..., marin.yaml)
+    return _shared_client(spec, what)
+
+
+def _is_ray_client(client: Any) -> bool:
+    from fray.cluster.ray_client import RayClient
+
+    return isinstance(client, RayClient)
 
 
 @contextlib.contextmanager

@@ -1,10 +1,15 @@
 """``LocalClient``: run remote functions, actors and jobs on this machine.
 
 ``LocalClient()`` runs functions and actors in threads of this process (cheap; what the step
-runner uses by default). ``LocalClient(processes=True)`` runs each function in a worker process
-and each actor in its own process, so CPU-bound Python runs in parallel and a crash stays
-contained; callables, arguments and results travel with cloudpickle, so lambdas and closures
-work. Jobs always run as child processes.
+runner uses by default): each remote call gets a thread of its own, so the caller bounds how many
+run at once. ``LocalClient(processes=True)`` runs each function in a worker process and each actor
+in its own process, so CPU-bound Python runs in parallel and a crash stays contained; callables,
+arguments and results travel with cloudpickle, so lambdas and closures work.
+``LocalClient(inline=True)`` runs functions in the calling thread, one after another (for tests
+and debugging: a breakpoint just works). Jobs always run as child processes.
+
+``map`` runs its tasks on ``max_workers`` threads or processes (default: the cores this process
+may use) started for that call; see :mod:`fray.cluster.task_map`.
 
 Resources are advisory here: the work runs on this machine whatever it asks for, so a request
 larger than the machine is logged, not refused.
@@ -17,7 +22,7 @@ import multiprocessing
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import cloudpickle
@@ -27,6 +32,15 @@ from rigging.log import get_logger
 from fray.cluster.client import ActorHandle, JobRequest, describe_request
 from fray.cluster.process_job import ProcessJob
 from fray.cluster.resources import ResourceConfig
+from fray.cluster.task_map import (
+    available_cpus,
+    call_in_new_thread,
+    call_now,
+    map_inline,
+    map_on_processes,
+    map_on_threads,
+    task_name,
+)
 
 logger = get_logger(__name__)
 
@@ -79,32 +93,17 @@ def _actor_process_main(connection: Any, payload: bytes) -> None:
         connection.send_bytes(cloudpickle.dumps(reply))
 
 
-class LocalJobHandle:
-    """A job running as a child process of this one."""
-
-    def __init__(self, job: ProcessJob) -> None:
-        self._job = job
-        self.job_id = job.job_id
-
-    def status(self):
-        return self._job.status()
-
-    def wait(self, timeout: float | None = None):
-        return self._job.wait(timeout)
-
-    def logs(self) -> str:
-        return self._job.logs()
-
-    def terminate(self) -> None:
-        self._job.terminate()
-
-
 class LocalClient:
     """Runs work on this machine; see the module docstring."""
 
-    def __init__(self, *, processes: bool = False, max_workers: int | None = None) -> None:
+    def __init__(self, *, processes: bool = False, inline: bool = False, max_workers: int | None = None,
+                 task_retries: int = 0) -> None:
+        if processes and inline:
+            raise ValueError("LocalClient runs work in worker processes or inline (in the calling thread), not both.")
         self.processes = processes
-        self.max_workers = max_workers or max(2, os.cpu_count() or 1)
+        self.inline = inline
+        self.max_workers = max_workers or available_cpus()
+        self.task_retries = task_retries  # map's default max_retries: a failure here is a bug in the task
         self._lock = threading.Lock()
         self._pool: cf.Executor | None = None
         self._actors: list[Callable[[], None]] = []
@@ -112,29 +111,39 @@ class LocalClient:
         self._warned_sizes: set[str] = set()
 
     def __repr__(self) -> str:
-        return f"LocalClient(processes={self.processes})"
+        return "LocalClient(processes=True)" if self.processes else "LocalClient(inline=True)" if self.inline else "LocalClient()"
 
     # -- remote functions ---------------------------------------------------------------------------
 
-    def _executor(self) -> cf.Executor:
+    def _process_pool(self) -> cf.Executor:
         with self._lock:
             if self._pool is None:
-                if self.processes:
-                    # spawn, not fork: forking a process that runs threads (or JAX) can deadlock the child.
-                    context = multiprocessing.get_context("spawn")
-                    self._pool = cf.ProcessPoolExecutor(max_workers=self.max_workers, mp_context=context)
-                else:
-                    self._pool = cf.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="fray-local")
+                # spawn, not fork: forking a process that runs threads (or JAX) can deadlock the child.
+                context = multiprocessing.get_context("spawn")
+                self._pool = cf.ProcessPoolExecutor(max_workers=self.max_workers, mp_context=context)
             return self._pool
 
     def remote(self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> cf.Future:
         self.check_fits(resources, what=getattr(fn, "__name__", "a remote function"))
+        if self.inline:
+            return call_now(fn, *args, **kwargs)
         if not self.processes:
-            return self._executor().submit(fn, *args, **kwargs)
-        inner = self._executor().submit(_call_pickled, cloudpickle.dumps((fn, args, kwargs)))
+            return call_in_new_thread(fn, *args, **kwargs)
+        inner = self._process_pool().submit(_call_pickled, cloudpickle.dumps((fn, args, kwargs)))
         outer: cf.Future = cf.Future()
         inner.add_done_callback(lambda source: _unpickle_into(source, outer))
         return outer
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], *, resources: ResourceConfig | None = None,
+            max_retries: int | None = None, on_result: Callable[[int, Any], None] | None = None) -> list:
+        items = list(items)
+        self.check_fits(resources, what=task_name(fn))
+        options = {"max_retries": self.task_retries if max_retries is None else max_retries, "on_result": on_result}
+        if self.inline:
+            return map_inline(fn, items, **options)
+        if self.processes:
+            return map_on_processes(fn, items, workers=self.max_workers, **options)
+        return map_on_threads(fn, items, workers=self.max_workers, **options)
 
     # -- actors ------------------------------------------------------------------------------------
 
@@ -192,12 +201,12 @@ class LocalClient:
 
     # -- jobs --------------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest) -> LocalJobHandle:
+    def submit(self, request: JobRequest, *, start: bool = True) -> ProcessJob:
+        """A child process of this one; its ``free_address`` is on loopback, as every job of this client runs here."""
         self.check_fits(request.resources, what=f"job {request.name!r}")
-        job = ProcessJob(request, job_id=f"{request.name}-{uuid.uuid4().hex[:8]}")
+        job = ProcessJob(request, job_id=f"{request.name}-{uuid.uuid4().hex[:8]}", start=start)
         self._jobs.append(job)
-        logger.info("Job %s started locally (pid %s)", job.job_id, job._process.pid)
-        return LocalJobHandle(job)
+        return job
 
     # -- resources and lifetime -----------------------------------------------------------------------
 

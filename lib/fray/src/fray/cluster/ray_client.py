@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import cloudpickle
 
 from rigging.log import get_logger
 
-from fray.cluster.client import ActorHandle, JobRequest, JobStatus, UnschedulableError, describe_request
+from fray.cluster.client import ActorHandle, JobRequest, UnschedulableError, describe_request
 from fray.cluster.pickling import apply_to_ray
-from fray.cluster.process_job import ProcessJob
+from fray.cluster.ray_job import RayJob
 from fray.cluster.resources import GpuDevice, ResourceConfig, TpuDevice
+from fray.cluster.task_map import call_shipped, run_tasks, task_name
 
 logger = get_logger(__name__)
 
@@ -116,6 +119,12 @@ def _why_none_fits(needed: dict[str, float], nodes: list[dict[str, float]]) -> s
     return f"the largest of its {len(nodes)} node(s) has {_describe_node(largest)}"
 
 
+def _user_error(error: BaseException) -> BaseException:
+    """The task's own exception where Ray wrapped it (``RayTaskError`` subclasses it)."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
+
+
 class RayFuture(cf.Future):
     """A future for a Ray object; ``cancel()`` also cancels the Ray task."""
 
@@ -149,59 +158,6 @@ class RayFuture(cf.Future):
         return super().cancel()
 
 
-class _JobRunner:
-    """Lives in a Ray actor on the job's node and runs the job there as a child process."""
-
-    def __init__(self, request: JobRequest, job_id: str) -> None:
-        self._job = ProcessJob(request, job_id)
-
-    def status(self) -> str:
-        return self._job.status().value
-
-    def wait(self, timeout: float | None) -> str:
-        return self._job.wait(timeout).value
-
-    def logs(self) -> str:
-        return self._job.logs()
-
-    def terminate(self) -> None:
-        self._job.terminate()
-
-
-class RayJobHandle:
-    """A job running as a process inside a Ray actor that holds the job's resources."""
-
-    def __init__(self, actor: Any, job_id: str) -> None:
-        self._actor = actor
-        self.job_id = job_id
-        self._final: JobStatus | None = None
-
-    def _get(self, ref: Any, timeout: float | None = None) -> Any:
-        return _ray().get(ref, timeout=timeout)
-
-    def status(self) -> JobStatus:
-        if self._final is None:
-            status = JobStatus(self._get(self._actor.status.remote()))
-            if status.finished:
-                self._final = status
-            return status
-        return self._final
-
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        if self._final is not None:
-            return self._final
-        status = JobStatus(self._get(self._actor.wait.remote(timeout)))
-        if status.finished:
-            self._final = status
-        return status
-
-    def logs(self) -> str:
-        return self._get(self._actor.logs.remote())
-
-    def terminate(self) -> None:
-        self._get(self._actor.terminate.remote())
-
-
 class RayClient:
     """Runs work on a Ray cluster.
 
@@ -211,10 +167,13 @@ class RayClient:
     ``runtime_env`` that ships the project's code to remote nodes).
     """
 
-    def __init__(self, address: str | None = "auto", *, check_resources: bool = True, **init_kwargs: Any) -> None:
+    def __init__(self, address: str | None = "auto", *, check_resources: bool = True, task_retries: int = 2,
+                 **init_kwargs: Any) -> None:
         self.address = address
         self.check_resources = check_resources
+        self.task_retries = task_retries  # map's default max_retries: on a cluster nodes come and go
         self.init_kwargs = init_kwargs
+        self._started_private_cluster = False
 
     def __repr__(self) -> str:
         return f"RayClient(address={self.address!r})"
@@ -225,6 +184,7 @@ class RayClient:
         if not ray.is_initialized():
             logger.info("Connecting to Ray at %s", self.address or "a new local cluster")
             ray.init(address=self.address, **self.init_kwargs)
+            self._started_private_cluster = self.address is None
         return ray
 
     # -- resources ---------------------------------------------------------------------------------
@@ -252,6 +212,23 @@ class RayClient:
         task = ray.remote(**ray_options(resources))(fn)
         return RayFuture(task.remote(*args, **kwargs))
 
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], *, resources: ResourceConfig | None = None,
+            max_retries: int | None = None, on_result: Callable[[int, Any], None] | None = None) -> list:
+        """Each item as a Ray task. ``fn`` goes into the object store once per call and is unpickled
+        once per worker. A worker or node that dies is retried by Ray itself (up to 3 times, silently)
+        before it counts against ``max_retries``."""
+        items = list(items)
+        if not items:
+            return []
+        name = task_name(fn)
+        self.check_fits(resources, what=name)
+        ray = self._connect()
+        key, shipped = uuid.uuid4().hex, ray.put(cloudpickle.dumps(fn))
+        task = ray.remote(**ray_options(resources))(call_shipped)
+        return run_tasks(lambda index: RayFuture(task.remote(key, shipped, items[index])), len(items), name=name,
+                         max_retries=self.task_retries if max_retries is None else max_retries, on_result=on_result,
+                         explain=lambda index, error: _user_error(error))
+
     def create_actor(self, cls: type, *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> ActorHandle:
         name = getattr(cls, "__name__", "actor")
         self.check_fits(resources, what=f"actor {name}")
@@ -268,15 +245,15 @@ class RayClient:
 
     # -- jobs --------------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest) -> RayJobHandle:
+    def submit(self, request: JobRequest, *, start: bool = True) -> RayJob:
+        """A process inside a Ray actor that holds ``request.resources`` (see :mod:`fray.cluster.ray_job`)."""
         self.check_fits(request.resources, what=f"job {request.name!r}")
-        ray = self._connect()
         job_id = f"{request.name}-{uuid.uuid4().hex[:8]}"
-        # Several threads, so status/logs/terminate answer while wait() blocks in another call.
-        runner = ray.remote(max_concurrency=4, **ray_options(request.resources))(_JobRunner)
-        actor = runner.remote(request, job_id)
-        logger.info("Job %s submitted to Ray", job_id)
-        return RayJobHandle(actor, job_id)
+        return RayJob(self._connect(), request, job_id, ray_options(request.resources), start=start)
 
     def shutdown(self) -> None:
-        """Leaves the Ray connection as it is: other code in this process may still use it."""
+        """Ends the private cluster this client started (``address=None``); leaves any other Ray connection
+        as it is: other code in this process may still use it."""
+        if self._started_private_cluster:
+            self._started_private_cluster = False
+            _ray().shutdown()

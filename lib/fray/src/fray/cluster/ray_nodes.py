@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from fray.errors import FrayError
+
 # The lines `ray start` prints once the node is registered with the cluster (and, with --block,
 # right before it starts waiting).
 _STARTED = "Ray runtime started"
@@ -43,7 +45,7 @@ _WORKER_PORT_BASE = 20000
 _WORKER_PORTS_PER_NODE = 200
 
 
-class RayNodeError(RuntimeError):
+class RayNodeError(FrayError, RuntimeError):
     """A node that did not start (its ``ray start`` output is in the message)."""
 
 

@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fray.errors import FrayError
+
 DeviceKind = Literal["cpu", "gpu", "tpu"]
 
 
-class InvalidResourceConfig(ValueError):
+class InvalidResourceConfig(FrayError, ValueError):
     """A resource request that no cluster could ever satisfy as written."""
 
 

@@ -1,16 +1,20 @@
-"""Where a step's function runs: in a thread of the runner, or on a cluster through a fray client.
+"""Where a step's function runs: wherever the run's fray client puts it.
 
 The runner owns everything around the call (lease, ``.executor_info``, status files, artifact)
-and does it the same way for every backend; an executor only calls the step's function and hands
-back its result. So the files on disk, caching and the lease protocol do not depend on where the
-work ran, and a driver killed mid-run leaves stale leases a rerun takes over at once.
+and does it the same way for every client; the executor sends the call with
+:meth:`DistributedClient.remote` and watches the lease and the run's stop signal while it waits.
+So the files on disk, caching and the lease protocol do not depend on where the work ran, and a
+driver killed mid-run leaves stale leases a rerun takes over at once.
 
-* :class:`InProcessStepExecutor` (the default with a thread-based ``LocalClient``): calls the
-  function in the runner's worker thread; ``ctx.check_lease()`` sees a lost lease or Ctrl-C at once.
-* :class:`ClientStepExecutor` (any other client, e.g. Ray): checks that the cluster can ever hold
-  the step's ``resources`` (failing fast with a message naming the step otherwise), sends the call
-  with :meth:`DistributedClient.remote`, and waits. If the lease is lost or the run is interrupted
-  it cancels the remote call; there ``ctx.check_lease()`` never raises, the cancellation stops it.
+* Before sending, it checks that the client can ever hold the step's ``resources``, failing fast
+  with a message naming the step.
+* The step's context carries the runner's lease-lost and stop signals. Where the function runs
+  in this process (fray's thread and inline clients; the default) it sees them, so
+  ``ctx.check_lease()`` raises at once; a copy sent to another process carries signals that never
+  fire there.
+* If the lease is lost or the run is interrupted, the executor cancels the call (a Ray task, a
+  call still queued for a worker process). A call the client cannot cancel, a function already
+  running in a thread of this process, is waited for: it sees the signal itself.
 """
 
 from __future__ import annotations
@@ -19,15 +23,16 @@ import concurrent.futures as cf
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Protocol
 
-from fray.cluster import DistributedClient, LocalClient
+from fray.cluster import DistributedClient
 from rigging.lease import LeaseLostError
 
 from marin.execution.step_context import RunCancelled, StepContext
 from marin.execution.step_spec import CALL_CONTEXT, CALL_NO_ARGS, StepSpec
 
-# How often a waiting runner thread looks at its lease and at Ctrl-C while a remote step runs.
+# How often a waiting runner thread looks at its lease and at Ctrl-C while a step runs.
 _WATCH_INTERVAL_S = 0.5
 
 
@@ -71,14 +76,29 @@ def call_step_function(
     return spec.fn(output_path)
 
 
-class InProcessStepExecutor:
-    """Runs the step in the calling thread: the engine's behaviour without a cluster."""
+class _RunnerSignals:
+    """The runner's lease-lost and stop events, as sent with a call: live in this process; a copy
+    pickled for another process gets fresh events that never fire (the runner cancels the call instead)."""
 
-    def run(self, call: StepCall) -> Any:
-        return call_step_function(call.spec, call.output_path, call.dep_output_paths, call.lease_lost, call.cancelled)
+    def __init__(self, lease_lost: threading.Event | None = None, cancelled: threading.Event | None = None) -> None:
+        self.lease_lost = lease_lost
+        self.cancelled = cancelled
 
-    def __repr__(self) -> str:
-        return "InProcessStepExecutor()"
+    def __reduce__(self) -> tuple:
+        return (_RunnerSignals, ())
+
+
+def _call_with_signals(spec: StepSpec, output_path: str, dep_output_paths: Mapping[str, str], signals: _RunnerSignals) -> Any:
+    return call_step_function(spec, output_path, dep_output_paths, signals.lease_lost, signals.cancelled)
+
+
+def _from_the_call(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from the step's call down: the client's frames above it (futures, threads) say nothing
+    about the step. Unchanged when the call ran elsewhere."""
+    start = tb
+    while start is not None and start.tb_frame.f_code is not _call_with_signals.__code__:
+        start = start.tb_next
+    return start or tb
 
 
 class ClientStepExecutor:
@@ -94,27 +114,32 @@ class ClientStepExecutor:
         spec = call.spec
         # Fail now, with the step's name, rather than queue work no node can ever take.
         self.client.check_fits(spec.resources, what=f"Step {spec.name!r}")
+        signals = _RunnerSignals(call.lease_lost, call.cancelled)
         future = self.client.remote(
-            call_step_function, spec, call.output_path, dict(call.dep_output_paths), resources=spec.resources
+            _call_with_signals, spec, call.output_path, dict(call.dep_output_paths), signals, resources=spec.resources
         )
-        while True:
-            try:
-                return future.result(timeout=_WATCH_INTERVAL_S)
-            except cf.TimeoutError:
-                pass
+        try:
+            return self._wait(call, future)
+        except BaseException as error:
+            raise error.with_traceback(_from_the_call(error.__traceback__))
+
+    def _wait(self, call: StepCall, future: cf.Future) -> Any:
+        while not future.done():
+            cf.wait([future], timeout=_WATCH_INTERVAL_S)
+            if future.done() or not (call.cancelled.is_set() or call.lease_lost.is_set()):
+                continue
+            if not future.cancel():
+                break  # running in this process, where the function sees the signal: wait for it to stop
+            name = call.spec.name
             if call.cancelled.is_set():
-                future.cancel()
-                raise RunCancelled(f"The run was interrupted; step {spec.name!r} was cancelled on {self.client!r}.")
-            if call.lease_lost.is_set():
-                future.cancel()
-                raise LeaseLostError(
-                    f"Step {spec.name!r} lost its lease on {call.output_path}; cancelled it on {self.client!r} so two "
-                    "runners do not both write it."
-                )
+                raise RunCancelled(f"The run was interrupted; step {name!r} was cancelled on {self.client!r}.")
+            raise LeaseLostError(
+                f"Step {name!r} lost its lease on {call.output_path}; cancelled it on {self.client!r} so two "
+                "runners do not both write it."
+            )
+        return future.result()
 
 
 def executor_for(client: DistributedClient) -> StepExecutor:
-    """In-process for a thread-based local client (today's behaviour); through the client otherwise."""
-    if isinstance(client, LocalClient) and not client.processes:
-        return InProcessStepExecutor()
+    """The executor that runs steps on ``client``."""
     return ClientStepExecutor(client)

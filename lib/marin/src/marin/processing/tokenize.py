@@ -27,14 +27,16 @@ from typing import Any
 
 import numpy as np
 
+from fray.cluster.main_guard import unguarded_top_level_line
 from levanter.tokenization import HfTokenizer, SpecialTokenPolicy, encode_documents, load_tokenizer
 from rigging import filesystem as fsx
 from zephyr.dataset import Dataset
-from zephyr.main_guard import unguarded_top_level_line
 from zephyr.readers import DocumentReader
 from zephyr.token_cache import TokenCache
 from zephyr.worker_context import count
 from zephyr.writers import write_token_cache
+
+from marin.errors import MarinError
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +49,11 @@ ENCODE_BATCH_CHARS = 2_000_000
 _PROGRESS_EVERY_SECONDS = 10.0
 
 
-class TokenizerChangedError(RuntimeError):
+class TokenizerChangedError(MarinError, RuntimeError):
     """The tokenizer found at run time is not the one whose identity the step was defined (hashed) with."""
 
 
-class MissingSplitError(ValueError):
+class MissingSplitError(MarinError, ValueError):
     """A split the step was asked to tokenize has no input files."""
 
 
@@ -90,6 +92,10 @@ class TokenizeInputs:
     split_files: Mapping[str, Sequence[str]]
     tokenizer: str  # a tokenizer.json path, a folder, a URL or a hub id
     tokenizer_revision: str | None = None  # for a hub id: the commit resolved when the step was defined
+    # Whether the source / the tokenizer is the project's own offline stand-in, as the steps that
+    # built them recorded it; passed on to the result for every reader downstream.
+    builtin_source: bool = False
+    builtin_tokenizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,8 @@ class TokenizedDataset:
     eos_id: int | None
     bos_id: int | None
     source: dict[str, Any] = field(default_factory=dict)
+    builtin_source: bool = False  # the text is the project's built-in offline corpus
+    builtin_tokenizer: bool = False  # the tokenizer is the project's built-in offline tokenizer
 
     def cache_path(self, split: str) -> str:
         try:
@@ -199,7 +207,8 @@ def run_tokenize(
 ) -> TokenizedDataset:
     """Tokenize every split of ``inputs`` into ``<output_path>/<split>``; resumable after a crash.
 
-    ``backend``: a zephyr backend (or its name). By default the local process pool, one shard per
+    ``backend``: where shards run: ``"inline"``, ``"threads"``, ``"processes"``, ``"ray"`` or a fray
+    client (see :func:`fray.cluster.client_for`). By default the local process pool, one shard per
     worker, when a split has several shards and at least ``PROCESS_POOL_MIN_BYTES`` of input; else
     in-process, where encode_batch still uses every core and no worker start-up is paid.
     """
@@ -230,6 +239,8 @@ def run_tokenize(
         eos_id=special.eos_id,
         bos_id=special.bos_id,
         source=dict(config.source),
+        builtin_source=inputs.builtin_source,
+        builtin_tokenizer=inputs.builtin_tokenizer,
     )
 
 

@@ -1,14 +1,14 @@
-"""Refusing pipelines that worker processes would start again: the missing ``__main__`` guard.
+"""Refusing work that local worker processes would start again: the missing ``__main__`` guard.
 
 Worker processes started with ``spawn`` (or ``forkserver``) begin by re-running the user's script
-under the name ``__mp_main__``. A script that starts its pipeline at top level, outside
-``if __name__ == "__main__":``, makes every worker start it again: multiprocessing then kills the
-worker with a generic error, or, worse, the re-run blocks before reaching the pipeline (a step
-runner waiting for the lease its own parent holds) and the parent waits for workers that never
-come. Both sides are checked here so the script fails at once with the fix:
+under the name ``__mp_main__``. A script that starts its work (a data pipeline, ``client.map``)
+at top level, outside ``if __name__ == "__main__":``, makes every worker start it again:
+multiprocessing then kills the worker with a generic error, or, worse, the re-run blocks before
+reaching that line (a step runner waiting for the lease its own parent holds) and the parent waits
+for workers that never come. Both sides are checked here so the script fails at once with the fix:
 
 * the parent, before starting any worker, looks at where its main thread is in the script;
-* a worker, should it get as far as starting a pipeline while re-running the script, refuses.
+* a worker, should it get as far as starting work on processes while re-running the script, refuses.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ import tokenize
 from functools import lru_cache
 from types import FrameType
 
+from fray.errors import FrayError
+
 GUARD = 'if __name__ == "__main__":'
 
 
-class UnguardedMainError(RuntimeError):
-    """A pipeline started where worker processes would start it again; says what to add."""
+class UnguardedMainError(FrayError, RuntimeError):
+    """Work started where worker processes would start it again; says what to add."""
 
 
 def _advice(script: str) -> str:
@@ -34,21 +36,21 @@ def _advice(script: str) -> str:
         f"Put the script's top-level work under the guard, so workers can import {script} without running it:\n\n"
         f"    {GUARD}\n"
         "        ...  # build and run the pipeline (or call StepRunner().run) here\n\n"
-        'Or run the pipeline in this process with backend="inline".'
+        'Or run the work in this process with backend="inline".'
     )
 
 
 def check_parent_main_guard(start_method: str) -> None:
-    """Raise :class:`UnguardedMainError` if the workers about to start would re-run this pipeline."""
+    """Raise :class:`UnguardedMainError` if the workers about to start would re-run this work."""
     if start_method == "fork":
         return  # forked workers copy the parent; nothing is re-run
     found = unguarded_top_level_line()
     if found is not None:
         script, line = found
         raise UnguardedMainError(
-            f"{script}, line {line} starts a zephyr pipeline on worker processes outside {GUARD!r}. Each worker "
-            f"begins by re-running {script}, so each would start the pipeline again (or wait forever on work "
-            f"this process holds). {_advice(script)}"
+            f"{script}, line {line} starts work on worker processes outside {GUARD!r}. Each worker begins by "
+            f"re-running {script}, so each would start that work again (or wait forever on work this process "
+            f"holds). {_advice(script)}"
         )
 
 
@@ -58,8 +60,8 @@ def check_not_rerunning_main() -> None:
         main = sys.modules.get("__mp_main__")
         script = getattr(main, "__file__", None) or "the script"
         raise UnguardedMainError(
-            f"This is a worker process re-running {script} as it starts, and the script starts a pipeline "
-            f"outside {GUARD!r}. {_advice(script)}"
+            f"This is a worker process re-running {script} as it starts, and the script starts work on worker "
+            f"processes outside {GUARD!r}. {_advice(script)}"
         )
 
 
