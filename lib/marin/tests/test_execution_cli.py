@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,29 @@ def test_marin_run_options_reach_the_scripts_runner(counting, capsys):
     assert cli.main(["status", "--prefix", str(prefix)]) == 0
     out = capsys.readouterr().out
     assert "SUCCESS" in out and "data/rows" in out and "train/model" in out and str(prefix) in out
+
+
+def test_launch_overrides_reach_the_runners_made_inside_it_and_no_others(tmp_path):
+    from marin.execution.step_runner import StepRunner
+    from marin.execution.step_spec import StepSpec
+
+    step = StepSpec("data/rows", lambda: None)
+    overrides = run_defaults.RunOverrides(prefix=str(tmp_path / "asked"), dry_run=True)
+    seen_by_thread = []
+    with run_defaults.launch(overrides) as launched:
+        inside = StepRunner(prefix=str(tmp_path / "script"))
+        report = inside.run([step], dry_run=False)  # the launch wins over the script's arguments
+        thread = threading.Thread(target=lambda: seen_by_thread.append(StepRunner(prefix=str(tmp_path)).overrides))
+        thread.start()
+        thread.join(timeout=30)
+    assert inside.prefix == str(tmp_path / "asked") and report.dry_run and report.would_run == ["data/rows"]
+    assert launched.runs_started == 1 and not (tmp_path / "asked").exists()
+    # A thread the script starts itself, and anything after the block, see no overrides.
+    assert seen_by_thread == [run_defaults.RunOverrides()]
+    assert StepRunner(prefix=str(tmp_path)).overrides == run_defaults.RunOverrides()
+    # Overrides given to the runner itself are used as they are.
+    explicit = StepRunner(prefix=str(tmp_path / "script"), overrides=run_defaults.RunOverrides(dry_run=True))
+    assert explicit.run([step]).dry_run and not (tmp_path / "script").exists()
 
 
 def test_marin_explain_shows_tree_and_what_changed(counting, capsys):

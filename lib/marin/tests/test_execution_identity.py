@@ -11,7 +11,7 @@ import pytest
 
 from fray.cluster import ResourceConfig
 from marin.execution.identity import InvalidStepError
-from marin.execution.lazy import lazy_step
+from marin.execution.lazy import lazy_step, lower
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 
@@ -62,6 +62,17 @@ def test_dataclass_attrs_include_class_name_and_lazy_matches_spec():
     assert StepSpec("o", _noop, hash_attrs={"c": Color.RED}).identity
     handle = lazy_step("o", lambda ctx: None, hash_attrs={"opt": Adam(1e-3)}, version="v1")
     assert handle.identity == StepSpec("o", _noop, hash_attrs={"opt": Adam(1e-3)}, version="v1").identity
+
+
+def test_a_lazy_handle_is_a_step_spec_whose_function_gets_the_context():
+    up = lazy_step("data/up", lambda c: None, hash_attrs={"rows": 1})
+    down = lazy_step("train/down", lambda c: None, deps=[up], version=2)
+    assert isinstance(up, StepSpec) and up.call_style == "context"  # whatever its parameter is called
+    assert down.version == "2" and down.deps == (up,)
+    steps = lower(down)
+    assert steps == [up, down] and steps[1] is down  # lowering lists steps; it builds none
+    assert StepSpec("data/up", _noop, hash_attrs={"rows": 1}) == up  # one identity, one step, whatever the type
+    assert StepSpec("report", _noop, deps=[down]).deps == (down,)  # specs and handles mix in deps
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from marin.execution.artifact import load_artifact
 from marin.execution.executor_files import read_status
 from marin.execution.lazy import StepGraphError, lazy_step, lower
 from marin.execution.step_context import StepContext
-from marin.execution.step_runner import OutputPathConflict, StepRunFailed, StepRunner
+from marin.execution.step_runner import Outcome, OutputPathConflict, StepRunFailed, StepRunner
 from marin.execution.step_spec import StepSpec
 
 
@@ -92,6 +92,7 @@ def test_failure_marks_dependents_and_independent_branch_completes(tmp_path):
     assert ran == ["other"]
     assert report.failed == ["bad"] and "kaput" in report.outcome_of("bad").error
     assert sorted(report.dep_failed) == ["child", "grandchild"]
+    assert report.outcome_of("child").outcome is Outcome.DEP_FAILED and report.outcome_of("other").outcome == "ran"
     assert report.ran == ["other"]
     assert read_status(runner.output_path_for(bad)).status == "FAILED"
     assert read_status(runner.output_path_for(child)).status == "DEP_FAILED"

@@ -183,8 +183,8 @@ def test_step_that_raises_shows_its_traceback_once_with_step_and_folder(tmp_path
     assert log.count("Traceback (most recent call last)") == 1
     assert f"Step load-corpus failed (output folder {output}):\nTraceback" in log
     assert 'return rows["texts"]  # the user\'s bug' in log and "KeyError: 'texts'" in log
-    # The traceback starts at the user's function, not inside the runner.
-    assert "step_runner.py" not in log.split("Traceback (most recent call last)")[1]
+    # The traceback starts at the user's function, not inside the engine.
+    assert "marin/execution/" not in log.split("Traceback (most recent call last)")[1]
     with pytest.raises(StepRunFailed) as caught:
         StepRunner(prefix=str(tmp_path)).run([step])
     assert f"load-corpus ({output}): KeyError: 'texts'" in str(caught.value)

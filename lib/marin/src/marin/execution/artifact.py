@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 from rigging import filesystem as fsx
 
+from marin.errors import MarinError
 from marin.execution.executor_files import ARTIFACT_FILE
 
 ARTIFACT_FORMAT = 1
@@ -60,7 +61,7 @@ RELATIVE_TO_PREFIX = "prefix"
 _RESULT_TYPES: dict[str, type] = {}
 
 
-class ArtifactError(ValueError):
+class ArtifactError(MarinError, ValueError):
     """A result that cannot be saved as JSON, or a record that cannot be read back as asked."""
 
 

@@ -14,13 +14,18 @@ from pathlib import Path
 from rigging.config.discovery import discover_config
 from rigging.log import get_logger
 
-from marin.execution import run_defaults
 from marin.execution.catalog import find_step_folders, list_steps
 from marin.execution.executor_files import CorruptRecordError
 from marin.execution.explain import identity_differences, identity_tree
 from marin.execution.identity import InvalidStepError
-from marin.execution.lazy import StepGraphError
-from marin.execution.step_runner import CodeChangedError, OutputPathConflict, RunOptionError, StepRunFailed
+from marin.execution.run_defaults import RunOverrides, launch
+from marin.execution.step_graph import StepGraphError
+from marin.execution.step_runner import (
+    CodeChangedError,
+    OutputPathConflict,
+    RunOptionError,
+    StepRunFailed,
+)
 
 logger = get_logger(__name__)
 
@@ -86,16 +91,17 @@ def run_command(args: argparse.Namespace) -> int:
         os.environ["MARIN_PREFIX"] = prefix
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.resolve().parent))
-    runs_before = run_defaults.runs_started()
+    # What the person at the terminal asked for; the script's runners take it (see run_defaults).
+    overrides = RunOverrides(
+        prefix=prefix,
+        dry_run=args.dry_run,
+        force_run_failed=args.force_run_failed,
+        run_only=args.run_only,
+        max_concurrent=args.max_concurrent,
+        strict=args.strict,
+    )
     try:
-        with run_defaults.run_overrides(
-            prefix=prefix,
-            dry_run=args.dry_run,
-            force_run_failed=args.force_run_failed,
-            run_only=args.run_only,
-            max_concurrent=args.max_concurrent,
-            strict=args.strict,
-        ):
+        with launch(overrides) as launched:
             runpy.run_path(str(script), run_name="__main__")
     except StepRunFailed as exc:
         print(f"marin run: {exc}", file=sys.stderr)
@@ -109,7 +115,7 @@ def run_command(args: argparse.Namespace) -> int:
             os.environ.pop("MARIN_PREFIX", None)
         else:
             os.environ["MARIN_PREFIX"] = saved_prefix
-    if run_defaults.runs_started() == runs_before:
+    if launched.runs_started == 0:
         logger.warning("%s never called StepRunner().run(...); nothing was run.", script)
     return EXIT_OK
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from rigging import filesystem as fsx
 
+from marin.errors import MarinError
+
 INFO_FILE = ".executor_info"
 STATUS_FILE = ".executor_status"
 LOCK_FILE = ".executor_lock"
@@ -83,7 +85,7 @@ def write_status(
     return record
 
 
-class CorruptRecordError(ValueError):
+class CorruptRecordError(MarinError, ValueError):
     """One of the runner's own files in a step folder exists but cannot be read as JSON."""
 
 

@@ -19,11 +19,13 @@ from typing import Any
 
 from rigging.names import UnsafeNameError, check_relative_name
 
+from marin.errors import MarinError
+
 SHORT_HASH_LENGTH = 8
 IDENTITY_FORMAT = 1
 
 
-class InvalidStepError(ValueError):
+class InvalidStepError(MarinError, ValueError):
     """A step definition that cannot be run as written (bad name, unhashable attribute, ...)."""
 
 
@@ -109,27 +111,3 @@ def identity_hash(record: dict[str, Any]) -> str:
 
 def short_hash(identity: str) -> str:
     return identity[:SHORT_HASH_LENGTH]
-
-
-
-class IdentifiedStep:
-    """Equality, hashing and ``repr`` by identity hash, shared by ``StepSpec`` and ``LazyStep``.
-
-    Subclasses are dataclasses declared with ``eq=False, repr=False`` that define ``identity``,
-    ``name`` and ``deps``; two steps are equal when they would produce the same output.
-    """
-
-    @property
-    def short_hash(self) -> str:
-        return short_hash(self.identity)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, type(self)):
-            return NotImplemented
-        return self is other or self.identity == other.identity
-
-    def __hash__(self) -> int:
-        return hash(self.identity)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, identity={self.short_hash}, deps={[d.name for d in self.deps]})"

@@ -1,22 +1,47 @@
-"""Options a launcher (the ``marin run`` command) imposes on every ``StepRunner.run`` in a script.
+"""The options of a run, and the one rule that decides which source of each option wins.
 
-``marin run script.py --dry-run`` cannot change the script's own call ``StepRunner().run(steps)``,
-so it installs overrides here and runs the script; the runner reads them. Overrides win over the
-script's own arguments because they are what the person at the terminal just asked for (a
-``--dry-run`` that a script could silently undo would be dangerous). Under plain ``python`` there
-are no overrides and the script's arguments apply.
+Sources, strongest first:
+
+1. the launcher's :class:`RunOverrides`: what the person at the terminal just asked ``marin run``
+   for (a ``--dry-run`` that the script could silently undo would be dangerous);
+2. the arguments of ``StepRunner.run(...)``;
+3. the arguments of ``StepRunner(...)`` (``prefix``, ``strict``);
+4. the defaults (``prefix``: :func:`rigging.config.discovery.discover_config`).
+
+How overrides reach a script's runner. ``marin run script.py --dry-run`` cannot add arguments to
+the script's own ``StepRunner().run(steps)`` call. So the command builds a :class:`RunOverrides`
+and runs the script inside ``with launch(overrides):``, which holds them in a context variable
+for exactly that block (reset on the way out, error or not). ``StepRunner(overrides=None)`` takes
+the launch's overrides when it is constructed, and counts its runs on the launch, which is how
+the command notices a script that never ran anything. A runner given ``overrides=`` explicitly
+uses those instead. Nothing is process-global: under plain ``python`` there is no launch and the
+script's arguments apply, and a thread the script starts itself begins with an empty context, so
+runners it builds see no overrides unless it was started in a copy of the launch's context
+(``contextvars.copy_context().run``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from marin.errors import MarinError
+
+# Used when max_concurrent is None: enough for wide DAGs of small steps, bounded so a 10,000-wide
+# fan-out does not start 10,000 threads at once.
+DEFAULT_MAX_CONCURRENT = 32
+
+
+class RunOptionError(MarinError, ValueError):
+    """An option of ``run`` that cannot be used (bad ``run_only`` pattern, ``max_concurrent`` < 1)."""
 
 
 @dataclass(frozen=True)
 class RunOverrides:
+    """Options imposed on every run of a launch; ``None`` means "not given"."""
+
     prefix: str | None = None
     dry_run: bool | None = None
     force_run_failed: bool | None = None
@@ -25,31 +50,72 @@ class RunOverrides:
     strict: bool | None = None
 
 
-_current = RunOverrides()
-_runs_started = 0
+@dataclass
+class Launch:
+    """One ``marin run`` of a script: the overrides it imposes, and how many runs the script started."""
+
+    overrides: RunOverrides
+    runs_started: int = 0
 
 
-def current_overrides() -> RunOverrides:
-    return _current
-
-
-def note_run_started() -> None:
-    global _runs_started
-    _runs_started += 1
-
-
-def runs_started() -> int:
-    """How many ``StepRunner.run`` calls started in this process (the CLI warns when a script made none)."""
-    return _runs_started
+_current_launch: contextvars.ContextVar[Launch | None] = contextvars.ContextVar("marin_launch", default=None)
 
 
 @contextlib.contextmanager
-def run_overrides(**options: object) -> Iterator[RunOverrides]:
-    """Apply ``options`` (fields of :class:`RunOverrides`; ``None`` means "not given") within the block."""
-    global _current
-    previous = _current
-    _current = dataclasses.replace(previous, **{k: v for k, v in options.items() if v is not None})
+def launch(overrides: RunOverrides) -> Iterator[Launch]:
+    """Runners constructed inside the block take ``overrides`` (see the module docstring)."""
+    current = Launch(overrides)
+    token = _current_launch.set(current)
     try:
-        yield _current
+        yield current
     finally:
-        _current = previous
+        _current_launch.reset(token)
+
+
+def current_launch() -> Launch | None:
+    return _current_launch.get()
+
+
+def current_overrides() -> RunOverrides:
+    """The overrides of the launch in progress, or none."""
+    active = _current_launch.get()
+    return active.overrides if active is not None else RunOverrides()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options one ``run`` uses, each decided once."""
+
+    dry_run: bool
+    force_run_failed: bool
+    run_only: str | None
+    max_concurrent: int
+    strict: bool
+
+
+def resolve_options(
+    overrides: RunOverrides,
+    *,
+    dry_run: bool | None,
+    force_run_failed: bool | None,
+    run_only: str | None,
+    max_concurrent: int | None,
+    strict: bool | None,
+    runner_strict: bool,
+) -> RunOptions:
+    """Each option from the strongest source that gives it: overrides, then ``run``'s arguments,
+    then the runner's, then the default."""
+    concurrency = _first(overrides.max_concurrent, max_concurrent)
+    if concurrency is not None and concurrency < 1:
+        raise RunOptionError(f"max_concurrent must be at least 1 (or None for the default, {DEFAULT_MAX_CONCURRENT}), got {concurrency}.")
+    return RunOptions(
+        dry_run=bool(_first(overrides.dry_run, dry_run, False)),
+        force_run_failed=bool(_first(overrides.force_run_failed, force_run_failed, True)),
+        run_only=_first(overrides.run_only, run_only),
+        max_concurrent=concurrency or DEFAULT_MAX_CONCURRENT,
+        strict=bool(_first(overrides.strict, strict, runner_strict)),
+    )
+
+
+def _first(*values):
+    return next((value for value in values if value is not None), None)

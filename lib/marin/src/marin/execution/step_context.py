@@ -10,13 +10,14 @@ from typing import Any
 
 from rigging.lease import LeaseLostError
 
+from marin.errors import MarinError
 from marin.execution.artifact import Artifact, load_artifact
 from marin.execution.identity import InvalidStepError
 from marin.execution.interrupts import Interrupt, interrupt_of
 from marin.execution.step_spec import StepSpec
 
 
-class RunCancelled(RuntimeError):
+class RunCancelled(MarinError, RuntimeError):
     """The runner was interrupted (Ctrl-C or SIGTERM) and asks running steps to stop."""
 
 

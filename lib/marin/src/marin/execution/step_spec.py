@@ -5,11 +5,15 @@ of its name, version, hash attributes and its dependencies' identities; see
 :mod:`marin.execution.identity`. Where the output goes (``output_path``) and what hardware it
 needs (``resources``) are placement and never change the identity.
 
+It is the engine's only step type: the lazy handles that library helpers return
+(:mod:`marin.execution.lazy`) are StepSpecs too, whose function is marked :class:`takes_context`.
+
 ``fn`` is called according to its signature:
 
 * no parameters: ``fn()``;
 * one parameter annotated ``StepContext`` or named ``ctx``/``context``: ``fn(StepContext)``;
-* any other single parameter: ``fn(output_path)`` (a string: local path or URL).
+* any other single parameter: ``fn(output_path)`` (a string: local path or URL);
+* marked :class:`takes_context`: ``fn(StepContext)``, whatever its signature.
 
 A non-``None`` return value is the step's result, saved in ``.artifact.json``.
 """
@@ -24,11 +28,11 @@ from typing import Any
 
 from marin.execution.code_fingerprint import CodeFingerprint, fingerprint_function
 from marin.execution.identity import (
-    IdentifiedStep,
     InvalidStepError,
     canonicalize,
     identity_hash,
     identity_record,
+    short_hash,
     validate_step_name,
 )
 
@@ -38,7 +42,7 @@ CALL_CONTEXT = "context"
 _CONTEXT_PARAMETER_NAMES = ("ctx", "context")
 
 
-class takes_context:  # noqa: N801 - used like a decorator
+class takes_context:
     """Mark ``fn`` as taking a :class:`~marin.execution.step_context.StepContext` whatever its signature.
 
     Lazy handles use it so a helper's ``def run(c): ...`` still receives the context.
@@ -70,10 +74,11 @@ def describe_function(fn: Callable[..., Any]) -> str:
 
 def call_style(fn: Callable[..., Any]) -> str:
     """How the runner calls ``fn``; raises :class:`InvalidStepError` for unsupported signatures."""
+    target = fn.fn if isinstance(fn, takes_context) else fn
+    if not callable(target):
+        raise InvalidStepError(f"A step's fn must be callable, got {target!r}.")
     if isinstance(fn, takes_context):
         return CALL_CONTEXT
-    if not callable(fn):
-        raise InvalidStepError(f"A step's fn must be callable, got {fn!r}.")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -100,15 +105,16 @@ def call_style(fn: Callable[..., Any]) -> str:
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class StepSpec(IdentifiedStep):
+class StepSpec:
     """One unit of cached work. See the module docstring for how ``fn`` is called.
 
-    Two specs are equal (and hash alike) when their identities are equal.
+    Two specs are equal (and hash alike) when their identities are equal: they would produce the
+    same output.
     """
 
     name: str
     fn: Callable[..., Any]
-    deps: Sequence["StepSpec"] = ()
+    deps: Sequence[StepSpec] = ()
     hash_attrs: Mapping[str, Any] = field(default_factory=dict)
     output_path: str | None = None
     version: str | None = None
@@ -122,8 +128,8 @@ class StepSpec(IdentifiedStep):
         for dep in self.deps:
             if not isinstance(dep, StepSpec):
                 raise InvalidStepError(
-                    f"Step {self.name!r} has a dependency of type {type(dep).__name__}; deps must be StepSpecs "
-                    "(lower lazy handles with marin.execution.lazy.lower first, or use lazy_step for both)."
+                    f"Step {self.name!r} has a dependency of type {type(dep).__name__}; deps must be steps "
+                    "(StepSpecs or the lazy handles that lazy_step, tokenized(), train_lm() ... return)."
                 )
         if self.hash_attrs is None:
             object.__setattr__(self, "hash_attrs", {})
@@ -167,3 +173,26 @@ class StepSpec(IdentifiedStep):
     @property
     def fn_description(self) -> str:
         return describe_function(self.fn)
+
+    @property
+    def defined_at(self) -> str:
+        """``module:qualname (file:line)`` of the function, for messages that must point at it."""
+        code = self.code_fingerprint
+        if code is None or code.file is None:
+            return self.fn_description
+        return f"{self.fn_description} ({code.file}:{code.line})"
+
+    @property
+    def short_hash(self) -> str:
+        return short_hash(self.identity)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepSpec):
+            return NotImplemented
+        return self is other or self.identity == other.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+    def __repr__(self) -> str:
+        return f"StepSpec(name={self.name!r}, identity={self.short_hash}, deps={[d.name for d in self.deps]})"
