@@ -25,10 +25,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from levanter.compat.hf_checkpoints import (
-    DEFAULT_MAX_SHARD_BYTES,
+from levanter.compat.hf_family import (
     HfFamily,
-    HfFormatError,
     LayerWeight,
     attention_weights,
     decoder_config_dict,
@@ -37,6 +35,7 @@ from levanter.compat.hf_checkpoints import (
     transposed,
     write_checkpoint,
 )
+from levanter.compat.hf_format import DEFAULT_MAX_SHARD_BYTES, HfFormatError
 from levanter.models.moe import MoeConfig, MoeDecoderLayer, MoeLMHeadModel
 
 MOE_BLOCK = "block_sparse_moe"

@@ -39,13 +39,14 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from levanter.errors import LevanterError
 from levanter.trainer.checkpoint_staging import COMMIT_MARKER, CheckpointStaging, UploadError, orbax_writes_natively
 from rigging import filesystem as fsx
 
 logger = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LevanterError, RuntimeError):
     """A checkpoint that cannot be read back into this run's state."""
 
 

@@ -35,6 +35,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from rigging import filesystem as fsx
 
+from levanter.errors import LevanterError
+
 logger = logging.getLogger(__name__)
 
 COMMIT_MARKER = "commit_success.txt"
@@ -42,7 +44,7 @@ _COMMITTED = re.compile(rf"^(\d+)/{re.escape(COMMIT_MARKER)}$")
 _STEP_FILE = re.compile(r"^(\d+)/")
 
 
-class UploadError(RuntimeError):
+class UploadError(LevanterError, RuntimeError):
     """A checkpoint committed in the staging folder could not be copied to its URL."""
 
 

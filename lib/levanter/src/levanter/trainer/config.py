@@ -1,4 +1,11 @@
-"""The trainer's settings: one frozen, JSON-serialisable dataclass (run configs and provenance record it)."""
+"""The trainer's settings: one frozen, JSON-serialisable dataclass (run configs and provenance record it).
+
+Each field says which kind of setting it is: those marked :data:`HASHED` decide what the run
+computes (with the same data, model and optimizer, the same values give the same weights); the
+others only where it runs, how often it saves or logs, and how it is observed. Callers that identify
+a run by what it computes hash :meth:`TrainerConfig.hashed_settings`, so a new setting is classified
+once, where it is declared.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from levanter.errors import LevanterError
 from levanter.trainer.mixed_precision import COMPUTE_DTYPE_POLICIES
 from levanter.trainer.tracker import TRACKER_NAMES
 
 
-class TrainerConfigError(ValueError):
+class TrainerConfigError(LevanterError, ValueError):
     """Trainer settings that contradict each other or the hardware."""
+
+
+# Field metadata of the settings that decide the trained weights (see the module's docstring).
+HASHED = {"hashed": True}
 
 
 @dataclass(frozen=True)
@@ -48,15 +60,16 @@ class ProfileConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    num_train_steps: int
-    batch_size: int
+    num_train_steps: int = field(metadata=HASHED)
+    batch_size: int = field(metadata=HASHED)
     # Rows per forward/backward pass; gradients of the batch's microbatches are summed before the
     # single optimizer update, so the update equals the full-batch one. None = the whole batch.
-    microbatch_size: int | None = None
-    z_loss_weight: float = 0.0
+    # Hashed all the same: the order of the sums, so the last bits of the weights, depend on it.
+    microbatch_size: int | None = field(default=None, metadata=HASHED)
+    z_loss_weight: float = field(default=0.0, metadata=HASHED)
     # "auto": bf16 compute on GPU/TPU, f32 on CPU. Parameters and optimizer state are always f32.
-    compute_dtype: str = "auto"
-    seed: int = 0
+    compute_dtype: str = field(default="auto", metadata=HASHED)
+    seed: int = field(default=0, metadata=HASHED)
     # Evaluate every N steps (and after the last step); None = only after the last step.
     eval_every: int | None = None
     steps_per_checkpoint: int | None = None
@@ -101,6 +114,10 @@ class TrainerConfig:
     @property
     def num_microbatches(self) -> int:
         return 1 if self.microbatch_size is None else self.batch_size // self.microbatch_size
+
+    def hashed_settings(self) -> dict[str, Any]:
+        """The settings marked :data:`HASHED`, by name, as given: what a run's identity covers."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("hashed")}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

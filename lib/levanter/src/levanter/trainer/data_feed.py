@@ -11,12 +11,13 @@ import jax
 import numpy as np
 
 from levanter.data.batch import Batch
+from levanter.errors import LevanterError
 from levanter.trainer.step import DeviceBatch
 
 logger = logging.getLogger(__name__)
 
 
-class DataSourceError(RuntimeError):
+class DataSourceError(LevanterError, RuntimeError):
     """The data source ended early or produced batches of the wrong shape."""
 
 

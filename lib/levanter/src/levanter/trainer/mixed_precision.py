@@ -11,10 +11,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from levanter.errors import LevanterError
+
 COMPUTE_DTYPE_POLICIES = ("auto", "float32", "bfloat16", "float16")
 
 
-class MixedPrecisionError(ValueError):
+class MixedPrecisionError(LevanterError, ValueError):
     """An unknown compute-dtype policy."""
 
 

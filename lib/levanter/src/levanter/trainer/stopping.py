@@ -21,6 +21,8 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from levanter.errors import LevanterError
+
 
 class StopAction(enum.Enum):
     PREEMPT = "preempt"  # checkpoint, then stop: the run resumes later
@@ -36,12 +38,12 @@ class StopRequest:
 StopSource = Callable[[], "StopRequest | None"]
 
 
-class TrainingPreempted(RuntimeError):
+class TrainingPreempted(LevanterError, RuntimeError):
     """The run was asked to stop (SIGTERM, Ctrl-C, ...); the state was checkpointed and the run
     stopped. Running the same command again resumes from that checkpoint."""
 
 
-class TrainingAbandoned(RuntimeError):
+class TrainingAbandoned(LevanterError, RuntimeError):
     """The run was told its output is no longer its own; it stopped without writing anything more."""
 
 

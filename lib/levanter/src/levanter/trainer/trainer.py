@@ -3,13 +3,16 @@
 The host loop stays thin: step ``k+1`` is dispatched before the scalars of step ``k`` are fetched,
 so the device always has queued work while the host writes metrics; batches are prepared in a
 background thread. Every step gets a line in ``metrics.jsonl``; a non-finite loss stops the run
-with the step's number, before that state can be checkpointed. Between steps the loop asks its stop
-sources (see :mod:`levanter.trainer.stopping`; SIGTERM is one) whether to checkpoint and stop, or
-to stop writing at once.
+with the step's number, before that state can be checkpointed. Logging, checkpoints and evaluation
+are hooks, each on its own schedule (:mod:`levanter.trainer.hooks`); the rates they report come from
+:mod:`levanter.trainer.throughput`. Between steps the loop asks its stop sources (see
+:mod:`levanter.trainer.stopping`; SIGTERM is one) whether to checkpoint and stop, or to stop writing
+at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import signal
@@ -28,11 +31,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from levanter.data.batch import Batch
 from levanter.distributed import initialize_distributed
+from levanter.errors import LevanterError
 from levanter.optim import OptimizerConfig, weight_decay_mask_from_axes
 from levanter.trainer.checkpoint import Checkpointer
 from levanter.trainer.config import TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError, Prefetcher, to_device
-from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
+from levanter.trainer.hardware import peak_flops_per_device
+from levanter.trainer.hooks import AtLastStep, Hook, StepInfo, due_hooks, run_hooks
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.profiler import StepProfiler
 from levanter.trainer.state import TrainState
@@ -46,13 +51,14 @@ from levanter.trainer.stopping import (
     TrainingPreempted,
     first_stop_request,
 )
+from levanter.trainer.throughput import ThroughputMeter, WindowThroughput
 from levanter.trainer.tracker import build_trackers
 from rigging import filesystem as fsx
 
 logger = logging.getLogger("levanter.trainer")
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(LevanterError, FloatingPointError):
     """The training loss became NaN or infinite."""
 
 
@@ -349,138 +355,163 @@ class Trainer:
         )
 
     def _run_loop(self, state, start_step, train_source, eval_sources, trackers, history):
-        cfg = self.config
-        prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
-        tokens_per_step = None
-        loop_start = time.monotonic()
-        last_fetch = loop_start
-        window_start, window_steps = loop_start, 0
-        pending: tuple[int, dict[str, jax.Array]] | None = None
-        cumulative_tokens = 0  # set once the first batch gives the sequence length
-        last_loss = None
+        last_step = self.config.num_train_steps
+        meter = ThroughputMeter(
+            time.monotonic(), num_devices=self.mesh.devices.size, peak_flops_per_device=self._peak_flops
+        )
+        record = functools.partial(self._record, meter=meter, log_hooks=self._log_hooks(trackers, history, meter))
         eval_losses: dict[str, float] = {}
-
-        def record(step: int, device_metrics: dict[str, jax.Array]) -> None:
-            nonlocal last_fetch, window_start, window_steps, cumulative_tokens, last_loss
-            values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-            now = time.monotonic()
-            if not math.isfinite(values["loss"]) or not math.isfinite(values["total_loss"]):
-                raise NonFiniteLossError(
-                    f"Training loss is {values['loss']} (total objective {values['total_loss']}) at step {step}. "
-                    "Lower the learning rate, raise warmup, add z_loss_weight or check the data; "
-                    "the last good checkpoint is kept."
-                )
-            elapsed = now - last_fetch
-            last_fetch = now
-            cumulative_tokens += tokens_per_step
-            rate = tokens_per_step / elapsed if elapsed > 0 else float("nan")
-            line = {
-                "loss": values["loss"],
-                "lr": values["lr"],
-                "grad_norm": values["grad_norm"],
-                "tokens": cumulative_tokens,
-                "tokens_per_second": rate,
-                "mfu": model_flops_utilization(
-                    self.flops_per_token, rate, self.mesh.devices.size, self._peak_flops
-                ),
-                "wall_time": now - loop_start,
-                "aux_loss": values["aux_loss"],
-                "z_loss": values["z_loss"],
-                "loss_tokens": values["loss_tokens"],
-            }
-            trackers.trackers[0].log(step, line)  # metrics.jsonl: every step
-            if len(trackers.trackers) > 1 and (step % cfg.log_every == 0 or step == cfg.num_train_steps):
-                for t in trackers.trackers[1:]:
-                    t.log(step, line)
-            history.append({"step": step, **line})
-            last_loss = values["loss"]
-            window_steps += 1
-            is_log_step = step % cfg.log_every == 0 or step == cfg.num_train_steps
-            if step == start_step + 1 and not is_log_step:
-                # The first step includes compilation; leave it out of the rate and the ETA.
-                window_start, window_steps = now, 0
-            if is_log_step:
-                window = now - window_start
-                window_rate = window_steps * tokens_per_step / window if window > 0 else float("nan")
-                seconds_per_step = window / max(window_steps, 1)
-                eta = seconds_per_step * (cfg.num_train_steps - step)
-                mfu = line["mfu"]
-                logger.info(
-                    "step %d/%d  loss %.4f  lr %.3g  grad_norm %.3g  %.0f tokens/s%s  elapsed %s  ETA %s",
-                    step, cfg.num_train_steps, values["loss"], values["lr"], values["grad_norm"], window_rate,
-                    "" if mfu is None else f"  MFU {100 * mfu:.1f}%",
-                    _format_duration(now - loop_start), _format_duration(eta),
-                )
-                window_start, window_steps = now, 0
-            for hook in self.hooks:
-                hook(self, step, line)
-
+        save = self._checkpoint_hook(trackers)
+        step_hooks = [save, *([self._eval_hook(eval_sources, trackers, history, eval_losses)] if eval_sources else [])]
+        prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
+        pending: tuple[int, dict[str, jax.Array]] | None = None  # a step whose scalars are read while the next one runs
+        line: dict[str, Any] = {}  # the latest step's metrics
         try:
-            for step_index in range(start_step, cfg.num_train_steps):
-                try:
-                    host_batch, device_batch = prefetch.next()
-                except StopIteration:
-                    raise DataSourceError(
-                        f"The training data source ended after {step_index - start_step} batches (at step "
-                        f"{step_index}); it must yield at least num_train_steps={cfg.num_train_steps} batches."
-                    ) from None
-                local_rows = cfg.batch_size // jax.process_count()  # each process feeds its own rows
-                if host_batch.batch_size != local_rows:
-                    raise DataSourceError(
-                        f"Batch at step {step_index} has {host_batch.batch_size} rows; expected {local_rows} "
-                        f"(TrainerConfig.batch_size={cfg.batch_size} over {jax.process_count()} process(es))."
+            for step in range(start_step + 1, last_step + 1):
+                host_batch, device_batch = self._next_batch(prefetch, step - 1, start_step)
+                if meter.tokens_per_step is None:  # the first batch gives the sequence length
+                    meter.set_batch(
+                        self.config.batch_size * host_batch.seq_len,
+                        completed_steps=start_step,
+                        flops_per_token=self._flops_per_token(host_batch.seq_len),
                     )
-                if tokens_per_step is None:
-                    tokens_per_step = cfg.batch_size * host_batch.seq_len
-                    cumulative_tokens = start_step * tokens_per_step
-                    if callable(self.flops_per_token):
-                        self.flops_per_token = float(self.flops_per_token(host_batch.seq_len))
-                with self._profiler.step(step_index + 1):
-                    state, metrics = self._steps.train_step(state, device_batch, self._learning_rates[step_index])
-                step = step_index + 1
+                with self._profiler.step(step):
+                    state, metrics = self._steps.train_step(state, device_batch, self._learning_rates[step - 1])
                 self._profiler.step_dispatched(step, state)
                 self.raise_if_abandoned(step)  # before the previous step's metrics are written
                 if pending is not None:
-                    record(*pending)  # the previous step, while this one runs
+                    line = record(*pending)  # the previous step, while this one runs
                 pending = (step, metrics)
                 # Asked again: a signal or a hook may have asked while those metrics were written.
                 stop = self.stop_request()
                 if stop is not None and stop.action is StopAction.ABANDON:
                     raise self._abandoned(step, stop)
-
-                is_last = step == cfg.num_train_steps
-                do_eval = bool(eval_sources) and (is_last or (cfg.eval_every and step % cfg.eval_every == 0))
                 # On the last step a preemption changes nothing: the run ends and saves anyway.
-                preempted = stop is not None and not is_last
-                do_checkpoint = not is_last and (preempted or self.checkpointer.due(step))
-                if do_eval or do_checkpoint or is_last:
-                    record(*pending)
+                preempted = stop is not None and step != last_step
+                due = [save] if preempted else due_hooks(step_hooks, step, last_step)
+                if due or step == last_step:
+                    line = record(*pending)  # what these hooks do comes after the step's metrics
                     pending = None
-                if do_checkpoint:
-                    self.raise_if_abandoned(step)  # asked while the metrics were written?
-                    # Metrics up to this step are stored before the checkpoint that a resume would cut them back to.
-                    trackers.flush()
-                    self.checkpointer.save(step, state)
+                    run_hooks(due, StepInfo(step, line, state))
                 if preempted:
                     self.checkpointer.wait()
                     raise TrainingPreempted(
                         f"Stopped after step {step}: {stop.reason}. Checkpoint saved in "
                         f"{self.checkpointer.path_of(step)}; run again to resume."
                     )
-                if do_eval:
-                    eval_losses = self.evaluate(state.params, eval_sources)
-                    eval_line = {f"eval/{name}/loss": loss for name, loss in eval_losses.items()}
-                    trackers.log(step, eval_line)
-                    history.append({"step": step, **eval_line})
-                    logger.info("step %d eval: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in eval_losses.items()))
-                if do_eval or do_checkpoint:
-                    last_fetch = time.monotonic()  # the next step's rate should not include eval/saving
-            if pending is not None:
-                record(*pending)
+                if due:
+                    meter.restart_clock(time.monotonic())  # the next step's rate should not include eval/saving
         finally:
             prefetch.close()
             self._profiler.stop()  # a window that reaches past the last step ends with the loop
-        return state, last_loss, eval_losses
+        return state, line["loss"], eval_losses
+
+    def _next_batch(self, prefetch: Prefetcher, index: int, start_step: int):
+        """The batch at ``index`` in the training source (the one step ``index + 1`` trains on), checked."""
+        cfg = self.config
+        try:
+            host_batch, device_batch = prefetch.next()
+        except StopIteration:
+            raise DataSourceError(
+                f"The training data source ended after {index - start_step} batches (at step "
+                f"{index}); it must yield at least num_train_steps={cfg.num_train_steps} batches."
+            ) from None
+        local_rows = cfg.batch_size // jax.process_count()  # each process feeds its own rows
+        if host_batch.batch_size != local_rows:
+            raise DataSourceError(
+                f"Batch at step {index} has {host_batch.batch_size} rows; expected {local_rows} "
+                f"(TrainerConfig.batch_size={cfg.batch_size} over {jax.process_count()} process(es))."
+            )
+        return host_batch, device_batch
+
+    def _flops_per_token(self, seq_len: int) -> float | None:
+        if callable(self.flops_per_token):
+            self.flops_per_token = float(self.flops_per_token(seq_len))  # resolved once, on the first batch
+        return self.flops_per_token
+
+    def _record(
+        self, step: int, device_metrics: dict[str, jax.Array], *, meter: ThroughputMeter, log_hooks: list[Hook]
+    ) -> dict[str, Any]:
+        """Read a step's scalars (waiting for the step), refuse a non-finite loss, run the logging hooks."""
+        values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        now = time.monotonic()
+        if not math.isfinite(values["loss"]) or not math.isfinite(values["total_loss"]):
+            raise NonFiniteLossError(
+                f"Training loss is {values['loss']} (total objective {values['total_loss']}) at step {step}. "
+                "Lower the learning rate, raise warmup, add z_loss_weight or check the data; "
+                "the last good checkpoint is kept."
+            )
+        rate = meter.step(now)
+        line = {
+            "loss": values["loss"],
+            "lr": values["lr"],
+            "grad_norm": values["grad_norm"],
+            "tokens": rate.tokens,
+            "tokens_per_second": rate.tokens_per_second,
+            "mfu": rate.mfu,
+            "wall_time": rate.wall_time,
+            "aux_loss": values["aux_loss"],
+            "z_loss": values["z_loss"],
+            "loss_tokens": values["loss_tokens"],
+        }
+        run_hooks(due_hooks(log_hooks, step, self.config.num_train_steps), StepInfo(step, line))
+        return line
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def _log_hooks(self, trackers, history: list[dict[str, Any]], meter: ThroughputMeter) -> list[Hook]:
+        """Run as each step's scalars are read, usually one step late."""
+        log_every, last = self.config.log_every, AtLastStep.ALWAYS
+        jsonl, *others = trackers.trackers
+
+        def write_others(info: StepInfo) -> None:
+            for tracker in others:
+                tracker.log(info.step, info.metrics)
+
+        def call_callers_hooks(info: StepInfo) -> None:
+            for hook in self.hooks:
+                hook(self, info.step, info.metrics)
+
+        return [
+            Hook("metrics.jsonl", lambda info: jsonl.log(info.step, info.metrics)),
+            *([Hook("trackers", write_others, every=log_every, at_last=last)] if others else []),
+            Hook("history", lambda info: history.append({"step": info.step, **info.metrics})),
+            Hook("console", lambda info: self._log_progress(info, meter.window()), every=log_every, at_last=last),
+            Hook("hooks", call_callers_hooks),  # the ``hooks`` given to the constructor
+        ]
+
+    def _log_progress(self, info: StepInfo, window: WindowThroughput) -> None:
+        m, last_step = info.metrics, self.config.num_train_steps
+        logger.info(
+            "step %d/%d  loss %.4f  lr %.3g  grad_norm %.3g  %.0f tokens/s%s  elapsed %s  ETA %s",
+            info.step, last_step, m["loss"], m["lr"], m["grad_norm"], window.tokens_per_second,
+            "" if m["mfu"] is None else f"  MFU {100 * m['mfu']:.1f}%",
+            _format_duration(m["wall_time"]), _format_duration(window.seconds_per_step * (last_step - info.step)),
+        )
+
+    def _checkpoint_hook(self, trackers) -> Hook:
+        """By the checkpointer's own step and time policy; never on the last step, which ``train`` saves."""
+
+        def save(info: StepInfo) -> None:
+            self.raise_if_abandoned(info.step)  # asked while the metrics were written?
+            # Metrics up to this step are stored before the checkpoint that a resume would cut them back to.
+            trackers.flush()
+            self.checkpointer.save(info.step, info.state)
+
+        return Hook("checkpoint", save, every=None, when=self.checkpointer.due, at_last=AtLastStep.NEVER)
+
+    def _eval_hook(self, eval_sources: EvalSources, trackers, history, results: dict[str, float]) -> Hook:
+        """Every ``eval_every`` steps and after the last; ``results`` keeps the latest losses."""
+
+        def evaluate(info: StepInfo) -> None:
+            results.clear()
+            results.update(self.evaluate(info.state.params, eval_sources))
+            eval_line = {f"eval/{name}/loss": loss for name, loss in results.items()}
+            trackers.log(info.step, eval_line)
+            history.append({"step": info.step, **eval_line})
+            logger.info("step %d eval: %s", info.step, ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
+
+        return Hook("eval", evaluate, every=self.config.eval_every, at_last=AtLastStep.ALWAYS)
 
     # -- evaluation ------------------------------------------------------------------------------
 

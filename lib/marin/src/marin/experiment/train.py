@@ -8,46 +8,36 @@ it writes are placement and never enter the hash.
 
 The output folder holds ``checkpoints/``, ``metrics.jsonl``, ``eval.json`` and ``hf/`` (the final
 model in Hugging Face format, with its tokenizer), and ``profile/`` when ``profile=`` asks for a
-trace; the artifact is a :class:`TrainedModel`.
+trace; the artifact is a :class:`TrainedModel`. What the step does when it runs is in
+:mod:`marin.experiment.train_step`; the record of it is built here, beside its class, whose module
+every saved artifact names.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jax
-
 from fray.cluster import ResourceConfig
-from levanter.data import build_text_data
-from levanter.distributed import initialize_distributed
-from levanter.inference import SamplingConfig, generate_text
-from levanter.main.train_lm import TrainLmConfig
-from levanter.main.train_lm import train_lm as run_training
 from levanter.optim import AdamConfig, OptimizerConfig
-from levanter.tokenization import load_tokenizer
 from levanter.trainer import ProfileConfig, TrainerConfig
-from levanter.trainer.stopping import StopAction, StopRequest, StopSource
-from marin.datasets.builtin_tokenizer import STEP_NAME as BUILTIN_TOKENIZER_STEP
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
-from marin.execution.step_context import StopReason
-from marin.experiment.data import cache_sources
+from marin.experiment.train_step import (
+    SAMPLE_PROMPTS,
+    TrainConfigError,
+    TrainingRequest,
+    TrainingRun,
+    run_training,
+)
 from marin.processing.tokenize import TokenizedDataset
 
 logger = logging.getLogger(__name__)
 
 # Bumped when the training step's outputs change meaning, so old runs are never reused for it.
 TRAIN_STEP_VERSION = "1"
-
-SAMPLE_PROMPTS = ("Once upon a time", "One day, a little", "There was a")
-
-
-class TrainConfigError(ValueError):
-    """A training request that cannot work as written (caught when it is declared)."""
 
 
 @dataclass(frozen=True)
@@ -158,9 +148,10 @@ def train_lm(
         profile=profile,
     )
     weights = {handle: float(weight) for handle, weight in datasets.items()}
+    request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples)
 
     def run(ctx) -> TrainedModel:
-        return _train(ctx, model, optimizer, trainer, weights, seq_len, num_samples)
+        return _trained_model(request, run_training(ctx, request))
 
     return lazy_step(
         name,
@@ -171,13 +162,9 @@ def train_lm(
             "optimizer": optimizer.to_dict(),
             # Weights are listed in dependency order; the engine hashes each dependency's identity.
             "mixture": [[handle.name, weight] for handle, weight in weights.items()],
-            "batch_size": batch_size,
             "seq_len": seq_len,
-            "num_train_steps": num_train_steps,
-            "seed": seed,
-            "microbatch_size": microbatch_size,
-            "z_loss_weight": z_loss_weight,
-            "compute_dtype": compute_dtype,
+            # batch_size, num_train_steps, seed, numerics: the trainer settings marked as hashed.
+            **trainer.hashed_settings(),
             "format": TRAIN_STEP_VERSION,
         },
         version=version,
@@ -218,90 +205,42 @@ def _check_request(model: Any, datasets: Mapping[LazyStep, float], batch_size: i
         )
 
 
-def _train(ctx, model_config, optimizer, trainer: TrainerConfig, weights, seq_len: int, num_samples: int) -> TrainedModel:
-    tokenized = {handle: ctx.load_artifact(handle, TokenizedDataset).result for handle in weights}
-    identities = {result.tokenizer_identity for result in tokenized.values()}
-    if len(identities) > 1:
-        names = ", ".join(f"{h.name}: {r.tokenizer_identity[:19]}" for h, r in tokenized.items())
-        raise TrainConfigError(f"All datasets of one training run must share a tokenizer; got {names}.")
-    first = next(iter(tokenized.values()))
-    # Under replicas > 1 each process joins the JAX run first, then reads only its rows of each batch.
-    initialize_distributed()
-    data = build_text_data(
-        cache_sources(ctx, weights),
-        seq_len=seq_len,
-        batch_size=trainer.batch_size,
-        seed=trainer.seed,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        # Every cache's largest token id must fit the model's embedding table (an id past it is an
-        # out-of-range gather, which XLA turns into silent garbage, not an error).
-        vocab_size=first.vocab_size,
-    )
-
-    started = time.perf_counter()
-    result = run_training(
-        TrainLmConfig(
-            model=model_config,
-            optimizer=optimizer,
-            trainer=trainer,
-            vocab_size=first.vocab_size,
-            output_path=ctx.output_path,
-            tokenizer=first.tokenizer_source,
-        ),
-        data.train,
-        data.validation,
-        stop_sources=[_trainer_stop_source(ctx)],
-    )
-    seconds = time.perf_counter() - started
-    samples = _samples(result.hf_path, first.tokenizer_source, num_samples)
+def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
+    """The step's result record, from what the run produced and read."""
+    first, training = run.first_dataset, run.training
     return TrainedModel(
-        model_type=type(model_config).__name__,
-        parameters=int(model_config.num_parameters(first.vocab_size)),
+        model_type=type(request.model).__name__,
+        parameters=int(request.model.num_parameters(first.vocab_size)),
         vocab_size=first.vocab_size,
-        final_step=result.final_step,
-        tokens_trained=result.final_step * trainer.batch_size * seq_len,
-        final_train_loss=result.final_train_loss,
-        validation_losses=dict(result.eval_losses),
-        train_seconds=seconds,
-        output_path=result.output_path,
-        checkpoint_dir=result.checkpoint_dir,
-        metrics_path=result.metrics_path,
-        eval_path=result.eval_path,
-        hf_path=result.hf_path,
+        final_step=training.final_step,
+        tokens_trained=training.final_step * request.trainer.batch_size * request.seq_len,
+        final_train_loss=training.final_train_loss,
+        validation_losses=dict(training.eval_losses),
+        train_seconds=run.seconds,
+        output_path=training.output_path,
+        checkpoint_dir=training.checkpoint_dir,
+        metrics_path=training.metrics_path,
+        eval_path=training.eval_path,
+        hf_path=training.hf_path,
         tokenizer=first.tokenizer_source,
         tokenizer_identity=first.tokenizer_identity,
-        builtin_tokenizer=_is_builtin_tokenizer(ctx, weights),
-        datasets=[
-            DatasetUsed(
-                name=handle.name,
-                weight=weight,
-                source=_describe(tokenized[handle].source),
-                builtin_source=tokenized[handle].source.get("kind") == "builtin",
-                train_tokens=tokenized[handle].splits["train"].tokens,
-                validation_tokens=(tokenized[handle].splits["validation"].tokens if "validation" in tokenized[handle].splits else None),
-            )
-            for handle, weight in weights.items()
-        ],
-        samples=samples,
+        # As the tokenize steps recorded it, from the results of the steps that built their inputs.
+        builtin_tokenizer=any(result.builtin_tokenizer for result in run.datasets.values()),
+        datasets=[_dataset_used(handle.name, weight, run.datasets[handle]) for handle, weight in request.weights.items()],
+        samples=run.samples,
     )
 
 
-def _trainer_stop_source(ctx) -> StopSource:
-    """The step's reasons to stop, as the trainer's requests, polled between training steps.
-
-    A lost lease abandons (another runner may be writing this folder: not even a checkpoint);
-    Ctrl-C and SIGTERM preempt (checkpoint, then stop, so a rerun resumes there).
-    """
-    requests = {
-        StopReason.LEASE_LOST: StopRequest(
-            StopAction.ABANDON,
-            f"step {ctx.step.name!r} lost its lease on {ctx.output_path} (another runner may be writing there)",
-        ),
-        StopReason.INTERRUPTED: StopRequest(StopAction.PREEMPT, "the run was interrupted (Ctrl-C)"),
-        StopReason.PREEMPTED: StopRequest(StopAction.PREEMPT, "the runner received SIGTERM (preemption)"),
-    }
-    return lambda: requests.get(ctx.stop_reason())
+def _dataset_used(name: str, weight: float, result: TokenizedDataset) -> DatasetUsed:
+    validation = result.splits.get("validation")
+    return DatasetUsed(
+        name=name,
+        weight=weight,
+        source=_describe(result.source),
+        builtin_source=result.builtin_source,
+        train_tokens=result.splits["train"].tokens,
+        validation_tokens=validation.tokens if validation is not None else None,
+    )
 
 
 def _describe(source: Mapping[str, Any]) -> str:
@@ -320,19 +259,3 @@ def _describe(source: Mapping[str, Any]) -> str:
             parts.append(f"{split}: {', '.join(names)}")
         return "files (" + "; ".join(parts) + ")"
     return str(dict(source))
-
-
-def _is_builtin_tokenizer(ctx, weights) -> bool:
-    # The project's own offline tokenizer is the only one built by a step of the DAG.
-    return any(dep.name == BUILTIN_TOKENIZER_STEP for handle in weights for dep in handle.deps)
-
-
-def _samples(hf_path: str | None, tokenizer_location: str, count: int) -> list[str]:
-    if not hf_path or count <= 0:
-        return []
-    from levanter.compat.hf_checkpoints import import_from_hf
-
-    model = import_from_hf(hf_path)
-    tokenizer = load_tokenizer(tokenizer_location)
-    prompts = list(SAMPLE_PROMPTS[:count])
-    return generate_text(model, tokenizer, prompts, SamplingConfig(max_new_tokens=160, temperature=0.7, top_k=40))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
+from levanter.errors import LevanterError
 
-class TrackerUnavailableError(RuntimeError):
+
+class TrackerUnavailableError(LevanterError, RuntimeError):
     """A configured tracker whose library is not installed."""
 
 

@@ -1,0 +1,286 @@
+"""How one of our decoder model classes maps to its Hugging Face counterpart: an :class:`HfFamily`.
+
+A family names the classes on both sides, how each weight of a decoder layer becomes HF tensors
+and back (:class:`LayerWeight`), and how our config becomes ``config.json`` and back. Given one,
+:func:`write_checkpoint` and :func:`read_checkpoint` convert a whole model; the files themselves
+are :mod:`levanter.compat.hf_format`'s business. The attention, norm, embedding and head weights
+and the ``config.json`` fields they imply are the same for every family here, so they are
+defined once below.
+
+Our weights differ from the Hugging Face ones only by layout: HF stores ``nn.Linear`` weights as
+``[out, in]`` with heads flattened, we store ``[in, out]`` with heads as their own dimension. Both
+use the "rotate halves" RoPE layout, so no permutation of query/key rows is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable, Iterator
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from haliax import Stacked
+from levanter.compat.hf_format import (
+    CONFIG_FILE,
+    DEFAULT_MAX_SHARD_BYTES,
+    CorruptCheckpointError,
+    HfFormatError,
+    create_folder,
+    read_model_config,
+    read_tensors,
+    write_json,
+    write_tokenizer,
+    write_weights,
+)
+from rigging import filesystem as fsx
+
+# One logger for the Hugging Face checkpoint modules: their lines name the public module.
+logger = logging.getLogger("levanter.compat.hf_checkpoints")
+
+# -- how one weight of our decoder layer maps to Hugging Face tensors ---------------------------------
+
+
+@dataclass(frozen=True)
+class LayerWeight:
+    """One weight of our decoder layer and the HF tensor(s) of that layer it corresponds to.
+
+    HF names are relative to ``model.layers.{i}.``. One of our weights may be several HF tensors
+    (stacked experts are one HF tensor per expert), hence the iterator and the ``take`` callback.
+    """
+
+    ours: str  # attribute path inside our layer
+    to_hf: Callable[[np.ndarray], Iterator[tuple[str, np.ndarray]]]
+    from_hf: Callable[[Callable[[str], np.ndarray]], np.ndarray]
+
+
+def _same(w: np.ndarray) -> np.ndarray:
+    return w
+
+
+def _transpose(w: np.ndarray) -> np.ndarray:
+    return w.T
+
+
+def renamed(ours: str, theirs: str, to_hf: Callable = _same, from_hf: Callable = _same) -> LayerWeight:
+    """A weight that is exactly one HF tensor, up to a layout change."""
+    return LayerWeight(ours, lambda w: iter([(theirs, to_hf(w))]), lambda take: from_hf(take(theirs)))
+
+
+def transposed(ours: str, theirs: str) -> LayerWeight:
+    """A linear map: ours ``[in, out]``, theirs ``[out, in]``."""
+    return renamed(ours, theirs, _transpose, _transpose)
+
+
+def attention_weights(config: Any) -> list[LayerWeight]:
+    """The norms and attention weights every decoder layer of ours has (Llama and MoE alike)."""
+    h, d = config.hidden_dim, config.head_dim
+
+    def heads_in(ours: str, theirs: str, num_heads: int) -> LayerWeight:  # ours [h, heads, d] <-> theirs [heads * d, h]
+        return renamed(ours, theirs, lambda w: w.reshape(h, num_heads * d).T, lambda t: t.T.reshape(h, num_heads, d))
+
+    return [
+        renamed("input_norm.weight", "input_layernorm.weight"),
+        renamed("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        heads_in("attention.q_proj.weight", "self_attn.q_proj.weight", config.num_heads),
+        heads_in("attention.k_proj.weight", "self_attn.k_proj.weight", config.num_kv_heads),
+        heads_in("attention.v_proj.weight", "self_attn.v_proj.weight", config.num_kv_heads),
+        # ours [heads, d, h] <-> theirs [h, heads * d]
+        renamed("attention.o_proj.weight", "self_attn.o_proj.weight",
+                lambda w: w.reshape(-1, h).T, lambda t: t.T.reshape(config.num_heads, d, h)),
+    ]
+
+
+# -- config.json fields every family shares -------------------------------------------------------
+
+
+def decoder_config_dict(config: Any, vocab_size: int, dtype: Any) -> dict:
+    """The ``config.json`` fields of the attention/embedding part, common to Llama and Mixtral."""
+    return {
+        "hidden_size": config.hidden_dim,
+        "intermediate_size": config.intermediate_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "vocab_size": vocab_size,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "initializer_range": config.initializer_range,
+        "torch_dtype": jnp.dtype(dtype).name,
+    }
+
+
+def decoder_fields_from_hf(hf: dict, *, default_rope_theta: float = 10000.0) -> dict:
+    """Our config's shared fields from a ``config.json`` dict; refuses what would change the logits."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise HfFormatError(f"RoPE scaling {rope_type!r} is not supported; only plain RoPE ('default') is.")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise HfFormatError("Checkpoints with attention or MLP biases are not supported.")
+    num_heads = hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, hf["hidden_size"] // num_heads):
+        raise HfFormatError(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported.")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise HfFormatError(f"Only the SiLU (SwiGLU) activation is supported, got {hf['hidden_act']!r}.")
+    return dict(
+        hidden_dim=hf["hidden_size"],
+        intermediate_dim=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", default_rope_theta))),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        initializer_range=float(hf.get("initializer_range", 0.02)),
+    )
+
+
+# -- a family: one of our model classes and its Hugging Face counterpart ----------------------------
+
+
+def _no_renaming(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return tensors
+
+
+@dataclass(frozen=True)
+class HfFamily:
+    """What it takes to write and read one model class as a Hugging Face checkpoint."""
+
+    model_type: str  # config.json's model_type
+    model_class: type
+    layer_class: type
+    layer_weights: Callable[[Any], list[LayerWeight]]
+    config_to_hf: Callable[[Any, int, Any], dict]
+    config_from_hf: Callable[[dict], tuple[Any, int]]
+    # Maps other spellings of the same weights (e.g. fused expert tensors) to the names layer_weights reads.
+    canonical_names: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = _no_renaming
+
+
+def _layers_of(model: Any) -> list[Any]:
+    return model.layers.unstack() if isinstance(model.layers, Stacked) else list(model.layers)
+
+
+def iter_family_tensors(family: HfFamily, model: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """Every weight under its HF state-dict name, one at a time (host numpy)."""
+    weights = family.layer_weights(model.config)
+    yield "model.embed_tokens.weight", np.asarray(model.embed.weight)
+    for i, layer in enumerate(_layers_of(model)):
+        for weight in weights:
+            for suffix, tensor in weight.to_hf(np.asarray(attrgetter(weight.ours)(layer))):
+                yield f"model.layers.{i}.{suffix}", np.ascontiguousarray(tensor)
+    yield "model.norm.weight", np.asarray(model.final_norm.weight)
+    if model.lm_head is not None:
+        yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head.weight).T)
+
+
+# -- whole models -----------------------------------------------------------------------------------
+
+
+def write_checkpoint(family: HfFamily, model: Any, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj: Any = None,
+                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
+    """Write ``model`` as ``family``'s checkpoint folder (see ``export_to_hf``); returns the folder."""
+    if not isinstance(model, family.model_class):
+        raise TypeError(f"A {family.model_type} checkpoint needs a {family.model_class.__name__}, got {type(model).__name__}.")
+    dtype = model.embed.weight.dtype
+    if dtype == jnp.bfloat16:
+        raise HfFormatError("Export float32 parameters (safetensors.numpy cannot write bfloat16); cast with jax.tree.map first.")
+    out_dir = os.fspath(out_dir)
+    create_folder(out_dir)
+    total, files = write_weights(iter_family_tensors(family, model), out_dir, max_shard_bytes)
+    write_json(fsx.join(out_dir, CONFIG_FILE), family.config_to_hf(model.config, model.vocab_size, dtype))
+    if tokenizer_dir_or_obj is not None:
+        write_tokenizer(tokenizer_dir_or_obj, out_dir)
+    logger.info("Exported %d parameters (%.1f MB) in %d file(s) to %s", model.config.num_parameters(model.vocab_size), total / 1e6, files, out_dir)
+    return out_dir
+
+
+def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False,
+                    dtype: Any = jnp.float32) -> Any:
+    """Load a checkpoint folder of ``family`` (config.json + safetensors; a local path or any URL) as our model."""
+    path = os.fspath(path)
+    config, vocab_size = _config_of_family(family, path)
+    config = dataclasses.replace(config, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing)
+    tensors = family.canonical_names(read_tensors(path))
+
+    def take(name: str) -> np.ndarray:
+        if name not in tensors:
+            raise HfFormatError(f"Checkpoint in {path} lacks tensor {name!r}.")
+        return tensors.pop(name)
+
+    def as_array(x: np.ndarray) -> jax.Array:
+        return jnp.asarray(x, dtype=dtype)
+
+    # Shapes only: no random initialisation of weights we are about to overwrite.
+    skeleton = eqx.filter_eval_shape(lambda: family.model_class(config, vocab_size, key=jax.random.PRNGKey(0)))
+    layer_skeleton = eqx.filter_eval_shape(lambda: family.layer_class(config, key=jax.random.PRNGKey(0)))
+    weights = family.layer_weights(config)
+    try:
+        layers = []
+        for i in range(config.num_layers):
+            prefix = f"model.layers.{i}."
+            values = [as_array(w.from_hf(lambda suffix: take(prefix + suffix))) for w in weights]
+            layers.append(eqx.tree_at(lambda l: [attrgetter(w.ours)(l) for w in weights], layer_skeleton, values))
+        if use_scan:
+            stacked_layers: Any = Stacked(jax.tree.map(lambda *xs: jnp.stack(xs), *layers), config.num_layers)
+        else:
+            stacked_layers = tuple(layers)
+
+        model = eqx.tree_at(lambda m: m.embed.weight, skeleton, as_array(take("model.embed_tokens.weight")))
+        model = eqx.tree_at(lambda m: m.final_norm.weight, model, as_array(take("model.norm.weight")))
+        model = eqx.tree_at(lambda m: m.layers, model, stacked_layers)
+        if model.lm_head is not None:
+            # Some tied checkpoints still store lm_head.weight; untied ones must.
+            model = eqx.tree_at(lambda m: m.lm_head.weight, model, as_array(take("lm_head.weight").T))
+    except HfFormatError:
+        raise
+    except (ValueError, TypeError) as e:  # a head reshape or layer stack of tensors config.json did not predict
+        raise _shapes_disagree(path, str(e)) from e
+    _check_shapes(model, skeleton, path)
+    tensors.pop("lm_head.weight", None)
+    leftover = sorted(k for k in tensors if "rotary_emb" not in k)
+    if leftover:
+        raise HfFormatError(f"Checkpoint in {path} has tensors this {family.model_type} model does not use: {leftover[:5]}...")
+    return model
+
+
+def _config_of_family(family: HfFamily, path: str) -> tuple[Any, int]:
+    """Our config from the folder's ``config.json``; a missing or ill-typed field names the file."""
+    hf = read_model_config(path)
+    try:
+        return family.config_from_hf(hf)
+    except HfFormatError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:  # a family-specific field missing or of the wrong kind
+        raise CorruptCheckpointError(
+            f"{fsx.join(path, CONFIG_FILE)} does not describe a valid {family.model_type} model ({type(e).__name__}: {e})."
+        ) from e
+
+
+def _shapes_disagree(path: str, detail: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"The tensors in {path} do not have the shapes its config.json describes ({detail}): one of the files is "
+        "damaged, or they come from different models."
+    )
+
+
+def _check_shapes(model: Any, skeleton: Any, path: str) -> None:
+    # Weights whose layout needs no reshape would otherwise load at any size and fail only later.
+    loaded = jax.tree_util.tree_flatten_with_path(model)[0]
+    for (where, leaf), expected in zip(loaded, jax.tree.leaves(skeleton), strict=True):
+        if getattr(leaf, "shape", None) != getattr(expected, "shape", None):
+            detail = f"our {jax.tree_util.keystr(where)} has shape {tuple(leaf.shape)}, config.json implies {tuple(expected.shape)}"
+            raise _shapes_disagree(path, detail)

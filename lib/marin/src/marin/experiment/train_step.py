@@ -1,0 +1,136 @@
+"""What a ``train_lm`` step does when it runs: read its datasets, train, export, and sample.
+
+:func:`run_training` is the step's body. It reads each dataset's tokenize result once, checks that
+they share a tokenizer, trains through :func:`levanter.main.train_lm.train_lm` with the step's
+stop reasons (lease, Ctrl-C, SIGTERM) as the trainer's stop sources, and writes a few samples from
+the exported model. It returns a :class:`TrainingRun`, from which :mod:`marin.experiment.train`
+builds the step's recorded result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from levanter.data import build_text_data
+from levanter.distributed import initialize_distributed
+from levanter.inference import SamplingConfig, generate_text
+from levanter.main.train_lm import TrainLmConfig, TrainLmResult
+from levanter.main.train_lm import train_lm as run_trainer
+from levanter.optim import OptimizerConfig
+from levanter.tokenization import load_tokenizer
+from levanter.trainer import TrainerConfig
+from levanter.trainer.stopping import StopAction, StopRequest, StopSource
+from marin.errors import MarinError
+from marin.execution.lazy import LazyStep
+from marin.execution.step_context import StopReason
+from marin.experiment.data import cache_source
+from marin.processing.tokenize import TokenizedDataset
+
+SAMPLE_PROMPTS = ("Once upon a time", "One day, a little", "There was a")
+
+
+class TrainConfigError(MarinError, ValueError):
+    """A training request that cannot work as written (caught when it is declared)."""
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    """What a ``train_lm`` step was declared with."""
+
+    model: Any
+    optimizer: OptimizerConfig
+    trainer: TrainerConfig
+    weights: dict[LazyStep, float]  # {tokenized handle: weight}, in dependency order
+    seq_len: int
+    num_samples: int
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What running the step produced."""
+
+    datasets: dict[LazyStep, TokenizedDataset]  # each dataset's tokenize result, in the request's order
+    training: TrainLmResult
+    seconds: float
+    samples: list[str]
+
+    @property
+    def first_dataset(self) -> TokenizedDataset:
+        """The first dataset's tokenize result; all of them share its tokenizer."""
+        return next(iter(self.datasets.values()))
+
+
+def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
+    datasets = {handle: ctx.load_artifact(handle, TokenizedDataset).result for handle in request.weights}
+    first = _shared_tokenizer(datasets)
+    # Under replicas > 1 each process joins the JAX run first, then reads only its rows of each batch.
+    initialize_distributed()
+    data = build_text_data(
+        [cache_source(handle.name, datasets[handle], weight) for handle, weight in request.weights.items()],
+        seq_len=request.seq_len,
+        batch_size=request.trainer.batch_size,
+        seed=request.trainer.seed,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        # Every cache's largest token id must fit the model's embedding table (an id past it is an
+        # out-of-range gather, which XLA turns into silent garbage, not an error).
+        vocab_size=first.vocab_size,
+    )
+    started = time.perf_counter()
+    training = run_trainer(
+        TrainLmConfig(
+            model=request.model,
+            optimizer=request.optimizer,
+            trainer=request.trainer,
+            vocab_size=first.vocab_size,
+            output_path=ctx.output_path,
+            tokenizer=first.tokenizer_source,
+        ),
+        data.train,
+        data.validation,
+        stop_sources=[trainer_stop_source(ctx)],
+    )
+    seconds = time.perf_counter() - started
+    samples = sample_texts(training.hf_path, first.tokenizer_source, request.num_samples)
+    return TrainingRun(datasets=datasets, training=training, seconds=seconds, samples=samples)
+
+
+def _shared_tokenizer(datasets: dict[LazyStep, TokenizedDataset]) -> TokenizedDataset:
+    identities = {result.tokenizer_identity for result in datasets.values()}
+    if len(identities) > 1:
+        names = ", ".join(f"{h.name}: {r.tokenizer_identity[:19]}" for h, r in datasets.items())
+        raise TrainConfigError(f"All datasets of one training run must share a tokenizer; got {names}.")
+    return next(iter(datasets.values()))
+
+
+def trainer_stop_source(ctx: Any) -> StopSource:
+    """The step's reasons to stop, as the trainer's requests, polled between training steps.
+
+    A lost lease abandons (another runner may be writing this folder: not even a checkpoint);
+    Ctrl-C and SIGTERM preempt (checkpoint, then stop, so a rerun resumes there).
+    """
+    requests = {
+        StopReason.LEASE_LOST: StopRequest(
+            StopAction.ABANDON,
+            f"step {ctx.step.name!r} lost its lease on {ctx.output_path} (another runner may be writing there)",
+        ),
+        StopReason.INTERRUPTED: StopRequest(StopAction.PREEMPT, "the run was interrupted (Ctrl-C)"),
+        StopReason.PREEMPTED: StopRequest(StopAction.PREEMPT, "the runner received SIGTERM (preemption)"),
+    }
+    return lambda: requests.get(ctx.stop_reason())
+
+
+def sample_texts(hf_path: str | None, tokenizer_location: str, count: int) -> list[str]:
+    """Continuations of the first ``count`` of :data:`SAMPLE_PROMPTS` by the exported model."""
+    if not hf_path or count <= 0:
+        return []
+    from levanter.compat.hf_checkpoints import import_from_hf
+
+    model = import_from_hf(hf_path)
+    tokenizer = load_tokenizer(tokenizer_location)
+    prompts = list(SAMPLE_PROMPTS[:count])
+    return generate_text(model, tokenizer, prompts, SamplingConfig(max_new_tokens=160, temperature=0.7, top_k=40))
