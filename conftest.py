@@ -55,7 +55,7 @@ def synthetic_stories() -> tuple[str, ...]:
 
     Deterministic and offline. Tests that need a train and a validation split take disjoint slices.
     """
-    from marin.datasets.synthetic_stories import generate_stories
+    from storygen import generate_stories
 
     return tuple(generate_stories(400, seed=0))
 

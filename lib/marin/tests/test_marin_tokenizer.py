@@ -21,7 +21,7 @@ from marin.datasets import (
     builtin_tinystories,
     builtin_tokenizer,
 )
-from marin.datasets.synthetic_stories import generate_stories
+from storygen import generate_stories
 from marin.execution.lazy import LazyStep
 from marin.execution.step_runner import StepRunner
 

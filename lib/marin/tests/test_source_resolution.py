@@ -147,7 +147,7 @@ def test_builtin_corpus_is_built_by_a_cached_step_and_read_through_split_files(t
     assert [o.outcome for o in report.outcomes] == ["ran", "ran"]
     assert {s: len(t) for s, t in seen.items()} == {"train": 40, "validation": 8}
     assert not set(seen["train"]) & set(seen["validation"])
-    from marin.datasets.synthetic_stories import generate_stories
+    from storygen import generate_stories
 
     assert seen["train"] == generate_stories(40, seed=tiny.seed)
     # Deterministic and cached: a second run builds nothing.

@@ -2,9 +2,8 @@
 
 - :func:`resolve_source`: a hub id, file, folder, glob or URL -> :class:`ResolvedSource` (kind,
   identity for hashing, how to read each split, a log line).
-- :mod:`marin.datasets.synthetic_stories`: the generator of the built-in TinyStories-style corpus.
 - :func:`builtin_tinystories` / :func:`builtin_tokenizer`: the cached steps that build the offline
-  corpus and the offline BPE tokenizer.
+  corpus (text from the :mod:`storygen` generator) and the offline BPE tokenizer.
 - :class:`TokenizerRef`: a hub tokenizer with an offline default, resolved by :func:`resolve_tokenizer_ref`.
 """
 

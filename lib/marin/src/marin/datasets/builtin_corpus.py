@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 from rigging import filesystem as fsx
 
-from marin.datasets.synthetic_stories import GENERATOR_NAME, GENERATOR_VERSION, iter_stories
+from storygen import GENERATOR_NAME, GENERATOR_VERSION, iter_stories
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.execution.step_context import StepContext
 
@@ -66,6 +66,8 @@ class BuiltinCorpus:
     documents: dict[str, int] = field(default_factory=dict)
     words: dict[str, int] = field(default_factory=dict)
     identity: dict = field(default_factory=dict)
+    # Says, for every step that reads this result, that the text is the project's own stand-in.
+    builtin: bool = True
 
 
 def corpus_config_for(sample_count: int | None) -> BuiltinCorpusConfig:

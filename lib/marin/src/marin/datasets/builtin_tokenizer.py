@@ -48,6 +48,8 @@ class TrainedTokenizer:
     identity: str  # sha256 of the canonical tokenizer.json, as levanter.tokenization computes it
     eos_token: str
     documents: int
+    # Says, for every step that reads this result, that the tokenizer is the project's own stand-in.
+    builtin: bool = True
 
 
 def builtin_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: LazyStep | None = None) -> LazyStep:

@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from marin.errors import MarinError
+
 logger = logging.getLogger(__name__)
 
 RepoType = Literal["dataset", "model"]
@@ -35,11 +37,11 @@ def hub_offline() -> bool:
         return True
 
 
-class HubUnreachableError(ConnectionError):
+class HubUnreachableError(MarinError, ConnectionError):
     """The hub could not be asked: offline mode, no network, a timeout or a server error."""
 
 
-class HubRefusedError(LookupError):
+class HubRefusedError(MarinError, LookupError):
     """The hub answered, and the answer was no: the repository or revision does not exist, or is gated."""
 
 

@@ -25,6 +25,7 @@ from rigging import filesystem as fsx
 
 from marin.datasets.builtin_corpus import SPLIT_FILES, BuiltinCorpusConfig, builtin_tinystories, corpus_config_for
 from marin.datasets.hub import HubClient, HubRefusedError, hub_offline, resolve_revision
+from marin.errors import MarinError
 from marin.execution.lazy import LazyStep
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ _DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet", ".txt", ".text", ".m
 _COMPRESSION_SUFFIXES = ("", ".gz", ".zst")
 
 
-class SourceError(ValueError):
+class SourceError(MarinError, ValueError):
     """A source that cannot be used; the message says what to do."""
 
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from marin.datasets.hub import HubClient, HubRefusedError, hub_offline, resolve_revision
+from marin.errors import MarinError
 from marin.execution.lazy import LazyStep
 
 logger = logging.getLogger(__name__)
 
 
-class TokenizerUnavailableError(LookupError):
+class TokenizerUnavailableError(MarinError, LookupError):
     """A hub tokenizer that can be neither fetched nor found in the cache, and has no offline default."""
 
 

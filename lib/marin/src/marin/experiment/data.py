@@ -17,6 +17,7 @@ from levanter.data import CacheSource
 from levanter.tokenization import load_tokenizer
 from marin.datasets.sources import ResolvedSource, resolve_source
 from marin.datasets.tokenizer_ref import ResolvedTokenizer, TokenizerRef, resolve_tokenizer_ref
+from marin.errors import MarinError
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.processing.tokenize import (
     MissingSplitError,
@@ -33,11 +34,11 @@ logger = logging.getLogger(__name__)
 TOKENIZE_STEP_VERSION = "2"
 
 
-class TokenizerArtifactError(ValueError):
+class TokenizerArtifactError(MarinError, ValueError):
     """A tokenizer dependency's artifact does not say where its tokenizer folder is."""
 
 
-class SourceArtifactError(ValueError):
+class SourceArtifactError(MarinError, ValueError):
     """A source dependency's artifact does not say which files hold its splits."""
 
 
@@ -50,6 +51,7 @@ class _Source:
     description: str
     files_at_run_time: Callable[[Any], Mapping[str, Sequence[str]]]
     deps: tuple[LazyStep, ...] = ()
+    builtin: bool = False  # resolved to the project's built-in offline corpus
 
 
 def tokenized(
@@ -94,14 +96,23 @@ def tokenized(
     deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
 
     def run(ctx) -> TokenizedDataset:
-        location = tokenizer_location if tokenizer_dep is None else _tokenizer_folder(ctx.load_artifact(tokenizer_dep).result)
+        tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
+        location = tokenizer_location if tokenizer_result is None else _tokenizer_folder(tokenizer_result)
         split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
         # A hub dataset may lack a validation split; the loader then holds out a slice of train.
         present = tuple(split for split in config.splits if split in split_files)
         if "train" not in present:
             raise MissingSplitError(f"source {resolved.description} has no train files (found: {sorted(split_files)})")
         run_config = config if present == config.splits else TokenizeConfig(**{**_fields(config), "splits": present})
-        return run_tokenize(run_config, TokenizeInputs(split_files, location, tokenizer_revision), ctx.output_path, backend=backend)
+        inputs = TokenizeInputs(
+            split_files,
+            location,
+            tokenizer_revision,
+            # What the steps that built the inputs recorded: the result carries it on to training.
+            builtin_source=resolved.builtin or any(_says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
+            builtin_tokenizer=_says_builtin(tokenizer_result),
+        )
+        return run_tokenize(run_config, inputs, ctx.output_path, backend=backend)
 
     return lazy_step(
         name,
@@ -120,19 +131,19 @@ def cache_sources(ctx: Any, datasets: Mapping[LazyStep, float]) -> list[CacheSou
     ``datasets`` is ``{tokenized handle: weight}`` as in the tutorial; validation comes from each
     handle's validation split when it has one (else the loader holds out a slice of train).
     """
-    sources = []
-    for handle, weight in datasets.items():
-        result = ctx.load_artifact(handle, TokenizedDataset).result
-        validation = result.splits.get("validation")
-        sources.append(
-            CacheSource(
-                name=handle.name,
-                train=result.cache_path("train"),
-                validation=validation.cache_path if validation is not None else None,
-                weight=float(weight),
-            )
-        )
-    return sources
+    return [cache_source(handle.name, ctx.load_artifact(handle, TokenizedDataset).result, weight)
+            for handle, weight in datasets.items()]
+
+
+def cache_source(name: str, result: TokenizedDataset, weight: float) -> CacheSource:
+    """One tokenize step's result (already loaded) as a weighted :class:`CacheSource` named ``name``."""
+    validation = result.splits.get("validation")
+    return CacheSource(
+        name=name,
+        train=result.cache_path("train"),
+        validation=validation.cache_path if validation is not None else None,
+        weight=float(weight),
+    )
 
 
 def _fields(config: TokenizeConfig) -> dict[str, Any]:
@@ -179,6 +190,7 @@ def _from_resolved(resolved: ResolvedSource) -> _Source:
         description=resolved.description,
         files_at_run_time=resolved.split_files,
         deps=resolved.deps,
+        builtin=resolved.is_builtin,
     )
 
 
@@ -243,6 +255,11 @@ def _tokenizer_folder(result: Any) -> str:
     raise TokenizerArtifactError(
         f"the tokenizer step's result must have a 'path' naming the folder with tokenizer.json; it has {sorted(data)}"
     )
+
+
+def _says_builtin(result: Any) -> bool:
+    """Whether a dependency's result says it is one of the project's built-in offline stand-ins."""
+    return result is not None and bool(_as_mapping(result).get("builtin", False))
 
 
 def _as_mapping(result: Any) -> Mapping[str, Any]:

@@ -10,10 +10,10 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from marin.datasets.synthetic_stories import lexicon
-from marin.datasets.synthetic_stories.grammar import Character
-from marin.datasets.synthetic_stories.plots import PLOTS, cast_story
-from marin.datasets.synthetic_stories.writer import StoryWriter
+from storygen import lexicon
+from storygen.grammar import Character
+from storygen.plots import PLOTS, cast_story
+from storygen.writer import StoryWriter
 
 # Bumped whenever a change to the lexicon, grammar or plots changes any generated text: it is
 # part of the built-in corpus's identity, so cached corpora and everything built from them are

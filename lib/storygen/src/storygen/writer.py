@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from marin.datasets.synthetic_stories import lexicon
-from marin.datasets.synthetic_stories.grammar import Character, Thing, quote, sentence
+from storygen import lexicon
+from storygen.grammar import Character, Thing, quote, sentence
 
 
 @dataclass(frozen=True)

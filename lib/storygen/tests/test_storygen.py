@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from marin.datasets.synthetic_stories import (
+from storygen import (
     MAX_WORDS,
     MIN_WORDS,
     PLOT_NAMES,
@@ -16,7 +16,7 @@ from marin.datasets.synthetic_stories import (
     iter_stories,
     story,
 )
-from marin.datasets.synthetic_stories.grammar import Character, indefinite_article, quote
+from storygen.grammar import Character, indefinite_article, quote
 
 CORPUS_SIZE = 10_000
 

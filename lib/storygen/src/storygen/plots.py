@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from marin.datasets.synthetic_stories import lexicon
-from marin.datasets.synthetic_stories.grammar import with_article
-from marin.datasets.synthetic_stories.writer import StoryWriter
+from storygen import lexicon
+from storygen.grammar import with_article
+from storygen.writer import StoryWriter
 
 
 def cast_story(w: StoryWriter) -> None:

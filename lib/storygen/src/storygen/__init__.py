@@ -2,13 +2,14 @@
 
 It is the project's own offline stand-in for the ``roneneldan/TinyStories`` dataset: stories are
 built from a grammar of templates with slots (characters, places, objects, feelings, dialogue)
-over several plot shapes, and are fully determined by ``(seed, index)``.
+over several plot shapes, and are fully determined by ``(seed, index)``. The package depends on
+nothing but the standard library, so any layer (and any test) can use it.
 
-    >>> from marin.datasets.synthetic_stories import generate_stories
+    >>> from storygen import generate_stories
     >>> texts = generate_stories(3, seed=0)
 """
 
-from marin.datasets.synthetic_stories.generator import (
+from storygen.generator import (
     GENERATOR_VERSION,
     MAX_WORDS,
     MIN_WORDS,
@@ -17,8 +18,11 @@ from marin.datasets.synthetic_stories.generator import (
     iter_stories,
     story,
 )
-from marin.datasets.synthetic_stories.plots import PLOTS
+from storygen.plots import PLOTS
 
+# The generator's name as recorded in the built-in corpus's identity (and so in every hash derived
+# from it). It predates this package's own name and stays as it is: changing it would orphan every
+# cached corpus, tokenizer and model built on the generated text.
 GENERATOR_NAME = "marin.synthetic_stories"
 PLOT_NAMES = tuple(sorted(PLOTS))
 
