@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from haliax.axes import Axes
+from haliax.errors import HaliaxError
 from haliax.module import logical_axes
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
 }
 
 
-class PartitioningError(ValueError):
+class PartitioningError(HaliaxError, ValueError):
     """A mesh or axis mapping that cannot be built as asked."""
 
 

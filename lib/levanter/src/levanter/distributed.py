@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import jax
 
+from levanter.errors import LevanterError
+
 logger = logging.getLogger("levanter.distributed")
 
 _NAMES = {
@@ -42,7 +44,7 @@ AUTO_VARIABLE = "LEVANTER_JAX_DISTRIBUTED"
 BIND_ADDRESS_VARIABLE = "JAX_COORDINATOR_BIND_ADDRESS"
 
 
-class DistributedConfigError(RuntimeError):
+class DistributedConfigError(LevanterError, RuntimeError):
     """The multi-process settings in the environment are incomplete or contradict each other."""
 
 

@@ -20,6 +20,7 @@ from rigging import filesystem as fsx
 from rigging.config.discovery import discover_config
 from rigging.log import get_logger
 
+from marin.errors import MarinError
 from marin.execution.artifact import ArtifactError, load_artifact
 from marin.execution.catalog import find_step_folders
 from marin.execution.executor_files import STATUS_SUCCESS, read_status
@@ -33,11 +34,11 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(MarinError, FileNotFoundError):
     """CHECKPOINT-OR-STEP names no folder with a model that can be loaded; the message says what to do."""
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(MarinError, ValueError):
     """The tokenizer has ids the model has no embedding for: it is not the one the model was trained with."""
 
 

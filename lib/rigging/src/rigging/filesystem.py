@@ -27,8 +27,10 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations
 
+from rigging.errors import RiggingError
 
-class FilesystemUnavailableError(Exception):
+
+class FilesystemUnavailableError(RiggingError):
     """A URL no installed fsspec filesystem can open: ``reason`` says why, ``remedy`` what to do."""
 
     def __init__(self, url: str, reason: str, remedy: str) -> None:
@@ -342,7 +344,7 @@ class Versioned:
     version: str
 
 
-class ConditionalWritesUnsupportedError(Exception):
+class ConditionalWritesUnsupportedError(RiggingError):
     """The URL's filesystem cannot create, replace or delete a file under a condition it checks itself."""
 
     def __init__(self, url: str, protocol: str, missing: str) -> None:

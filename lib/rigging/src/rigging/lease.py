@@ -53,6 +53,7 @@ import uuid
 from dataclasses import asdict, dataclass
 
 from rigging import filesystem as fsx
+from rigging.errors import RiggingError
 from rigging.log import get_logger
 
 logger = get_logger(__name__)
@@ -64,7 +65,7 @@ DEFAULT_HEARTBEAT_S = 10.0
 CLOCK_SKEW_TOLERANCE_S = 5.0
 
 
-class LeaseError(RuntimeError):
+class LeaseError(RiggingError, RuntimeError):
     """Using a lease in a way that cannot work (releasing one never held, ...)."""
 
 
@@ -72,7 +73,7 @@ class LeaseUnsupportedError(LeaseError):
     """The lock file's storage cannot hold a lease safely (no conditional writes)."""
 
 
-class LeaseLostError(RuntimeError):
+class LeaseLostError(RiggingError, RuntimeError):
     """The lease was taken over or deleted while its holder was still working."""
 
 

@@ -25,11 +25,13 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from rigging.errors import RiggingError
+
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 10.0
 
 
-class LocalStoreUnavailableError(ImportError):
+class LocalStoreUnavailableError(RiggingError, ImportError):
     """The package that provides a local store server is not installed."""
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import re
 
+from rigging.errors import RiggingError
+
 _SEGMENT = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
 MAX_SEGMENT_LENGTH = 200
 MAX_NAME_LENGTH = 1000
 
 
-class UnsafeNameError(ValueError):
+class UnsafeNameError(RiggingError, ValueError):
     """A name that cannot safely become a folder under another one."""
 
 

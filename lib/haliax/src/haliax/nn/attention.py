@@ -21,6 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from haliax.errors import HaliaxError
 from haliax.nn.attention_kernels import KERNELS, UNSUPPORTED_CHECKS, Platform
 
 IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn", "pallas_gpu", "splash")
@@ -68,7 +69,7 @@ def causal_block_size(seq_len: int) -> int:
     return max(block, -(-seq_len // MAX_QUERY_BLOCKS))
 
 
-class AttentionImplementationError(ValueError):
+class AttentionImplementationError(HaliaxError, ValueError):
     """An attention implementation that is unknown, or cannot run on this platform, shape or dtype."""
 
 

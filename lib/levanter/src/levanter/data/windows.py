@@ -14,8 +14,10 @@ import numpy as np
 
 from zephyr.token_cache import TokenCache
 
+from levanter.errors import LevanterError
 
-class NotEnoughTokensError(ValueError):
+
+class NotEnoughTokensError(LevanterError, ValueError):
     """A cache is too small to give even one window (or one train and one validation window)."""
 
 

@@ -19,13 +19,15 @@ import numpy as np
 
 from zephyr.token_cache import TokenCache
 
+from levanter.errors import LevanterError
+
 logger = logging.getLogger(__name__)
 
 _DOCUMENTS_PER_DECODE = 1024
 _PROGRESS_EVERY_SECONDS = 10.0
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(LevanterError, ValueError):
     """The tokenizer given to decode a cache is not the one that wrote it."""
 
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from lm_eval.api.model import TemplateLM
 
+from levanter.errors import LevanterError
 from levanter.inference.sampling import sample
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 
@@ -33,7 +34,7 @@ _MIN_BUCKET = 16
 _PROGRESS_EVERY_SECONDS = 10.0
 
 
-class HarnessSetupError(ValueError):
+class HarnessSetupError(LevanterError, ValueError):
     """The adapter cannot work with this model, tokenizer or setting."""
 
 

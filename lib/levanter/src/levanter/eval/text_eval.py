@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from levanter.errors import LevanterError
 from levanter.eval.byte_counts import check_tokenizer_matches, document_byte_counts, token_bytes
 from levanter.eval.scoring_windows import ScoringWindows
 from levanter.models.loss import fused_next_token_loss, next_token_loss
@@ -40,7 +41,7 @@ BLOCK_LOGITS = 2**26
 _PROGRESS_EVERY_SECONDS = 10.0
 
 
-class EvalSetupError(ValueError):
+class EvalSetupError(LevanterError, ValueError):
     """An evaluation that cannot work as asked (sequence too long, vocabularies that do not fit)."""
 
 

@@ -21,12 +21,14 @@ import jax.numpy as jnp
 from haliax import Stacked
 from haliax.nn import rotary_cos_sin
 
+from levanter.errors import LevanterError
 
-class SamplingError(ValueError):
+
+class SamplingError(LevanterError, ValueError):
     """Sampling arguments that cannot work with this model or prompt."""
 
 
-class NonFiniteLogitsError(FloatingPointError):
+class NonFiniteLogitsError(LevanterError, FloatingPointError):
     """The model produced NaN or infinite logits: its weights (or their dtype) are broken."""
 
 

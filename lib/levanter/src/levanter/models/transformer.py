@@ -18,8 +18,10 @@ from haliax.nn import Linear, apply_rotary, attend, dot_product_attention
 from haliax.nn.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from haliax.partitioning import constrain
 
+from levanter.errors import LevanterError
 
-class ConfigError(ValueError):
+
+class ConfigError(LevanterError, ValueError):
     """A model configuration that cannot describe a valid model."""
 
 

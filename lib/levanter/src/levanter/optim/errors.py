@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from levanter.errors import LevanterError
 
-class OptimizerConfigError(ValueError):
+
+class OptimizerConfigError(LevanterError, ValueError):
     """An optimizer config that cannot be built, run or read back; the message names the field."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from levanter.errors import LevanterError
 from levanter.tokenization.loading import HfTokenizer
 
 # Normal documents (stories, web pages) are far below this and are never cut.
@@ -24,7 +25,7 @@ DEFAULT_MAX_PIECE_CHARS = 100_000
 DEFAULT_MAX_BATCH_CHARS = 4_000_000
 
 
-class MissingSpecialTokenError(ValueError):
+class MissingSpecialTokenError(LevanterError, ValueError):
     """BOS or EOS was asked for but the tokenizer defines no such token."""
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import fsspec
 import tokenizers
 
+from levanter.errors import LevanterError
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
@@ -28,11 +30,11 @@ _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>
 _BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "<|endoftext|>")
 
 
-class TokenizerNotFoundError(FileNotFoundError):
+class TokenizerNotFoundError(LevanterError, FileNotFoundError):
     """The tokenizer named by the user is neither a readable local/remote path nor a cached hub id."""
 
 
-class TokenizerFormatError(ValueError):
+class TokenizerFormatError(LevanterError, ValueError):
     """The tokenizer file exists but is not a Hugging Face ``tokenizer.json``."""
 
 

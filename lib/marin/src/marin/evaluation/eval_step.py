@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 from levanter.eval import LmEvaluator
 from levanter.tokenization import load_tokenizer
+from marin.errors import MarinError
 from marin.evaluation.model_source import LoadedModel
 from marin.evaluation.results import DatasetScore, EvalResults
 from marin.processing.tokenize import TokenizedDataset
@@ -15,7 +16,7 @@ from marin.processing.tokenize import TokenizedDataset
 logger = logging.getLogger(__name__)
 
 
-class EvalConfigError(ValueError):
+class EvalConfigError(MarinError, ValueError):
     """An evaluation that cannot give a meaningful answer as declared (wrong split, other tokenizer)."""
 
 

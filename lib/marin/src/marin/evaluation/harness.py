@@ -13,13 +13,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from marin.errors import MarinError
 from marin.evaluation.model_source import LoadedModel
 from marin.execution.artifact import register_result_type
 
 logger = logging.getLogger(__name__)
 
 
-class HarnessConfigError(ValueError):
+class HarnessConfigError(MarinError, ValueError):
     """A harness evaluation that cannot run as declared (no tasks, unknown task, bad limit)."""
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from rigging import filesystem as fsx
 
+from marin.errors import MarinError
+
 # Weight files above this size are identified by their size, head and tail instead of a full digest
 # (reading many gigabytes when a step is *declared* would make every dry run slow).
 _FULL_DIGEST_MAX_BYTES = 1 << 30
@@ -20,7 +22,7 @@ _SAMPLE_BYTES = 8 << 20
 _WEIGHT_SUFFIXES = (".safetensors", ".json")
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(MarinError, ValueError):
     """The model given to an eval step cannot be evaluated as written."""
 
 

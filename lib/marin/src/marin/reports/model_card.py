@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from marin.errors import MarinError
 from marin.execution.artifact import ArtifactError, load_artifact, register_result_type
 from marin.execution.catalog import step_folders
 from marin.execution.executor_files import STATUS_SUCCESS, prefix_of, read_info, read_status, recorded_dependency_paths
@@ -22,7 +23,7 @@ CARD_FILE = "MODEL_CARD.md"
 PLOT_FILE = "loss_curves.png"
 
 
-class ReportSourceError(ValueError):
+class ReportSourceError(MarinError, ValueError):
     """The folder given to the report is not a finished training step's output."""
 
 

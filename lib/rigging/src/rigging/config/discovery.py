@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from rigging.errors import RiggingError
 from rigging.filesystem import FilesystemUnavailableError, UnknownProtocolError, check_protocol
 
 DEFAULT_OUTPUT_FOLDER = "marin-outputs"
@@ -37,7 +38,7 @@ ENVIRONMENT_VARIABLES = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(RiggingError, ValueError):
     """A settings file or override that cannot be used as written."""
 
 
