@@ -275,3 +275,26 @@ def test_non_json_result_fails_the_step_clearly(tmp_path):
     step = StepSpec("weird", lambda: object())
     report = _runner(tmp_path).run([step], raise_on_failure=False)
     assert report.failed == ["weird"] and "JSON-like" in report.outcome_of("weird").error
+
+
+def test_ready_steps_start_in_plan_order_and_a_failure_blocks_a_deep_chain_without_recursion(tmp_path):
+    # One worker: the start order is the plan order among the steps whose dependencies are done.
+    order = []
+    root = StepSpec("root", lambda: order.append("root"))
+    leaves = [StepSpec(f"leaf{i}", (lambda i=i: order.append(f"leaf{i}")), deps=[root]) for i in range(5)]
+    report = _runner(tmp_path).run(leaves, max_concurrent=1)
+    assert order == ["root", *(f"leaf{i}" for i in range(5))] and len(report.ran) == 6
+
+    def boom():
+        raise RuntimeError("kaput")
+
+    # A chain deeper than Python's recursion limit below a failed step: every link is DEP_FAILED,
+    # each naming the link above it, and a step beside the chain still runs.
+    chain = [StepSpec("chain/bad", boom)]
+    for index in range(1500):
+        chain.append(StepSpec(f"chain/{index:04d}", lambda: None, deps=[chain[-1]]))
+    beside = StepSpec("chain/beside", lambda: order.append("beside"))
+    report = _runner(tmp_path).run([chain[-1], beside], raise_on_failure=False)
+    assert report.failed == ["chain/bad"] and len(report.dep_failed) == 1500 and report.ran == ["chain/beside"]
+    assert report.outcome_of("chain/0000").error == "dependency failed: chain/bad"
+    assert report.outcome_of("chain/1499").error == "dependency failed: chain/1498"

@@ -26,6 +26,7 @@ says; ``marin run``'s options reach the runner as :mod:`~marin.execution.run_def
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import re
@@ -388,47 +389,85 @@ def _schedule(
     paths: dict[str, str],
     workers: int,
 ) -> None:
-    """Submit steps as their dependencies finish; mark dependents of failures DEP_FAILED."""
+    """Submit steps as their dependencies finish, in plan order among those ready; mark the
+    dependents of failures DEP_FAILED.
+
+    Each step counts its dependencies still to finish, and a finished step visits only its own
+    dependents: a run of n steps costs time in proportion to its steps and edges, where rescanning
+    every waiting step after each finished one would grow with n squared (minutes at 10,000 steps).
+    """
     total = len(pending)
+    position = {item.spec.identity: index for index, item in enumerate(pending)}
+    waiting: dict[str, int] = {}  # identity -> dependencies not finished yet
+    dependents: dict[str, list[PlannedStep]] = {}
+    ready: list[tuple[int, PlannedStep]] = []  # a heap by position in the plan
+    started: set[str] = set()
+    stopping = False
+
+    def block(item: PlannedStep) -> None:
+        """Record ``item`` DEP_FAILED, and so every step waiting on it (iteratively: chains may be deep)."""
+        stack = [item]
+        while stack:
+            step = stack.pop()
+            if step.spec.identity in outcomes:
+                continue
+            states = (outcomes.get(dep.identity) for dep in step.spec.deps)
+            culprits = [o.name for o in states if o is not None and o.outcome.blocks_dependents]
+            outcomes[step.spec.identity] = record_dep_failed(session, step.spec, step.output_path, culprits)
+            stack.extend(reversed(dependents.pop(step.spec.identity, [])))
+
+    def settle(item: PlannedStep, outcome: StepOutcome) -> None:
+        outcomes[item.spec.identity] = outcome
+        if stopping:
+            return  # interrupted: nothing new starts, and the steps never started keep their status
+        for dependent in dependents.pop(item.spec.identity, []):
+            if dependent.spec.identity in outcomes:
+                continue
+            if outcome.outcome.blocks_dependents:
+                block(dependent)
+                continue
+            waiting[dependent.spec.identity] -= 1
+            if waiting[dependent.spec.identity] == 0:
+                heapq.heappush(ready, (position[dependent.spec.identity], dependent))
+
+    for item in pending:  # dependencies come first in the plan, so their outcomes are known here if settled
+        states = [outcomes.get(dep.identity) for dep in item.spec.deps]
+        if any(o is not None and o.outcome.blocks_dependents for o in states):
+            block(item)
+            continue
+        unfinished = [dep for dep, o in zip(item.spec.deps, states) if o is None]
+        waiting[item.spec.identity] = len(unfinished)
+        for dep in unfinished:
+            dependents.setdefault(dep.identity, []).append(item)
+        if not unfinished:
+            heapq.heappush(ready, (position[item.spec.identity], item))
+
     finished = 0
     run_seconds = 0.0
-    while pending or running:
-        if session.cancelled.is_set():
+    while True:
+        if session.cancelled.is_set() and not stopping:
             # Interrupted: start nothing new, but collect the outcomes of the steps still stopping.
-            if pending:
-                logger.warning("Interrupted: %d step(s) not started: %s", len(pending), ", ".join(i.spec.name for i in pending))
-                pending.clear()
-            if not running:
-                break
-        progressed = False
-        for item in list(pending):
-            dep_states = [outcomes.get(dep.identity) for dep in item.spec.deps]
-            culprits = [o.name for o in dep_states if o is not None and o.outcome.blocks_dependents]
-            if culprits:
-                pending.remove(item)
-                outcomes[item.spec.identity] = record_dep_failed(session, item.spec, item.output_path, culprits)
-                progressed = True
-                continue
-            if len(running) >= workers:
-                continue
-            if all(o is not None and o.outcome.succeeded for o in dep_states):
-                pending.remove(item)
-                dep_paths = {dep.identity: paths[dep.identity] for dep in item.spec.deps}
-                running[pool.submit(attempt_step, session, item.spec, item.output_path, dep_paths)] = item
-                progressed = True
-        if progressed:
-            continue  # a newly blocked step may unblock (or block) others in this same pass
+            stopping = True
+            never = [i for i in pending if i.spec.identity not in outcomes and i.spec.identity not in started]
+            if never:
+                logger.warning("Interrupted: %d step(s) not started: %s", len(never), ", ".join(i.spec.name for i in never))
+            ready.clear()
+        while ready and len(running) < workers:
+            _, item = heapq.heappop(ready)
+            started.add(item.spec.identity)
+            dep_paths = {dep.identity: paths[dep.identity] for dep in item.spec.deps}
+            running[pool.submit(attempt_step, session, item.spec, item.output_path, dep_paths)] = item
         if not running:
-            break  # nothing can make progress (should not happen with a valid plan)
+            break  # done (or, with an invalid plan, nothing left that can start)
         # A timeout keeps the loop noticing an interrupt while long steps run.
         done, _ = futures.wait(list(running), timeout=_WAIT_POLL_S, return_when=futures.FIRST_COMPLETED)
         for future in done:
             item = running.pop(future)
             outcome = future.result()
-            outcomes[item.spec.identity] = outcome
             finished += 1
             run_seconds += outcome.seconds
             _log_progress(outcome, finished, total, run_seconds, workers)
+            settle(item, outcome)
 
 
 def _log_progress(outcome: StepOutcome, finished: int, total: int, run_seconds: float, workers: int) -> None:
