@@ -184,3 +184,20 @@ def test_corrupt_compressed_file_names_the_file(tmp_path):
         path.write_bytes(data)
         with pytest.raises(InputFileError, match=name):
             list(DocumentReader()(str(path)))
+
+
+def test_field_reader_names_each_record_it_yields(tmp_path):
+    from zephyr.readers import FieldReader
+
+    (tmp_path / "a.jsonl").write_text('{"messages": [1]}\n\n{"messages": [2, 3]}\n{"other": 1}\n')
+    pq.write_table(pa.table({"messages": [[4], [5]]}), tmp_path / "b.parquet")
+    reader = FieldReader("messages")
+    jsonl = str(tmp_path / "a.jsonl")
+    with pytest.raises(InputFileError, match=r"a.jsonl, line 4: has no field 'messages' \(fields: other\)"):
+        list(reader(jsonl))
+    assert list(FieldReader("messages", on_error="skip")(jsonl)) == [(f"{jsonl}, line 1", [1]), (f"{jsonl}, line 3", [2, 3])]
+    parquet = str(tmp_path / "b.parquet")
+    assert list(reader(parquet)) == [(f"{parquet}, row 1", [4]), (f"{parquet}, row 2", [5])]
+    (tmp_path / "c.txt").write_text("text")
+    with pytest.raises(InputFileError, match="is a text file"):
+        list(reader(str(tmp_path / "c.txt")))

@@ -255,6 +255,39 @@ class DocumentReader:
             _problem(path, problem, "missing_field", self.on_error, line_number)
 
 
+@dataclass(frozen=True)
+class FieldReader:
+    """Reads one field of every record of one jsonl or Parquet file, with where each record is (a
+    picklable callable for ``flat_map``).
+
+    Yields ``(where, value)``: ``where`` names the record for error messages (``"<path>, line 7"``
+    for jsonl, ``"<path>, row 3"`` for Parquet, counting from 1); the value is not checked, only
+    that the field is there. Text files hold no records and are refused.
+    """
+
+    field: str
+    on_error: OnError = "raise"
+
+    def __call__(self, path: str) -> Iterator[tuple[str, Any]]:
+        _check_on_error(self.on_error)
+        kind, _ = input_format(path)
+        if kind == "text":
+            raise InputFileError(path, f"is a text file; records with a {self.field!r} field come from jsonl or Parquet files")
+        if kind == "parquet":
+            for row_number, row in enumerate(read_parquet(path, columns=[self.field], on_error=self.on_error), start=1):
+                yield f"{path}, row {row_number}", row[self.field]
+            return
+        for line_number, record in _read_jsonl_numbered(path, self.on_error):
+            if isinstance(record, dict) and self.field in record:
+                yield f"{path}, line {line_number}", record[self.field]
+                continue
+            if isinstance(record, dict):
+                problem = f"has no field {self.field!r} (fields: {', '.join(sorted(record)) or 'none'})"
+            else:
+                problem = f"expected a JSON object, got {type(record).__name__}"
+            _problem(path, problem, "missing_field", self.on_error, line_number)
+
+
 def read_documents(spec: str | Sequence[str], *, text_field: str = "text", separator: str | None = None,
                    on_error: OnError = "raise") -> Iterator[str]:
     """Every document of every file named by ``spec`` (in the driver process, sequentially)."""

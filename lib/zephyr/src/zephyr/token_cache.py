@@ -5,6 +5,7 @@ Layout of a cache folder (a local path or any fsspec URL)::
     <cache>/ledger.json              written last, atomically, once every shard is finished
     <cache>/shard-00000/tokens.bin   little-endian token ids (uint16 if vocab_size <= 65536, else uint32)
     <cache>/shard-00000/offsets.bin  little-endian int64, documents + 1 entries: 0, end of doc 0, ...
+    <cache>/shard-00000/loss_mask.bin  optional: one uint8 per token, 1 where the token is trained on
     <cache>/shard-00000/shard.json   written last for the shard: counts, dtype, max token id, checksums
 
 A shard without ``shard.json`` is incomplete and is never read or counted; a cache without
@@ -28,6 +29,14 @@ a write. ``verify_checksums=False`` skips the hashing (sizes are still checked) 
 large to read at every training start. A matching checksum proves the bytes are the ones whose
 largest id the writer recorded, so :meth:`TokenCache.check_token_ids` compares the recorded ids
 with a model's vocabulary without reading the tokens again.
+
+Loss masks. A cache may carry a per-token loss mask beside its tokens (``loss_mask.bin``, one
+byte per token: 1 where predicting that token is trained on, 0 where the token is context only,
+such as the user's turns of a conversation). Every shard of such a cache has one, covered by the
+shard's checksums and size checks like the other arrays, and the ledger says format
+``marin-token-cache/3``, so a reader that does not know masks refuses the cache instead of
+silently training on every token. A cache without masks is still written as format
+``marin-token-cache/2``, byte for byte as before, and reads as all ones.
 
 A ledger is data: shard paths in it must be plain relative folders inside the cache (no absolute
 paths, ``..`` or URLs), so a ledger can never direct reads elsewhere. Caches of format
@@ -64,6 +73,8 @@ from zephyr.errors import ZephyrError
 logger = logging.getLogger(__name__)
 
 FORMAT = "marin-token-cache/2"
+# Format 2 plus a per-token loss mask in every shard; only caches that carry masks are written so.
+FORMAT_WITH_LOSS_MASK = "marin-token-cache/3"
 # Formats this reader knows but refuses, with the reason given to the user.
 _REFUSED_FORMATS = {
     "marin-token-cache/1": "it was written before token caches recorded checksums, so its files cannot be verified",
@@ -72,7 +83,9 @@ LEDGER_NAME = "ledger.json"
 SHARD_SUMMARY_NAME = "shard.json"
 TOKENS_NAME = "tokens.bin"
 OFFSETS_NAME = "offsets.bin"
+LOSS_MASK_NAME = "loss_mask.bin"
 _OFFSET_DTYPE = np.dtype("<i8")
+_LOSS_MASK_DTYPE = np.dtype("u1")
 # Documents are buffered up to this many tokens before a write, so a shard of any size streams to
 # disk with bounded memory.
 _WRITE_CHUNK_TOKENS = 1 << 20
@@ -149,6 +162,10 @@ class ShardSummary:
     max_token_id: int | None = None
     checksums: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def has_loss_mask(self) -> bool:
+        return LOSS_MASK_NAME in self.checksums
+
     def record(self) -> dict[str, Any]:
         """The JSON record, without the path (``shard.json``; the ledger adds the relative path)."""
         return {
@@ -193,32 +210,39 @@ class TokenCacheShardWriter:
 
     Use as a context manager: leaving the block normally finishes the shard, leaving it with an
     exception discards the partial files (the shard stays absent/incomplete).
+
+    With ``loss_mask=True`` every document comes with its per-token loss mask (see the module
+    docstring), written to ``loss_mask.bin`` beside the tokens.
     """
 
-    def __init__(self, url: str, dtype: Any):
+    def __init__(self, url: str, dtype: Any, *, loss_mask: bool = False):
         self.url = str(url).rstrip("/")
         self.dtype = _normalize_dtype(dtype)
+        self.has_loss_mask = bool(loss_mask)
         self._max_id = np.iinfo(self.dtype).max
         # A rewrite must never look finished while its files are being replaced.
         remove_if_exists(join_url(self.url, SHARD_SUMMARY_NAME))
         _remove_stale_temporaries(self.url)
-        self._tokens_cm = atomic_open(join_url(self.url, TOKENS_NAME), "wb")
-        self._offsets_cm = atomic_open(join_url(self.url, OFFSETS_NAME), "wb")
-        self._tokens_file = self._tokens_cm.__enter__()
-        self._offsets_file = self._offsets_cm.__enter__()
-        self._hashers = {TOKENS_NAME: _new_hasher(), OFFSETS_NAME: _new_hasher()}
+        if not self.has_loss_mask:  # a mask left by an earlier write of this shard would belong to other tokens
+            remove_if_exists(join_url(self.url, LOSS_MASK_NAME))
+        names = (TOKENS_NAME, OFFSETS_NAME) + ((LOSS_MASK_NAME,) if self.has_loss_mask else ())
+        self._file_cms = {name: atomic_open(join_url(self.url, name), "wb") for name in names}
+        self._files = {name: cm.__enter__() for name, cm in self._file_cms.items()}
+        self._hashers = {name: _new_hasher() for name in names}
         self._largest_id = -1
         self._pending_tokens: list[np.ndarray] = []
+        self._pending_masks: list[np.ndarray] = []
         self._pending_ends: list[int] = []
         self._pending_count = 0
         self._documents = 0
         self._tokens = 0
         self._closed = False
-        self._write_bytes(OFFSETS_NAME, self._offsets_file, np.zeros(1, dtype=_OFFSET_DTYPE).tobytes())
+        self._write_bytes(OFFSETS_NAME, np.zeros(1, dtype=_OFFSET_DTYPE).tobytes())
 
-    def write(self, document: Sequence[int] | np.ndarray) -> None:
-        """Append one document's token ids."""
+    def write(self, document: Sequence[int] | np.ndarray, loss_mask: Sequence[int] | np.ndarray | None = None) -> None:
+        """Append one document's token ids (and, for a writer with loss masks, its 0/1 mask per token)."""
         ids = np.asarray(document)
+        mask = self._checked_mask(ids, loss_mask)
         if ids.ndim != 1:
             raise ValueError(f"a document must be a 1-D sequence of token ids, got shape {ids.shape}")
         if ids.size:
@@ -233,6 +257,8 @@ class TokenCacheShardWriter:
                     )
                 ids = ids.astype(self.dtype)
             self._pending_tokens.append(ids)
+            if mask is not None:
+                self._pending_masks.append(mask)
         self._tokens += int(ids.size)
         self._documents += 1
         self._pending_ends.append(self._tokens)
@@ -240,24 +266,56 @@ class TokenCacheShardWriter:
         if self._pending_count >= _WRITE_CHUNK_TOKENS or len(self._pending_ends) >= 65536:
             self._flush()
 
-    def write_many(self, documents: Iterable[Sequence[int] | np.ndarray]) -> None:
-        for document in documents:
-            self.write(document)
+    def _checked_mask(self, ids: np.ndarray, loss_mask: Any) -> np.ndarray | None:
+        """The document's mask as uint8 0/1, or None for a writer without masks."""
+        if not self.has_loss_mask:
+            if loss_mask is not None:
+                raise ValueError(
+                    "a loss mask was given to a token cache writer without loss masks; create the writer (or "
+                    "write_token_cache) with loss_mask=True"
+                )
+            return None
+        if loss_mask is None:
+            raise ValueError(f"document {self._documents} has no loss mask, but this token cache writer stores one per token")
+        mask = np.asarray(loss_mask)
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"document {self._documents} has {ids.size} tokens but a loss mask of shape {mask.shape}; the mask "
+                "needs one 0/1 value per token"
+            )
+        if mask.size:
+            if mask.dtype.kind not in "biu":
+                raise ValueError(f"document {self._documents}: a loss mask holds the integers 0 and 1, got dtype {mask.dtype}")
+            low, high = int(mask.min()), int(mask.max())
+            if low < 0 or high > 1:
+                raise ValueError(f"document {self._documents}: a loss mask holds 0s and 1s only, got values {low}..{high}")
+        return mask.astype(_LOSS_MASK_DTYPE, copy=False)
 
-    def _write_bytes(self, name: str, handle: Any, data: bytes) -> None:
+    def write_many(self, documents: Iterable[Any]) -> None:
+        """Append documents: token arrays, or ``(tokens, loss_mask)`` pairs for a writer with loss masks."""
+        if self.has_loss_mask:
+            for ids, mask in documents:
+                self.write(ids, mask)
+        else:
+            for document in documents:
+                self.write(document)
+
+    def _write_bytes(self, name: str, data: bytes) -> None:
         # Hashing the buffer on its way out is what makes checksums free: no second read of the file.
         self._hashers[name].update(data)
-        handle.write(data)
+        self._files[name].write(data)
 
     def _flush(self) -> None:
         if self._pending_tokens:
             chunk = np.concatenate(self._pending_tokens)
             self._largest_id = max(self._largest_id, int(chunk.max()))
-            self._write_bytes(TOKENS_NAME, self._tokens_file, chunk.tobytes())
+            self._write_bytes(TOKENS_NAME, chunk.tobytes())
+        if self._pending_masks:
+            self._write_bytes(LOSS_MASK_NAME, np.concatenate(self._pending_masks).tobytes())
         if self._pending_ends:
             ends = np.asarray(self._pending_ends, dtype=_OFFSET_DTYPE)
-            self._write_bytes(OFFSETS_NAME, self._offsets_file, ends.tobytes())
-        self._pending_tokens, self._pending_ends, self._pending_count = [], [], 0
+            self._write_bytes(OFFSETS_NAME, ends.tobytes())
+        self._pending_tokens, self._pending_masks, self._pending_ends, self._pending_count = [], [], [], 0
 
     def finish(self) -> ShardSummary:
         """Close the arrays, then write ``shard.json``: from here on the shard counts."""
@@ -265,8 +323,8 @@ class TokenCacheShardWriter:
             raise RuntimeError("shard writer already closed")
         self._flush()
         self._closed = True
-        self._tokens_cm.__exit__(None, None, None)
-        self._offsets_cm.__exit__(None, None, None)
+        for cm in self._file_cms.values():
+            cm.__exit__(None, None, None)
         summary = ShardSummary(
             self.url,
             self._documents,
@@ -284,7 +342,7 @@ class TokenCacheShardWriter:
             return
         self._closed = True
         error = RuntimeError("token cache shard write aborted")
-        for cm in (self._tokens_cm, self._offsets_cm):
+        for cm in self._file_cms.values():
             try:
                 cm.__exit__(RuntimeError, error, None)
             except RuntimeError:
@@ -313,9 +371,10 @@ def _remove_stale_temporaries(shard_url: str) -> None:
             fs.rm(name)
 
 
-def write_token_cache_shard(url: str, documents: Iterable[Sequence[int] | np.ndarray], dtype: Any) -> ShardSummary:
-    """Write one shard from an iterable of documents (each a sequence of token ids)."""
-    with TokenCacheShardWriter(url, dtype) as writer:
+def write_token_cache_shard(url: str, documents: Iterable[Any], dtype: Any, *, loss_mask: bool = False) -> ShardSummary:
+    """Write one shard from an iterable of documents (each a sequence of token ids, or with
+    ``loss_mask=True`` a ``(tokens, loss_mask)`` pair)."""
+    with TokenCacheShardWriter(url, dtype, loss_mask=loss_mask) as writer:
         writer.write_many(documents)
         return writer.finish()
 
@@ -326,16 +385,20 @@ def finalize_token_cache(
     *,
     vocab_size: int,
     metadata: dict[str, Any] | None = None,
+    loss_mask: bool | None = None,
 ) -> dict[str, Any]:
     """Check every listed shard is finished and write ``ledger.json`` (last, atomically).
 
     ``shard_paths`` are shard folders relative to ``cache_url`` (``"shard-00000"``) or full URLs
     under it; their order is the cache's document order. A shard holding an id at or above
     ``vocab_size`` is refused: the ledger would claim a vocabulary its own tokens do not fit.
+    ``loss_mask``: whether every shard must carry a loss mask (True) or none may (False); None
+    takes the shards' word, which must be the same for all of them.
     """
     cache_url = str(cache_url).rstrip("/")
     expected = _dtype_name(dtype_for_vocab(vocab_size))
     shards = []
+    masked: dict[bool, list[str]] = {}
     for shard_path in shard_paths:
         relative = _relative_shard_path(cache_url, str(shard_path))
         summary = read_shard_summary(join_url(cache_url, relative))
@@ -353,11 +416,23 @@ def finalize_token_cache(
                 f"shard {relative!r} of token cache {cache_url} holds token id {summary.max_token_id}, outside "
                 f"vocab_size={vocab_size}; the tokenizer's vocab_size does not cover the ids it produced"
             )
+        masked.setdefault(summary.has_loss_mask, []).append(relative)
         shards.append({"path": relative, **summary.record()})
         del shards[-1]["dtype"]  # one dtype for the whole cache, recorded once below
+    if len(masked) > 1:
+        raise ValueError(
+            f"token cache {cache_url} mixes shards with loss masks ({', '.join(masked[True])}) and without "
+            f"({', '.join(masked[False])}); a cache has a mask in every shard or in none"
+        )
+    has_mask = next(iter(masked), bool(loss_mask))
+    if loss_mask is not None and has_mask != loss_mask:
+        raise ValueError(
+            f"the shards of token cache {cache_url} {'carry' if has_mask else 'lack'} loss masks, but the cache "
+            f"was to be written {'with' if loss_mask else 'without'} them; rewrite its shards"
+        )
     largest = [s["max_token_id"] for s in shards if s["max_token_id"] is not None]
     ledger = {
-        "format": FORMAT,
+        "format": FORMAT_WITH_LOSS_MASK if has_mask else FORMAT,
         "dtype": expected,
         "vocab_size": int(vocab_size),
         "documents": sum(s["documents"] for s in shards),
@@ -416,10 +491,10 @@ def _read_ledger(url: str) -> dict[str, Any]:
             f"token cache {url} has format {format_name}: {_REFUSED_FORMATS[format_name]}. Re-tokenize: "
             f"{_remedy(url)}"
         )
-    if format_name != FORMAT:
+    if format_name not in (FORMAT, FORMAT_WITH_LOSS_MASK):
         raise TokenCacheError(
-            f"{ledger_url}: unsupported token cache format {format_name!r}, expected {FORMAT}; a newer "
-            "version of this library may have written it, or " + _remedy(url)
+            f"{ledger_url}: unsupported token cache format {format_name!r}, expected {FORMAT} or "
+            f"{FORMAT_WITH_LOSS_MASK}; a newer version of this library may have written it, or " + _remedy(url)
         )
     problem = _ledger_problem(ledger)
     if problem:
@@ -434,6 +509,7 @@ def _ledger_problem(ledger: dict[str, Any]) -> str | None:
         value = record.get(key)
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
+    masked = ledger.get("format") == FORMAT_WITH_LOSS_MASK
     if ledger.get("dtype") not in ("uint16", "uint32"):
         return f"'dtype' is {ledger.get('dtype')!r}, not 'uint16' or 'uint32'"
     for key in ("vocab_size", "documents", "tokens"):
@@ -459,10 +535,12 @@ def _ledger_problem(ledger: dict[str, Any]) -> str | None:
         if shard.get("max_token_id") is not None and not count(shard, "max_token_id"):
             return f"shard {shard['path']!r} has 'max_token_id' {shard.get('max_token_id')!r}"
         checksums = shard.get("checksums")
-        for name in (TOKENS_NAME, OFFSETS_NAME):
+        for name in (TOKENS_NAME, OFFSETS_NAME) + ((LOSS_MASK_NAME,) if masked else ()):
             value = checksums.get(name) if isinstance(checksums, dict) else None
             if not (isinstance(value, str) and value.startswith(CHECKSUM_ALGORITHM + ":")):
                 return f"shard {shard['path']!r} has no {CHECKSUM_ALGORITHM} checksum for {name}"
+        if not masked and LOSS_MASK_NAME in checksums:
+            return f"shard {shard['path']!r} lists a loss mask, which format {FORMAT} does not have"
     return None
 
 
@@ -502,9 +580,9 @@ def _file_checksum(fs: Any, path: str, progress: _VerifyProgress) -> str:
 
 
 class _Shard:
-    """Read access to one shard's two arrays; memory-mapped locally, byte ranges remotely."""
+    """Read access to one shard's arrays; memory-mapped locally, byte ranges remotely."""
 
-    def __init__(self, cache_url: str, record: Mapping[str, Any], dtype: np.dtype):
+    def __init__(self, cache_url: str, record: Mapping[str, Any], dtype: np.dtype, has_loss_mask: bool):
         self.cache_url = cache_url
         self.url = join_url(cache_url, record["path"])
         self.documents = int(record["documents"])
@@ -514,16 +592,22 @@ class _Shard:
         self.dtype = dtype
         self._fs, self._tokens_path = url_to_fs(join_url(self.url, TOKENS_NAME))
         self._offsets_path = url_to_fs(join_url(self.url, OFFSETS_NAME))[1]
+        self.has_loss_mask = has_loss_mask
+        self._loss_mask_path = url_to_fs(join_url(self.url, LOSS_MASK_NAME))[1]
         self._local = is_local(self._fs)
         self._token_map: np.ndarray | None = None
         self._offset_map: np.ndarray | None = None
+        self._loss_mask_map: np.ndarray | None = None
 
     def _files(self) -> list[tuple[str, str, int]]:
         """(name, path, size the ledger implies) of each array."""
-        return [
+        files = [
             (TOKENS_NAME, self._tokens_path, self.tokens * self.dtype.itemsize),
             (OFFSETS_NAME, self._offsets_path, (self.documents + 1) * _OFFSET_DTYPE.itemsize),
         ]
+        if self.has_loss_mask:
+            files.append((LOSS_MASK_NAME, self._loss_mask_path, self.tokens * _LOSS_MASK_DTYPE.itemsize))
+        return files
 
     @property
     def nbytes(self) -> int:
@@ -585,6 +669,13 @@ class _Shard:
             return self._offset_map[start:stop]
         return self._read_range(self._offsets_path, _OFFSET_DTYPE, start, stop)
 
+    def loss_mask_range(self, start: int, stop: int) -> np.ndarray:
+        if self._local:
+            if self._loss_mask_map is None:
+                self._loss_mask_map = self._map(LOSS_MASK_NAME, self._loss_mask_path, _LOSS_MASK_DTYPE, self.tokens)
+            return self._loss_mask_map[start:stop]
+        return self._read_range(self._loss_mask_path, _LOSS_MASK_DTYPE, start, stop)
+
 
 class TokenCache:
     """A finished token cache, read lazily. Open with :meth:`TokenCache.open`."""
@@ -593,7 +684,8 @@ class TokenCache:
         self.url = str(url).rstrip("/")
         self.ledger = ledger
         self.dtype = np.dtype(ledger["dtype"]).newbyteorder("<")
-        self._shards = [_Shard(self.url, record, self.dtype) for record in ledger["shards"]]
+        self.has_loss_mask = ledger["format"] == FORMAT_WITH_LOSS_MASK
+        self._shards = [_Shard(self.url, record, self.dtype, self.has_loss_mask) for record in ledger["shards"]]
         # Global start of each shard, in tokens and in documents, for O(log shards) lookup.
         self._token_starts = [0]
         self._doc_starts = [0]
@@ -681,20 +773,35 @@ class TokenCache:
 
     def read_tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of the flat stream over all shards, as a fresh array."""
+        return self._read_flat(start, stop, _Shard.tokens_range)
+
+    def read_loss_mask(self, start: int, stop: int) -> np.ndarray:
+        """The uint8 loss mask of tokens ``[start, stop)``: 1 where a token is trained on; all ones
+        for a cache without masks."""
+        if not self.has_loss_mask:
+            self._check_range(start, stop)
+            return np.ones(stop - start, dtype=_LOSS_MASK_DTYPE)
+        return self._read_flat(start, stop, _Shard.loss_mask_range)
+
+    def _check_range(self, start: int, stop: int) -> None:
         if start < 0 or stop > self.num_tokens or start > stop:
             raise IndexError(f"token range [{start}, {stop}) outside [0, {self.num_tokens}) of {self.url}")
+
+    def _read_flat(self, start: int, stop: int, read: Any) -> np.ndarray:
+        """``read(shard, local_start, local_stop)`` over the shards that hold flat range ``[start, stop)``."""
+        self._check_range(start, stop)
         starts = self._token_starts
         index = bisect.bisect_right(starts, start) - 1
         base = starts[index]
         if stop <= starts[index + 1]:
-            return np.array(self._shards[index].tokens_range(start - base, stop - base))
+            return np.array(read(self._shards[index], start - base, stop - base))
         pieces = []
         position = start
         while position < stop:
             base, end = starts[index], starts[index + 1]
             take = min(stop, end)
             if take > position:
-                pieces.append(self._shards[index].tokens_range(position - base, take - base))
+                pieces.append(read(self._shards[index], position - base, take - base))
             position = take
             index += 1
         return np.concatenate(pieces)
@@ -711,6 +818,15 @@ class TokenCache:
         begin, end = (int(x) for x in shard.offsets_range(local, local + 2))
         return np.array(shard.tokens_range(begin, end))
 
+    def document_loss_mask(self, index: int) -> np.ndarray:
+        """The uint8 loss mask of document ``index`` (all ones for a cache without masks)."""
+        boundaries = self.document_boundaries()
+        if index < 0:
+            index += self.num_documents
+        if not 0 <= index < self.num_documents:
+            raise IndexError(f"document {index} outside [0, {self.num_documents}) of {self.url}")
+        return self.read_loss_mask(int(boundaries[index]), int(boundaries[index + 1]))
+
     def document_boundaries(self) -> np.ndarray:
         """Global int64 offsets, ``num_documents + 1`` entries: document i is tokens [b[i], b[i+1])."""
         if self._boundaries is None:
@@ -725,6 +841,8 @@ class TokenCache:
 __all__ = [
     "CHECKSUM_ALGORITHM",
     "FORMAT",
+    "FORMAT_WITH_LOSS_MASK",
+    "LOSS_MASK_NAME",
     "CorruptTokenCacheError",
     "IncompleteTokenCacheError",
     "OutdatedTokenCacheError",

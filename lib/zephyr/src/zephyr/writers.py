@@ -159,24 +159,32 @@ class TokenCacheSink(Sink):
     url: str
     vocab_size: int
     metadata: Mapping[str, Any]
+    loss_mask: bool = False
 
     def _shard_url(self, shard_index: int) -> str:
         return join_url(self.url, shard_name(shard_index))
 
     def write_shard(self, shard_index, num_shards, items):
-        with TokenCacheShardWriter(self._shard_url(shard_index), dtype_for_vocab(self.vocab_size)) as writer:
+        url = self._shard_url(shard_index)
+        with TokenCacheShardWriter(url, dtype_for_vocab(self.vocab_size), loss_mask=self.loss_mask) as writer:
             writer.write_many(items)
             return writer.finish()
 
     def output_exists(self, shard_index, num_shards):
-        return read_shard_summary(self._shard_url(shard_index)) is not None
+        # A finished shard of the other kind (with or without masks) is not this sink's output.
+        summary = read_shard_summary(self._shard_url(shard_index))
+        return summary is not None and summary.has_loss_mask == self.loss_mask
 
     def existing_output(self, shard_index, num_shards):
         return read_shard_summary(self._shard_url(shard_index))
 
     def finalize(self, outputs):
         return finalize_token_cache(
-            self.url, [shard_name(i) for i in range(len(outputs))], vocab_size=self.vocab_size, metadata=dict(self.metadata)
+            self.url,
+            [shard_name(i) for i in range(len(outputs))],
+            vocab_size=self.vocab_size,
+            metadata=dict(self.metadata),
+            loss_mask=self.loss_mask,
         )
 
     def describe(self) -> str:
@@ -190,13 +198,15 @@ def write_token_cache(
     vocab_size: int,
     metadata: Mapping[str, Any] | None = None,
     skip_existing: bool = False,
+    loss_mask: bool = False,
     **execute_options: Any,
 ) -> ExecutionResult:
-    """Write a token cache (see ``zephyr.token_cache``): each element is one document's token ids.
+    """Write a token cache (see ``zephyr.token_cache``): each element is one document's token ids,
+    or with ``loss_mask=True`` a ``(token ids, loss mask)`` pair, the mask 1 on the tokens to train on.
 
     One cache shard per dataset shard; ``ledger.json`` is written after all shards are finished
     and is returned as ``result.finalized``. With ``skip_existing`` finished shards (those with a
     ``shard.json``) are kept, so a rerun after a crash only writes the missing ones.
     """
-    sink = TokenCacheSink(str(url).rstrip("/"), int(vocab_size), dict(metadata or {}))
+    sink = TokenCacheSink(str(url).rstrip("/"), int(vocab_size), dict(metadata or {}), bool(loss_mask))
     return execute(dataset, sink, skip_existing=skip_existing, **execute_options)

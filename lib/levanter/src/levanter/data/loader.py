@@ -98,24 +98,34 @@ class DataLoader:
         """Which dataset global sequence ``sequence_index`` comes from."""
         return self.schedule.lookup(sequence_index)[0]
 
-    def sequence(self, sequence_index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens and segment ids of global sequence ``sequence_index``."""
+    def _window_of(self, sequence_index: int) -> tuple[TokenWindows, int]:
         d, k = self.schedule.lookup(sequence_index)
         epoch, window = self._streams[d](k)
         if epoch > self._epochs_seen[d]:
             self._epochs_seen[d] = epoch
             logger.info("dataset %s: starting epoch %d (wrapped around its %d windows)", self.datasets[d].name, epoch, len(self.datasets[d]))
-        return self.datasets[d].tokens_and_segments(window)
+        return self.datasets[d], window
+
+    def sequence(self, sequence_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and segment ids of global sequence ``sequence_index``."""
+        windows, window = self._window_of(sequence_index)
+        return windows.tokens_and_segments(window)
 
     def batch_at(self, step: int) -> Batch:
-        """This process's rows of global batch ``step``."""
+        """This process's rows of global batch ``step``, each with its cache's loss mask."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         base = step * self.batch_size
-        rows = [self.sequence(base + r) for r in self.rows]
-        tokens = np.stack([r[0] for r in rows])
-        segments = np.stack([r[1] for r in rows])
-        return Batch.from_tokens(tokens, segment_ids=segments)
+        tokens, segments, masks = [], [], []
+        for r in self.rows:
+            windows, window = self._window_of(base + r)
+            row_tokens, row_segments = windows.tokens_and_segments(window)
+            tokens.append(row_tokens)
+            segments.append(row_segments)
+            masks.append(windows.loss_mask(window))
+        return Batch(
+            tokens=np.stack(tokens).astype(np.int32, copy=False), loss_mask=np.stack(masks), segment_ids=np.stack(segments)
+        )
 
     def iter_from(self, start_step: int = 0, stop_step: int | None = None) -> Iterator[Batch]:
         """Batches for steps ``start_step, start_step + 1, ...`` (until ``stop_step``, exclusive).
@@ -205,5 +215,5 @@ class EvalBatches:
                 index = step * self.batch_size + row
                 if index < len(self.windows):
                     tokens[out_row], segments[out_row] = self.windows.tokens_and_segments(index)
-                    mask[out_row, :-1] = 1.0
+                    mask[out_row] = self.windows.loss_mask(index)
             yield Batch(tokens=tokens, loss_mask=mask, segment_ids=segments)

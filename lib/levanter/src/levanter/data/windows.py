@@ -4,6 +4,11 @@ Window ``i`` of a cache is tokens ``[i * seq_len, (i + 1) * seq_len)`` of its fl
 windows never overlap and ignore document boundaries (documents are packed, separated by the EOS the
 tokenizer appended). ``segment_ids`` number the documents inside each window from 0 so that models
 can mask attention per document. A trailing partial window is dropped.
+
+The loss mask of a window follows ``Batch``'s convention: position ``t`` predicts token ``t + 1``,
+so it is weighted by the cache's mask of that *target* token (for a conversation: 1 where the next
+token is the assistant's). A cache without masks trains on every prediction; the last position of
+a window, whose target lies outside it, never counts.
 """
 
 from __future__ import annotations
@@ -71,6 +76,15 @@ class TokenWindows:
         markers = np.zeros(self.seq_len, dtype=np.int32)
         markers[boundaries[lo:hi] - start] = 1
         return tokens, np.cumsum(markers, dtype=np.int32)
+
+    def loss_mask(self, index: int) -> np.ndarray:
+        """Window ``index``'s float32 loss mask: ``mask[t]`` weights the prediction of token ``t + 1``."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"window {index} outside [0, {self.count}) of {self.name}")
+        start = (self.first + index) * self.seq_len
+        mask = np.zeros(self.seq_len, dtype=np.float32)
+        mask[:-1] = self.cache.read_loss_mask(start + 1, start + self.seq_len)
+        return mask
 
     def _boundaries(self) -> np.ndarray:
         return self.cache.document_boundaries()

@@ -1,6 +1,16 @@
 """Hugging Face tokenizers for the data pipeline: loading with a content identity, bounded-memory
-batch encoding with configured BOS/EOS, and training/saving a byte-level BPE tokenizer."""
+batch encoding with configured BOS/EOS, conversations through chat templates with an
+assistant-only loss mask, and training/saving a byte-level BPE tokenizer."""
 
+from levanter.tokenization.chat import (
+    ChatRenderer,
+    ChatTemplate,
+    ChatTemplateError,
+    ConversationFormatError,
+    SegmentationMismatchError,
+    encode_conversations,
+    resolve_chat_template,
+)
 from levanter.tokenization.encoding import (
     DEFAULT_MAX_PIECE_CHARS,
     MissingSpecialTokenError,
@@ -18,14 +28,21 @@ from levanter.tokenization.loading import (
 from levanter.tokenization.training import save_tokenizer, train_bpe_tokenizer
 
 __all__ = [
+    "ChatRenderer",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "ConversationFormatError",
     "DEFAULT_MAX_PIECE_CHARS",
     "HfTokenizer",
     "MissingSpecialTokenError",
+    "SegmentationMismatchError",
     "SpecialTokenPolicy",
     "TokenizerFormatError",
     "TokenizerNotFoundError",
+    "encode_conversations",
     "encode_documents",
     "load_tokenizer",
+    "resolve_chat_template",
     "save_tokenizer",
     "split_text",
     "tokenizer_identity",

@@ -92,7 +92,7 @@ def encode_documents(
     the single source of truth for what wraps a document, and it is recorded in the cache metadata.
     """
     tok = tokenizer.tokenizer
-    encode_batch = _fastest_encode_batch(tok)
+    encode_batch = fastest_encode_batch(tok)
     head = np.asarray([special.bos_id] if special.bos_id is not None else [], dtype=np.uint32)
     tail = np.asarray([special.eos_id] if special.eos_id is not None else [], dtype=np.uint32)
     results: list[np.ndarray | None] = [None] * len(texts)
@@ -110,7 +110,7 @@ def encode_documents(
     return results  # type: ignore[return-value]
 
 
-def _fastest_encode_batch(tok):
+def fastest_encode_batch(tok):
     # encode_batch_fast (tokenizers >= 0.20) skips computing character offsets, which the data
     # pipeline never uses; the ids are identical to encode_batch's.
     return getattr(tok, "encode_batch_fast", None) or tok.encode_batch

@@ -23,6 +23,8 @@ from levanter.errors import LevanterError
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+# Newer tokenizer folders keep the chat template in a file of its own instead of tokenizer_config.json.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 # When a tokenizer ships without a config naming its special tokens, these are the conventional
 # spellings, tried in order. Only tokens the vocabulary actually contains are used.
@@ -45,6 +47,10 @@ class HfTokenizer:
     ``identity`` is ``sha256:<hex>`` of the canonical ``tokenizer.json``; ``source`` is what the user
     passed (for logs only: it never enters a hash). The object pickles compactly (the JSON text, not
     the Rust object), so it can be shipped to worker processes.
+
+    ``chat_template`` is the Jinja chat template the tokenizer ships with (``chat_template.jinja``,
+    else ``chat_template`` in ``tokenizer_config.json``), or None. It is not part of ``identity``:
+    steps that render conversations hash it themselves (see ``levanter.tokenization.chat``).
     """
 
     source: str
@@ -52,6 +58,7 @@ class HfTokenizer:
     identity: str
     eos_token: str | None = None
     bos_token: str | None = None
+    chat_template: str | None = field(default=None, repr=False)
 
     @property
     def tokenizer(self) -> tokenizers.Tokenizer:
@@ -151,7 +158,14 @@ def load_tokenizer(name_or_path: str | os.PathLike[str], *, revision: str | None
     identity, tok = _parse(tokenizer_json, spec)
     eos = _special_token(config, "eos_token", tok, _EOS_CANDIDATES)
     bos = _special_token(config, "bos_token", tok, _BOS_CANDIDATES)
-    loaded = HfTokenizer(source=spec, tokenizer_json=tokenizer_json, identity=identity, eos_token=eos, bos_token=bos)
+    loaded = HfTokenizer(
+        source=spec,
+        tokenizer_json=tokenizer_json,
+        identity=identity,
+        eos_token=eos,
+        bos_token=bos,
+        chat_template=_chat_template(config),
+    )
     object.__setattr__(loaded, "_tokenizer", tok)
     return loaded
 
@@ -223,6 +237,10 @@ def _read_tokenizer_files_from_path(spec: str) -> tuple[str, dict[str, Any]]:
                     config.update(json.loads(f.read().decode("utf-8")))
                 except (UnicodeDecodeError, json.JSONDecodeError):
                     pass  # an unreadable side file only loses the special-token hints
+    template_path = f"{folder.rstrip('/')}/{CHAT_TEMPLATE_FILE}"
+    if fs.exists(template_path):
+        with fs.open(template_path, "rb") as f:
+            config["chat_template"] = f.read().decode("utf-8")
     return tokenizer_json, config
 
 
@@ -261,7 +279,21 @@ def _read_tokenizer_files_from_hub(repo_id: str, revision: str | None) -> tuple[
                 config.update(json.load(f))
         except Exception:
             pass  # optional files: without them special tokens fall back to conventional names
+    try:
+        with open(download(CHAT_TEMPLATE_FILE, local_only=local_only), encoding="utf-8") as f:
+            config["chat_template"] = f.read()
+    except Exception:
+        pass  # most tokenizers keep their template in tokenizer_config.json, or have none
     return tokenizer_json, config
+
+
+def _chat_template(config: dict[str, Any]) -> str | None:
+    """The tokenizer's chat template: a string, or from a list of named templates the one named "default"."""
+    value = config.get("chat_template")
+    if isinstance(value, list):
+        named = {item.get("name"): item.get("template") for item in value if isinstance(item, dict)}
+        value = named.get("default")
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def _special_token(config: dict[str, Any], key: str, tok: tokenizers.Tokenizer, candidates: tuple[str, ...]) -> str | None:

@@ -43,7 +43,7 @@ class SourceArtifactError(MarinError, ValueError):
 
 
 @dataclass(frozen=True)
-class _Source:
+class DatasetSource:
     """A source as the tokenize step sees it: identity now, files per split when the step runs."""
 
     identity: dict[str, Any]
@@ -80,8 +80,8 @@ def tokenized(
     ``sample_count`` keeps the first N documents of each split. ``backend`` (a zephyr backend or its
     name) only chooses where shards run; it is not part of the identity.
     """
-    resolved = _resolve_source(source, sample_count, validation)
-    tokenizer_location, tokenizer_revision, tokenizer_identity, tokenizer_dep = _resolve_tokenizer(tokenizer)
+    resolved = resolve_dataset_source(source, sample_count, validation)
+    tokenizer_location, tokenizer_revision, tokenizer_identity, tokenizer_dep = resolve_tokenizer(tokenizer)
     config = TokenizeConfig(
         source=resolved.identity,
         tokenizer=tokenizer_identity,
@@ -97,7 +97,7 @@ def tokenized(
 
     def run(ctx) -> TokenizedDataset:
         tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
-        location = tokenizer_location if tokenizer_result is None else _tokenizer_folder(tokenizer_result)
+        location = tokenizer_location if tokenizer_result is None else tokenizer_folder(tokenizer_result)
         split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
         # A hub dataset may lack a validation split; the loader then holds out a slice of train.
         present = tuple(split for split in config.splits if split in split_files)
@@ -109,8 +109,8 @@ def tokenized(
             location,
             tokenizer_revision,
             # What the steps that built the inputs recorded: the result carries it on to training.
-            builtin_source=resolved.builtin or any(_says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
-            builtin_tokenizer=_says_builtin(tokenizer_result),
+            builtin_source=resolved.builtin or any(says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
+            builtin_tokenizer=says_builtin(tokenizer_result),
         )
         return run_tokenize(run_config, inputs, ctx.output_path, backend=backend)
 
@@ -153,11 +153,11 @@ def _fields(config: TokenizeConfig) -> dict[str, Any]:
 # -- sources ----------------------------------------------------------------------------------------
 
 
-def _resolve_source(source: Any, sample_count: int | None, validation: Any) -> _Source:
+def resolve_dataset_source(source: Any, sample_count: int | None, validation: Any) -> DatasetSource:
     if isinstance(source, LazyStep):
         if validation is not None:
             raise ValueError("validation= applies to file sources; a source step's artifact lists its own splits")
-        return _Source(
+        return DatasetSource(
             identity={"kind": "step"},  # the step's own identity enters the hash through deps
             splits=("train", "validation"),
             description=f"the output of step {source.name}",
@@ -175,7 +175,7 @@ def _resolve_source(source: Any, sample_count: int | None, validation: Any) -> _
     files = {"train": resolved.files["train"], "validation": held.files["train"]}
     identity = {"kind": "files", "splits": {"train": resolved.identity["splits"]["train"],
                                             "validation": held.identity["splits"]["train"]}}
-    return _Source(
+    return DatasetSource(
         identity=identity,
         splits=("train", "validation"),
         description=f"{resolved.description} Validation: {held.description}",
@@ -183,8 +183,8 @@ def _resolve_source(source: Any, sample_count: int | None, validation: Any) -> _
     )
 
 
-def _from_resolved(resolved: ResolvedSource) -> _Source:
-    return _Source(
+def _from_resolved(resolved: ResolvedSource) -> DatasetSource:
+    return DatasetSource(
         identity=dict(resolved.identity),
         splits=tuple(resolved.splits),
         description=resolved.description,
@@ -222,7 +222,7 @@ def _source_files(result: Any) -> dict[str, tuple[str, ...]]:
 # -- tokenizers -------------------------------------------------------------------------------------
 
 
-def _resolve_tokenizer(tokenizer: Any) -> tuple[str | None, str | None, str | None, LazyStep | None]:
+def resolve_tokenizer(tokenizer: Any) -> tuple[str | None, str | None, str | None, LazyStep | None]:
     """(location, hub revision, content identity, dependency step): loaded now, or a step's output later."""
     revision = None
     if isinstance(tokenizer, TokenizerRef):
@@ -247,7 +247,7 @@ def _resolve_tokenizer(tokenizer: Any) -> tuple[str | None, str | None, str | No
     return location, revision, loaded.identity, None
 
 
-def _tokenizer_folder(result: Any) -> str:
+def tokenizer_folder(result: Any) -> str:
     data = _as_mapping(result)
     for key in ("path", "folder", "tokenizer_path"):
         if isinstance(data.get(key), str):
@@ -257,7 +257,7 @@ def _tokenizer_folder(result: Any) -> str:
     )
 
 
-def _says_builtin(result: Any) -> bool:
+def says_builtin(result: Any) -> bool:
     """Whether a dependency's result says it is one of the project's built-in offline stand-ins."""
     return result is not None and bool(_as_mapping(result).get("builtin", False))
 

@@ -136,7 +136,7 @@ class EncodeShard:
     batch_chars: int = ENCODE_BATCH_CHARS
 
     def __call__(self, texts: Iterator[str]) -> Iterator[np.ndarray]:
-        meter = _RateMeter()
+        meter = RateMeter()
         batch: list[str] = []
         size = 0
         for text in texts:
@@ -148,7 +148,7 @@ class EncodeShard:
         if batch:
             yield from self._encode(batch, meter)
 
-    def _encode(self, batch: list[str], meter: "_RateMeter") -> list[np.ndarray]:
+    def _encode(self, batch: list[str], meter: "RateMeter") -> list[np.ndarray]:
         encoded = encode_documents(self.tokenizer, batch, self.special)
         tokens = sum(int(ids.size) for ids in encoded)
         count("documents", len(encoded))
@@ -157,7 +157,7 @@ class EncodeShard:
         return encoded
 
 
-class _RateMeter:
+class RateMeter:
     """A periodic progress line from inside a shard (rates only: a shard's size is not known upfront)."""
 
     def __init__(self) -> None:
@@ -189,7 +189,7 @@ def plan_shards(files: Sequence[str], num_shards: int | None, sample_count: int 
 
 
 @dataclass(frozen=True)
-class _FileGroup:
+class FileGroup:
     """A source shard: the file paths of one cache shard (read by ``DocumentReader`` in the worker)."""
 
     files: tuple[str, ...]
@@ -221,7 +221,7 @@ def run_tokenize(
     special = SpecialTokenPolicy.for_tokenizer(tokenizer, prepend_bos=config.prepend_bos, append_eos=config.append_eos)
     logger.info(
         "tokenize: tokenizer %s (%s, vocab %d), source %s",
-        inputs.tokenizer, tokenizer.identity[:19], tokenizer.vocab_size, _describe_source(config.source),
+        inputs.tokenizer, tokenizer.identity[:19], tokenizer.vocab_size, describe_source(config.source),
     )
     splits: dict[str, TokenizedSplit] = {}
     for split in config.splits:
@@ -254,7 +254,7 @@ def _tokenize_split(
     backend: Any,
 ) -> TokenizedSplit:
     shards = plan_shards(files, config.num_shards, config.sample_count)
-    dataset = Dataset.from_shards([_FileGroup(group) for group in shards]).flat_map(DocumentReader(config.text_field))
+    dataset = Dataset.from_shards([FileGroup(group) for group in shards]).flat_map(DocumentReader(config.text_field))
     if config.sample_count is not None:
         dataset = dataset.take_per_shard(config.sample_count)
     dataset = dataset.map_shard(EncodeShard(tokenizer, special))
@@ -269,7 +269,7 @@ def _tokenize_split(
         "bos_id": special.bos_id,
         "eos_id": special.eos_id,
     }
-    chosen_backend = backend if backend is not None else _default_backend(shards)
+    chosen_backend = backend if backend is not None else default_backend(shards)
     started = time.perf_counter()
     result = write_token_cache(
         dataset, cache_url, vocab_size=tokenizer.vocab_size, metadata=metadata, skip_existing=True, backend=chosen_backend
@@ -290,7 +290,7 @@ def _tokenize_split(
     return TokenizedSplit(cache_path=cache_url, documents=documents, content_tokens=content, tokens=tokens)
 
 
-def _default_backend(shards: list[tuple[str, ...]]) -> str:
+def default_backend(shards: list[tuple[str, ...]]) -> str:
     if len(shards) < 2:
         return "inline"
     total = 0
@@ -315,7 +315,7 @@ def _default_backend(shards: list[tuple[str, ...]]) -> str:
     return "processes"
 
 
-def _describe_source(source: Mapping[str, Any]) -> str:
+def describe_source(source: Mapping[str, Any]) -> str:
     description = source.get("description")
     if isinstance(description, str):
         return description

@@ -1,0 +1,158 @@
+"""Supervised fine-tuning: ``chat_dataset(...)`` declares conversations rendered with a chat template
+and tokenized with an assistant-only loss mask; ``sft(...)`` is ``train_lm`` over such datasets.
+
+A chat dataset's result is the same :class:`~marin.processing.tokenize.TokenizedDataset` that
+``tokenized(...)`` gives, so ``train_lm(datasets={chat: 1.0})`` trains on it as it is; its caches
+carry the loss mask, and the training loss is the mean cross-entropy over the assistant's tokens
+only. The handle's identity covers the source, the tokenizer, the chat template (name and content
+digest) and the settings; never where anything lives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from levanter.tokenization import load_tokenizer, resolve_chat_template
+
+from marin.execution.lazy import LazyStep, lazy_step
+from marin.experiment.data import (
+    resolve_dataset_source,
+    resolve_tokenizer,
+    says_builtin,
+    tokenizer_folder,
+)
+from marin.experiment.train import train_lm
+from marin.experiment.train_step import TrainConfigError
+from marin.processing.chat import ChatTokenizeConfig, describe_template, run_chat_tokenize
+from marin.processing.tokenize import MissingSplitError, TokenizedDataset, TokenizeInputs
+
+logger = logging.getLogger(__name__)
+
+# Bumped when the chat tokenize step's output changes meaning, so old caches are never reused for it.
+CHAT_STEP_VERSION = "1"
+_CHAT_ATTRIBUTE = "chat"
+
+
+def chat_dataset(
+    name: str,
+    source: str | os.PathLike[str] | LazyStep,
+    tokenizer: str | os.PathLike[str] | LazyStep | Any,
+    template: str | None = None,
+    *,
+    sample_count: int | None = None,
+    validation: str | os.PathLike[str] | None = None,
+    messages_field: str = "messages",
+    version: str | None = None,
+    num_shards: int | None = None,
+    output_path: str | None = None,
+    resources: Any = None,
+    backend: Any = None,
+) -> LazyStep:
+    """A lazy handle for the conversations of ``source`` tokenized for training on the assistant's replies.
+
+    ``source``: jsonl (plain, .gz, .zst) or Parquet files (a file, folder, glob or URL), a Hugging
+    Face dataset id, or a lazy step listing files per split, as for ``tokenized(...)``; each record
+    has ``messages_field``, a list of ``{"role", "content"}`` messages. ``tokenizer``: as for
+    ``tokenized(...)``. ``template``: None for the tokenizer's own chat template, or ``"chatml"``
+    when it has none; a name from ``levanter.tokenization.chat.NAMED_TEMPLATES``; ``"tokenizer"``
+    to require the tokenizer's own; or a Jinja template text. The artifact is a
+    :class:`TokenizedDataset` whose caches carry the loss mask.
+    """
+    resolved = resolve_dataset_source(source, sample_count, validation)
+    location, revision, identity, tokenizer_dep = resolve_tokenizer(tokenizer)
+    if tokenizer_dep is None:
+        loaded = load_tokenizer(location, revision=revision)
+        chat_template = resolve_chat_template(loaded, template)  # refuses an unknown name now, not at run time
+        template_identity: dict[str, Any] = chat_template.identity()
+        template_note = describe_template(loaded, chat_template)
+    else:
+        template_identity = {"requested": _requested(template)}
+        template_note = f"chat template {template or 'of the tokenizer, else chatml'} (resolved when the tokenizer is built)"
+    config = ChatTokenizeConfig(
+        source=resolved.identity,
+        tokenizer=identity,
+        template=template_identity,
+        splits=resolved.splits,
+        sample_count=sample_count,
+        messages_field=messages_field,
+        num_shards=num_shards,
+    )
+    logger.info("chat_dataset(%r): %s Tokenizer: %s; %s", name, resolved.description, location or tokenizer_dep.name,
+                template_note)
+    deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
+
+    def run(ctx) -> TokenizedDataset:
+        tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
+        folder = location if tokenizer_result is None else tokenizer_folder(tokenizer_result)
+        split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
+        present = tuple(split for split in config.splits if split in split_files)
+        if "train" not in present:
+            raise MissingSplitError(f"source {resolved.description} has no train files (found: {sorted(split_files)})")
+        run_config = config if present == config.splits else _with_splits(config, present)
+        inputs = TokenizeInputs(
+            split_files,
+            folder,
+            revision,
+            builtin_source=resolved.builtin or any(says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
+            builtin_tokenizer=says_builtin(tokenizer_result),
+        )
+        return run_chat_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
+
+    return lazy_step(
+        name,
+        run,
+        deps=deps,
+        hash_attrs={_CHAT_ATTRIBUTE: config, "format": CHAT_STEP_VERSION},
+        version=version,
+        resources=resources,
+        output_path=output_path,
+    )
+
+
+def is_chat_dataset(handle: Any) -> bool:
+    """Whether ``handle`` was declared by :func:`chat_dataset`."""
+    return isinstance(handle, LazyStep) and isinstance(handle.hash_attrs.get(_CHAT_ATTRIBUTE), ChatTokenizeConfig)
+
+
+def sft(
+    name: str,
+    *,
+    model: Any,
+    datasets: Mapping[LazyStep, float],
+    num_samples: int = 0,
+    **train_options: Any,
+) -> LazyStep:
+    """Supervised fine-tuning: :func:`~marin.experiment.train.train_lm` over ``chat_dataset`` handles.
+
+    Every dataset must be a chat dataset, so that the loss counts the assistant's tokens only (a
+    plain ``tokenized`` dataset would train on every token). ``num_samples`` defaults to 0: the
+    training step's sample prompts are story openings, not conversations. Every other argument
+    (``batch_size``, ``seq_len``, ``num_train_steps``, ``optimizer``, ...) is ``train_lm``'s.
+    """
+    plain = [handle.name if isinstance(handle, LazyStep) else repr(handle) for handle in datasets if not is_chat_dataset(handle)]
+    if plain:
+        raise TrainConfigError(
+            f"sft trains on chat datasets only, so that the loss counts the assistant's tokens alone; "
+            f"{', '.join(plain)} {'is' if len(plain) == 1 else 'are'} not. Declare them with "
+            "chat_dataset(name, source=..., tokenizer=...), or use train_lm to train on every token."
+        )
+    return train_lm(name, model=model, datasets=datasets, num_samples=num_samples, **train_options)
+
+
+def _requested(template: str | None) -> str | None:
+    """A template request as hashed: a name as given, a Jinja text by its digest."""
+    if template is None or ("{{" not in template and "{%" not in template):
+        return template
+    return "sha256:" + hashlib.sha256(template.encode("utf-8")).hexdigest()
+
+
+def _with_splits(config: ChatTokenizeConfig, splits: tuple[str, ...]) -> ChatTokenizeConfig:
+    fields = {name: getattr(config, name) for name in config.__dataclass_fields__}
+    return ChatTokenizeConfig(**{**fields, "splits": splits})
+
+
+__all__ = ["CHAT_STEP_VERSION", "chat_dataset", "is_chat_dataset", "sft"]
