@@ -178,3 +178,51 @@ def test_a_tokenizer_larger_than_the_model_is_refused(trained, capsys, tmp_path,
     code, _, err = _marin(capsys, output, "--prompt", PROMPT, "--tokenizer", larger, *GREEDY)
     assert code == 2
     assert "has 1,200 tokens but the model only 300: it is not the tokenizer this model was trained with" in err
+
+
+def test_chat_renders_the_users_message_and_prints_the_reply_alone(trained, capsys):
+    from levanter.compat.hf_checkpoints import import_from_hf
+    from levanter.inference import generate_text
+    from levanter.tokenization import load_tokenizer
+    from levanter.tokenization.chat import ChatRenderer, resolve_chat_template
+
+    _, output = trained
+    code, out, err = _marin(capsys, output, "--chat", "--prompt", "Who found the ball?", *GREEDY)
+    assert code == 0, err
+    # The same as rendering the message by hand (the tokenizer has no template: ChatML) with the
+    # assistant's turn opened, no BOS before it, and keeping only what the model wrote.
+    tokenizer = load_tokenizer(os.path.join(output, "hf"))
+    renderer = ChatRenderer.for_tokenizer(tokenizer, resolve_chat_template(tokenizer))
+    prompt = renderer.render([{"role": "user", "content": "Who found the ball?"}], add_generation_prompt=True)
+    assert prompt.startswith("<|im_start|>user\nWho found the ball?<|im_end|>\n<|im_start|>assistant\n")
+    model_dir = os.path.join(output, "hf")
+    by_hand = generate_text(import_from_hf(model_dir), tokenizer, [prompt], GREEDY_CONFIG, add_bos=False,
+                            stop_text="<|im_end|>", include_prompt=False)[0]
+    assert out.rstrip("\n") == by_hand and "<|im_start|>" not in out
+
+
+def test_a_reply_ends_at_the_templates_end_of_turn():
+    from levanter.tokenization.chat import ChatRenderer, ChatTemplate, NAMED_TEMPLATES, reply_end_marker
+
+    assert reply_end_marker(ChatRenderer(ChatTemplate("chatml", NAMED_TEMPLATES["chatml"]))) == "<|im_end|>"
+    header_style = (
+        "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+        "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    )
+    assert reply_end_marker(ChatRenderer(ChatTemplate("custom", header_style))) == "<|eot_id|>"
+
+
+def test_generation_stops_at_a_stop_text_and_can_leave_the_prompt_out(trained):
+    from levanter.compat.hf_checkpoints import import_from_hf
+    from levanter.inference import generate_text
+    from levanter.tokenization import load_tokenizer
+
+    _, output = trained
+    model_dir = os.path.join(output, "hf")
+    model, tokenizer = import_from_hf(model_dir), load_tokenizer(model_dir)
+    config = SamplingConfig(max_new_tokens=12, temperature=0.0, top_k=None, top_p=None)
+    full = generate_text(model, tokenizer, [PROMPT], config, include_prompt=False)[0]
+    assert full and not full.startswith(PROMPT)
+    stop = full.strip().split()[1] if len(full.split()) > 1 else full.strip()[:2]
+    cut = generate_text(model, tokenizer, [PROMPT], config, stop_text=stop, include_prompt=False)[0]
+    assert cut == full[: full.index(stop)]

@@ -150,10 +150,16 @@ def generate(
     *,
     prefix: str | None = None,
     tokenizer: str | None = None,
+    chat: bool = False,
+    chat_template: str | None = None,
 ) -> list[str]:
     """Each prompt followed by its sampled continuation, from the model CHECKPOINT-OR-STEP names.
 
     ``sampling`` is a :class:`levanter.inference.SamplingConfig` (default: its defaults).
+    ``chat``: each prompt is a user's message; it is rendered with the chat template (the
+    tokenizer's own, else ``chat_template``'s, else ChatML, as ``chat_dataset`` chose when the
+    model was fine-tuned) with the assistant's turn opened, and the result is the reply alone, up
+    to the template's end of turn.
     """
     # Imported here so that `marin status` and friends do not pay for JAX at start-up.
     from levanter.compat.hf_checkpoints import import_from_hf
@@ -176,7 +182,15 @@ def generate(
             f"The tokenizer at {tokenizer_location} has {loaded_tokenizer.vocab_size:,} tokens but the model only "
             f"{model.vocab_size:,}: it is not the tokenizer this model was trained with."
         )
-    return generate_text(model, loaded_tokenizer, list(prompts), sampling or SamplingConfig())
+    if not chat:
+        return generate_text(model, loaded_tokenizer, list(prompts), sampling or SamplingConfig())
+    from levanter.tokenization.chat import ChatRenderer, reply_end_marker, resolve_chat_template
+
+    renderer = ChatRenderer.for_tokenizer(loaded_tokenizer, resolve_chat_template(loaded_tokenizer, chat_template))
+    rendered = [renderer.render([{"role": "user", "content": p}], add_generation_prompt=True) for p in prompts]
+    # The rendered prompt is the text training saw before a reply: no BOS of ours goes before it.
+    return generate_text(model, loaded_tokenizer, rendered, sampling or SamplingConfig(), add_bos=False,
+                         stop_text=reply_end_marker(renderer) or None, include_prompt=False)
 
 
 # -- the command ------------------------------------------------------------------------------------
@@ -199,6 +213,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling; 1 turns it off (default 0.95)")
     parser.add_argument("--seed", type=int, metavar="S", help="random seed; the same seed gives the same text (default 0)")
     parser.add_argument("--tokenizer", help="a tokenizer.json, folder or hub id (default: the one saved beside the model)")
+    parser.add_argument("--chat", action="store_true",
+                        help="each --prompt is a user's message to a chat fine-tuned model; prints the reply alone")
+    parser.add_argument("--chat-template", metavar="NAME",
+                        help="with --chat: the template the model was fine-tuned with when its tokenizer has none "
+                             "(default: the tokenizer's own, else chatml)")
     parser.add_argument("--prefix", help="where to look up step names (default: the discovered prefix)")
     parser.set_defaults(handler=generate_command)
 
@@ -243,6 +262,7 @@ def generate_command(args: argparse.Namespace) -> int:
     # HfFormatError covers CorruptCheckpointError (a damaged file, named in the message).
     from levanter.compat.hf_checkpoints import HfFormatError
     from levanter.inference.sampling import NonFiniteLogitsError, SamplingError
+    from levanter.tokenization.chat import ChatTemplateError
     from levanter.tokenization.loading import TokenizerFormatError, TokenizerNotFoundError
 
     try:
@@ -250,9 +270,10 @@ def generate_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _usage_error(str(exc))
     try:
-        texts = generate(args.model, args.prompt, sampling, prefix=args.prefix, tokenizer=args.tokenizer)
+        texts = generate(args.model, args.prompt, sampling, prefix=args.prefix, tokenizer=args.tokenizer,
+                         chat=args.chat, chat_template=args.chat_template)
     except (ModelNotFoundError, TokenizerMismatchError, HfFormatError, TokenizerNotFoundError, TokenizerFormatError,
-            SamplingError, NonFiniteLogitsError, fsx.FilesystemUnavailableError) as exc:
+            SamplingError, NonFiniteLogitsError, ChatTemplateError, fsx.FilesystemUnavailableError) as exc:
         return _usage_error(str(exc))
     for i, text in enumerate(texts):
         if i:

@@ -259,6 +259,19 @@ class ChatRenderer:
 # -- tokenizing ------------------------------------------------------------------------------------
 
 
+def reply_end_marker(renderer: ChatRenderer) -> str:
+    """The text a template puts after an assistant's reply to end its turn (``<|im_end|>`` for
+    ChatML), as the training mask covers it: what a model fine-tuned on this template writes when
+    its answer is done. Empty for a template that ends turns with nothing."""
+    reply = "\u2063reply\u2063"  # a text no template adds around a reply by itself
+    text, spans = renderer.assistant_spans([{"role": "user", "content": "question"}, {"role": "assistant", "content": reply}])
+    start, end = spans[-1]
+    trained = text[start:end]
+    if not trained.startswith(reply):
+        raise ChatTemplateError(f"chat template {renderer.template.name!r} does not start the assistant's span with the reply")
+    return trained[len(reply):].strip()
+
+
 def check_conversation(messages: Any, name: str) -> list[Mapping[str, Any]]:
     """``messages`` as a list of messages, or a :class:`ConversationFormatError` naming the record."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
