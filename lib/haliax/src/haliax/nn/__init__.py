@@ -4,13 +4,14 @@ from haliax.nn.attention import AttentionImplementationError, attend, attention_
 from haliax.nn.embedding import Embedding
 from haliax.nn.linear import Linear
 from haliax.nn.norm import RMSNorm
-from haliax.nn.rotary import apply_rotary, rotary_cos_sin
+from haliax.nn.rotary import RopeScaling, apply_rotary, rotary_cos_sin
 
 __all__ = [
     "AttentionImplementationError",
     "Embedding",
     "Linear",
     "RMSNorm",
+    "RopeScaling",
     "apply_rotary",
     "attend",
     "attention_mask",

@@ -1,18 +1,24 @@
 """Decoder checkpoints in the Hugging Face format: ``config.json`` + safetensors (+ tokenizer files).
 
-The public face of four modules, each with one job:
+The public face of these modules, each with one job:
 
 - :mod:`levanter.compat.hf_format`: the folder's files (sharded safetensors, ``config.json``,
   tokenizer files), on local paths or any URL, and the refusal of damaged ones.
+- :mod:`levanter.compat.hf_tokenizer_files`: the tokenizer's metadata an export writes
+  (``tokenizer_config.json``, ``special_tokens_map.json``, ``generation_config.json``), so other
+  tools load the folder as it is.
 - :mod:`levanter.compat.hf_family`: what a family is (our model class, its Hugging Face
-  counterpart, how each weight maps), the weights every family shares, and whole-model conversion.
-- :mod:`levanter.compat.hf_llama`, :mod:`levanter.compat.hf_mixtral`: one family each.
+  counterpart, how each weight maps), the weights every family shares, whole-model conversion, and
+  the refusal of configs a family cannot express (:class:`UnsupportedConfigError`).
+- :mod:`levanter.compat.hf_llama`, :mod:`~levanter.compat.hf_mistral`, :mod:`~levanter.compat.hf_qwen`,
+  :mod:`~levanter.compat.hf_gemma`, :mod:`~levanter.compat.hf_mixtral`: one family each.
 - :mod:`levanter.compat.hf_registry`: the list of families; ``export_to_hf`` / ``import_from_hf``
   pick one from the model or from ``config.json``'s ``model_type``, so callers need not know it.
 """
 
 from levanter.compat.hf_family import (
     HfFamily,
+    UnsupportedConfigError,
     LayerWeight,
     attention_weights,
     decoder_config_dict,
@@ -57,6 +63,7 @@ __all__ = [
     "CorruptCheckpointError",
     "HfFamily",
     "HfFormatError",
+    "UnsupportedConfigError",
     "LayerWeight",
     "attention_weights",
     "decoder_config_dict",

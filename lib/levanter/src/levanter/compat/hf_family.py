@@ -9,7 +9,11 @@ defined once below.
 
 Our weights differ from the Hugging Face ones only by layout: HF stores ``nn.Linear`` weights as
 ``[out, in]`` with heads flattened, we store ``[in, out]`` with heads as their own dimension. Both
-use the "rotate halves" RoPE layout, so no permutation of query/key rows is needed.
+use the "rotate halves" RoPE layout, so no permutation of query/key rows is needed. (Gemma's norms
+are the exception: HF stores ``w`` and multiplies by ``1 + w``; a family's ``norm_offset`` says so.)
+
+A ``config.json`` value that would change the logits and that our models cannot express is refused
+with an :class:`UnsupportedConfigError` naming the field and its value, never silently dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from haliax import Stacked
+from haliax.nn import RopeScaling
 from levanter.compat.hf_format import (
     CONFIG_FILE,
     DEFAULT_MAX_SHARD_BYTES,
@@ -36,13 +41,23 @@ from levanter.compat.hf_format import (
     read_model_config,
     read_tensors,
     write_json,
-    write_tokenizer,
     write_weights,
 )
+from levanter.compat.hf_tokenizer_files import write_tokenizer_files
 from rigging import filesystem as fsx
 
 # One logger for the Hugging Face checkpoint modules: their lines name the public module.
 logger = logging.getLogger("levanter.compat.hf_checkpoints")
+
+
+class UnsupportedConfigError(HfFormatError):
+    """A ``config.json`` field (or a config of ours) whose value the other side cannot express."""
+
+
+def unsupported(field: str, value: Any, why: str) -> UnsupportedConfigError:
+    """The error for ``config.json``'s ``field`` holding ``value``; ``why`` completes the sentence."""
+    return UnsupportedConfigError(f"config.json {field}={value!r} is not supported: {why}.")
+
 
 # -- how one weight of our decoder layer maps to Hugging Face tensors ---------------------------------
 
@@ -78,7 +93,24 @@ def transposed(ours: str, theirs: str) -> LayerWeight:
     return renamed(ours, theirs, _transpose, _transpose)
 
 
-def attention_weights(config: Any) -> list[LayerWeight]:
+def norm_weight(ours: str, theirs: str, offset: float = 0.0) -> LayerWeight:
+    """An RMSNorm scale; HF stores ``scale - offset`` (Gemma's norms multiply by ``1 + w``: offset 1)."""
+    if not offset:
+        return renamed(ours, theirs)
+    # Added in float32, as the reference implementation does, also when the file holds bfloat16.
+    return renamed(ours, theirs, lambda w: w - offset, lambda t: t.astype(np.float32) + offset)
+
+
+def attention_bias_weights(config: Any) -> list[LayerWeight]:
+    """Biases of the q/k/v projections: ours ``[heads, d]`` <-> theirs ``[heads * d]``."""
+    d = config.head_dim
+    return [
+        renamed(f"attention.{p}_bias.weight", f"self_attn.{p}_proj.bias", lambda w: w.reshape(-1), lambda t, n=n: t.reshape(n, d))
+        for p, n in (("q", config.num_heads), ("k", config.num_kv_heads), ("v", config.num_kv_heads))
+    ]
+
+
+def attention_weights(config: Any, norm_offset: float = 0.0) -> list[LayerWeight]:
     """The norms and attention weights every decoder layer of ours has (Llama and MoE alike)."""
     h, d = config.hidden_dim, config.head_dim
 
@@ -86,8 +118,8 @@ def attention_weights(config: Any) -> list[LayerWeight]:
         return renamed(ours, theirs, lambda w: w.reshape(h, num_heads * d).T, lambda t: t.T.reshape(h, num_heads, d))
 
     return [
-        renamed("input_norm.weight", "input_layernorm.weight"),
-        renamed("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        norm_weight("input_norm.weight", "input_layernorm.weight", norm_offset),
+        norm_weight("post_attention_norm.weight", "post_attention_layernorm.weight", norm_offset),
         heads_in("attention.q_proj.weight", "self_attn.q_proj.weight", config.num_heads),
         heads_in("attention.k_proj.weight", "self_attn.k_proj.weight", config.num_kv_heads),
         heads_in("attention.v_proj.weight", "self_attn.v_proj.weight", config.num_kv_heads),
@@ -99,9 +131,29 @@ def attention_weights(config: Any) -> list[LayerWeight]:
 
 # -- config.json fields every family shares -------------------------------------------------------
 
+# transformers' names for the MLP activations we have (levanter.models.transformer.ACTIVATIONS).
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+ACTIVATION_TO_HF = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def rope_parameters(config: Any) -> dict:
+    """transformers' ``rope_parameters`` for our ``rope_theta`` and ``rope_scaling``."""
+    scaling: RopeScaling | None = config.rope_scaling
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": config.rope_theta}
+    params = {"rope_type": scaling.rope_type, "rope_theta": config.rope_theta, "factor": scaling.factor}
+    if scaling.rope_type == "llama3":
+        params.update(
+            low_freq_factor=scaling.low_freq_factor,
+            high_freq_factor=scaling.high_freq_factor,
+            original_max_position_embeddings=scaling.original_max_position_embeddings,
+        )
+    return params
+
 
 def decoder_config_dict(config: Any, vocab_size: int, dtype: Any) -> dict:
     """The ``config.json`` fields of the attention/embedding part, common to Llama and Mixtral."""
+    rope = rope_parameters(config)
     return {
         "hidden_size": config.hidden_dim,
         "intermediate_size": config.intermediate_dim,
@@ -112,7 +164,9 @@ def decoder_config_dict(config: Any, vocab_size: int, dtype: Any) -> dict:
         "max_position_embeddings": config.max_seq_len,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_parameters": rope,
+        # transformers 4 reads the scaling from here (5 from rope_parameters).
+        **({"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}} if config.rope_scaling else {}),
         "tie_word_embeddings": config.tie_word_embeddings,
         "vocab_size": vocab_size,
         "hidden_act": "silu",
@@ -122,19 +176,9 @@ def decoder_config_dict(config: Any, vocab_size: int, dtype: Any) -> dict:
     }
 
 
-def decoder_fields_from_hf(hf: dict, *, default_rope_theta: float = 10000.0) -> dict:
-    """Our config's shared fields from a ``config.json`` dict; refuses what would change the logits."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise HfFormatError(f"RoPE scaling {rope_type!r} is not supported; only plain RoPE ('default') is.")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise HfFormatError("Checkpoints with attention or MLP biases are not supported.")
+def shape_fields_from_hf(hf: dict, *, tie_default: bool = False) -> dict:
+    """Our config's shape fields (sizes, norm epsilon, tying) from a ``config.json`` dict."""
     num_heads = hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, hf["hidden_size"] // num_heads):
-        raise HfFormatError(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads is not supported.")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise HfFormatError(f"Only the SiLU (SwiGLU) activation is supported, got {hf['hidden_act']!r}.")
     return dict(
         hidden_dim=hf["hidden_size"],
         intermediate_dim=hf["intermediate_size"],
@@ -142,11 +186,79 @@ def decoder_fields_from_hf(hf: dict, *, default_rope_theta: float = 10000.0) -> 
         num_heads=num_heads,
         num_kv_heads=hf.get("num_key_value_heads") or num_heads,
         max_seq_len=hf.get("max_position_embeddings", 2048),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", default_rope_theta))),
         norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", tie_default)),
         initializer_range=float(hf.get("initializer_range", 0.02)),
     )
+
+
+def rope_from_hf(hf: dict, *, default_theta: float = 10000.0) -> tuple[float, RopeScaling | None]:
+    """``rope_theta`` and the RoPE scaling from ``rope_parameters`` (transformers 5) or
+    ``rope_scaling`` + ``rope_theta`` (transformers 4); refuses rules we do not implement."""
+    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    rope = hf.get(field) or {}
+    if not isinstance(rope, dict) or (rope and not {"rope_type", "type", "rope_theta"} & rope.keys()):
+        # e.g. one entry per attention kind ({"full_attention": {...}, "sliding_attention": {...}})
+        raise unsupported(field, rope, "only one RoPE for all layers, as an object with rope_type, can be expressed")
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", default_theta)))
+    partial = rope.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or 1.0
+    if partial != 1.0:
+        raise unsupported("partial_rotary_factor", partial, "our RoPE rotates every dimension of each head (1.0)")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type not in ("linear", "llama3"):
+        raise unsupported(f"{field}.rope_type", rope_type, "the RoPE types we implement are 'default', 'linear' and 'llama3'")
+    needed = ("factor", "low_freq_factor", "high_freq_factor") if rope_type == "llama3" else ("factor",)
+    missing = [name for name in needed if rope.get(name) is None]
+    if missing:
+        raise unsupported(f"{field}.rope_type", rope_type, f"{field} lacks {', '.join(missing)}, which this type needs")
+    extra = {}
+    if rope_type == "llama3":
+        extra = dict(
+            low_freq_factor=float(rope["low_freq_factor"]),
+            high_freq_factor=float(rope["high_freq_factor"]),
+            # transformers falls back to max_position_embeddings when this is absent.
+            original_max_position_embeddings=int(rope.get("original_max_position_embeddings") or hf["max_position_embeddings"]),
+        )
+    try:
+        return theta, RopeScaling(rope_type, float(rope["factor"]), **extra)
+    except ValueError as e:
+        raise unsupported(field, rope, str(e).rstrip(".")) from None
+
+
+def head_dim_from_hf(hf: dict) -> int | None:
+    """``head_dim`` when it differs from ``hidden_size / num_attention_heads``, else None."""
+    head_dim = hf.get("head_dim")
+    num_heads = hf["num_attention_heads"]
+    if head_dim is None or head_dim * num_heads == hf["hidden_size"]:
+        return None
+    return int(head_dim)
+
+
+def activation_from_hf(hf: dict, field: str = "hidden_act", default: str = "silu") -> str:
+    """Our name for the MLP activation ``config.json`` names in ``field``."""
+    name = hf.get(field) or default
+    if name not in HF_ACTIVATIONS:
+        raise unsupported(field, name, f"the MLP activations we implement are {sorted(HF_ACTIVATIONS)}")
+    return HF_ACTIVATIONS[name]
+
+
+def decoder_fields_from_hf(hf: dict, *, default_rope_theta: float = 10000.0) -> dict:
+    """The fields of a plain decoder config (Mixtral's: no head size of its own, plain RoPE, SiLU,
+    no biases) from a ``config.json`` dict; refuses what would change the logits."""
+    theta, scaling = rope_from_hf(hf, default_theta=default_rope_theta)
+    if scaling is not None:
+        field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+        raise unsupported(f"{field}.rope_type", scaling.rope_type, f"{hf.get('model_type')} checkpoints are read with plain RoPE only")
+    for field in ("attention_bias", "mlp_bias"):
+        if hf.get(field):
+            raise unsupported(field, hf[field], f"{hf.get('model_type')} checkpoints are read without biases")
+    if head_dim_from_hf(hf) is not None:
+        raise unsupported("head_dim", hf["head_dim"], "it must equal hidden_size / num_attention_heads for this model type")
+    if activation_from_hf(hf) != "silu":
+        raise unsupported("hidden_act", hf["hidden_act"], "this model type is read with SiLU (SwiGLU) experts only")
+    return dict(**shape_fields_from_hf(hf), rope_theta=theta)
 
 
 # -- a family: one of our model classes and its Hugging Face counterpart ----------------------------
@@ -156,9 +268,18 @@ def _no_renaming(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _writes_any(config: Any) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class HfFamily:
-    """What it takes to write and read one model class as a Hugging Face checkpoint."""
+    """What it takes to write and read one model class as a Hugging Face checkpoint.
+
+    Several families may share a model class (Llama, Mistral, Qwen and Gemma are all our Llama);
+    ``cannot_write`` says which configs a family's ``config.json`` can express, and export picks
+    the first family of :data:`~levanter.compat.hf_registry.FAMILIES` that can.
+    """
 
     model_type: str  # config.json's model_type
     model_class: type
@@ -168,6 +289,10 @@ class HfFamily:
     config_from_hf: Callable[[dict], tuple[Any, int]]
     # Maps other spellings of the same weights (e.g. fused expert tensors) to the names layer_weights reads.
     canonical_names: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = _no_renaming
+    # Why this family's checkpoints cannot hold a config of ours, or None when they can.
+    cannot_write: Callable[[Any], str | None] = _writes_any
+    # HF stores every RMSNorm scale minus this (Gemma: 1.0); see norm_weight.
+    norm_offset: float = 0.0
 
 
 def _layers_of(model: Any) -> list[Any]:
@@ -182,7 +307,7 @@ def iter_family_tensors(family: HfFamily, model: Any) -> Iterator[tuple[str, np.
         for weight in weights:
             for suffix, tensor in weight.to_hf(np.asarray(attrgetter(weight.ours)(layer))):
                 yield f"model.layers.{i}.{suffix}", np.ascontiguousarray(tensor)
-    yield "model.norm.weight", np.asarray(model.final_norm.weight)
+    yield from norm_weight("final_norm.weight", "model.norm.weight", family.norm_offset).to_hf(np.asarray(model.final_norm.weight))
     if model.lm_head is not None:
         yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head.weight).T)
 
@@ -195,15 +320,20 @@ def write_checkpoint(family: HfFamily, model: Any, out_dir: str | os.PathLike, *
     """Write ``model`` as ``family``'s checkpoint folder (see ``export_to_hf``); returns the folder."""
     if not isinstance(model, family.model_class):
         raise TypeError(f"A {family.model_type} checkpoint needs a {family.model_class.__name__}, got {type(model).__name__}.")
+    why_not = family.cannot_write(model.config)
+    if why_not is not None:
+        raise UnsupportedConfigError(
+            f"A {family.model_type} checkpoint cannot express this model's config: {why_not}. "
+            "export_to_hf picks a family that can."
+        )
     dtype = model.embed.weight.dtype
     if dtype == jnp.bfloat16:
         raise HfFormatError("Export float32 parameters (safetensors.numpy cannot write bfloat16); cast with jax.tree.map first.")
     out_dir = os.fspath(out_dir)
     create_folder(out_dir)
     total, files = write_weights(iter_family_tensors(family, model), out_dir, max_shard_bytes)
-    write_json(fsx.join(out_dir, CONFIG_FILE), family.config_to_hf(model.config, model.vocab_size, dtype))
-    if tokenizer_dir_or_obj is not None:
-        write_tokenizer(tokenizer_dir_or_obj, out_dir)
+    special_ids = {} if tokenizer_dir_or_obj is None else write_tokenizer_files(tokenizer_dir_or_obj, out_dir, max_length=model.config.max_seq_len)
+    write_json(fsx.join(out_dir, CONFIG_FILE), {**family.config_to_hf(model.config, model.vocab_size, dtype), **special_ids})
     logger.info("Exported %d parameters (%.1f MB) in %d file(s) to %s", model.config.num_parameters(model.vocab_size), total / 1e6, files, out_dir)
     return out_dir
 
@@ -240,7 +370,8 @@ def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool
             stacked_layers = tuple(layers)
 
         model = eqx.tree_at(lambda m: m.embed.weight, skeleton, as_array(take("model.embed_tokens.weight")))
-        model = eqx.tree_at(lambda m: m.final_norm.weight, model, as_array(take("model.norm.weight")))
+        final_norm = norm_weight("final_norm.weight", "model.norm.weight", family.norm_offset).from_hf(take)
+        model = eqx.tree_at(lambda m: m.final_norm.weight, model, as_array(final_norm))
         model = eqx.tree_at(lambda m: m.layers, model, stacked_layers)
         if model.lm_head is not None:
             # Some tied checkpoints still store lm_head.weight; untied ones must.

@@ -31,7 +31,9 @@ from levanter.errors import LevanterError
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "tokenizer.model",
+                   "vocab.json", "merges.txt")
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 # One logger for the Hugging Face checkpoint modules: their lines name the public module.
@@ -98,24 +100,32 @@ def write_json(url: str, value: Any) -> None:
     fsx.atomic_write(url, json.dumps(value, indent=2))
 
 
-def write_tokenizer(tokenizer: Any, out_dir: str) -> None:
-    """Put a tokenizer beside the weights: a ``tokenizers.Tokenizer``, or a folder whose tokenizer files are copied."""
+def write_tokenizer(tokenizer: Any, out_dir: str) -> list[str]:
+    """Copy a tokenizer beside the weights exactly as it is: a ``tokenizers.Tokenizer`` (saved as
+    ``tokenizer.json``), a ``tokenizer.json`` file, or a folder whose tokenizer files are copied byte
+    for byte. Returns the names written. The metadata written beside them is
+    :mod:`levanter.compat.hf_tokenizer_files`'s job."""
     if isinstance(tokenizer, (str, os.PathLike)):
         src = os.fspath(tokenizer)
+        fs, path = fsx.filesystem(src)
+        if fs.isfile(path):
+            with fsx.open_url(src, "rb") as f:
+                fsx.atomic_write(fsx.join(out_dir, TOKENIZER_JSON), f.read())
+            return [TOKENIZER_JSON]
         found = [name for name in TOKENIZER_FILES if fsx.exists(fsx.join(src, name))]
         if not found:
             raise HfFormatError(f"No tokenizer files ({', '.join(TOKENIZER_FILES)}) in {src}.")
         for name in found:
             with fsx.open_url(fsx.join(src, name), "rb") as f:
                 fsx.atomic_write(fsx.join(out_dir, name), f.read())
-    elif hasattr(tokenizer, "to_str"):  # a tokenizers.Tokenizer
-        fsx.atomic_write(fsx.join(out_dir, "tokenizer.json"), tokenizer.to_str(pretty=True))  # as Tokenizer.save writes it
-    else:
-        raise TypeError(f"tokenizer_dir_or_obj must be a folder or a tokenizers.Tokenizer, got {type(tokenizer).__name__}.")
-    config_path = fsx.join(out_dir, "tokenizer_config.json")
-    if not fsx.exists(config_path):
-        # Lets transformers.AutoTokenizer open a bare tokenizer.json.
-        write_json(config_path, {"tokenizer_class": "PreTrainedTokenizerFast"})
+        return found
+    if hasattr(tokenizer, "to_str"):  # a tokenizers.Tokenizer
+        fsx.atomic_write(fsx.join(out_dir, TOKENIZER_JSON), tokenizer.to_str(pretty=True))  # as Tokenizer.save writes it
+        return [TOKENIZER_JSON]
+    raise TypeError(
+        "tokenizer_dir_or_obj must be a folder, a tokenizer.json file or a tokenizers.Tokenizer, "
+        f"got {type(tokenizer).__name__}."
+    )
 
 
 # -- reading ----------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from levanter.compat.hf_family import (
     decoder_fields_from_hf,
     read_checkpoint,
     transposed,
+    unsupported,
     write_checkpoint,
 )
 from levanter.compat.hf_format import DEFAULT_MAX_SHARD_BYTES, HfFormatError
@@ -87,9 +88,10 @@ def moe_config_from_hf(hf: dict) -> tuple[MoeConfig, int]:
     fields = decoder_fields_from_hf(hf, default_rope_theta=MIXTRAL_DEFAULT_ROPE_THETA)
     window = hf.get("sliding_window")
     if window is not None and window < fields["max_seq_len"]:
-        raise HfFormatError(
-            f"sliding_window={window} is shorter than max_position_embeddings={fields['max_seq_len']}; only full "
-            "causal attention is supported (set sliding_window to null if the model was trained without one)."
+        raise unsupported(
+            "sliding_window", window,
+            f"it is shorter than max_position_embeddings={fields['max_seq_len']} and our MoE attention is fully causal "
+            "(set sliding_window to null if the model was trained without one)",
         )
     config = MoeConfig(
         **fields,

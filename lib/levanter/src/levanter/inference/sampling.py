@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from haliax import Stacked
-from haliax.nn import rotary_cos_sin
 
 from levanter.errors import LevanterError
 
@@ -52,7 +51,7 @@ def decode(model: Any, tokens: jax.Array, cache: KvCache, start: jax.Array | int
     config = model.config
     start = jnp.asarray(start, jnp.int32)
     x = model.embed(tokens)
-    cos, sin = rotary_cos_sin(start + jnp.arange(tokens.shape[1]), config.head_dim, config.rope_theta)
+    cos, sin = config.rope_tables(start + jnp.arange(tokens.shape[1]))
 
     if isinstance(model.layers, Stacked):
 

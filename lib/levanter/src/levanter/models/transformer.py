@@ -1,9 +1,15 @@
-"""Pieces shared by the decoder-only models: grouped-query attention with RoPE, the SwiGLU MLP,
-and the loop over layers (unrolled or scanned, optionally rematerialised)."""
+"""Pieces shared by the decoder-only models: grouped-query attention with RoPE, the gated (SwiGLU)
+MLP, and the loop over layers (unrolled or scanned, optionally rematerialised).
+
+Attention and MLP also carry the options other Llama-like families need (biases, a per-head
+query/key norm, a head size of its own, a sliding window, a GELU gate); each is off by default,
+and off it adds no parameter and no operation.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 
 from typing import Any, Callable, Sequence
@@ -14,7 +20,8 @@ import jax.numpy as jnp
 
 from haliax import Stacked
 from haliax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP, SEQ
-from haliax.nn import Linear, apply_rotary, attend, dot_product_attention
+from haliax.module import NamedModule
+from haliax.nn import Embedding, Linear, RMSNorm, apply_rotary, attend, attention_mask, dot_product_attention, rotary_cos_sin
 from haliax.nn.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from haliax.partitioning import constrain
 
@@ -25,13 +32,16 @@ class ConfigError(LevanterError, ValueError):
     """A model configuration that cannot describe a valid model."""
 
 
-def check_attention_shape(hidden_dim: int, num_heads: int, num_kv_heads: int) -> None:
-    if hidden_dim % num_heads:
+def check_attention_shape(hidden_dim: int, num_heads: int, num_kv_heads: int, head_dim: int | None = None) -> None:
+    """``head_dim``: a head size of its own (Gemma, Qwen3); None means ``hidden_dim / num_heads``."""
+    if head_dim is None and hidden_dim % num_heads:
         raise ConfigError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads}).")
     if num_heads % num_kv_heads:
         raise ConfigError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}).")
-    if (hidden_dim // num_heads) % 2:
+    if head_dim is None and (hidden_dim // num_heads) % 2:
         raise ConfigError(f"head_dim = hidden_dim / num_heads = {hidden_dim // num_heads} must be even for RoPE.")
+    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2):
+        raise ConfigError(f"head_dim_override must be a positive even integer (RoPE rotates pairs), got {head_dim!r}.")
 
 
 # What each layer keeps for the backward pass (``remat`` in the model configs):
@@ -44,20 +54,47 @@ def check_attention_shape(hidden_dim: int, num_heads: int, num_kv_heads: int) ->
 #   (ragged_dot) are recomputed. Memory between the two, for much less recompute than "full".
 REMAT_POLICIES = ("none", "full", "save_matmuls")
 
+# The gate activations of the gated MLP, by the names model configs use. "gelu" is the exact (erf)
+# GELU, "gelu_tanh" its tanh approximation (Gemma's; transformers calls it gelu_pytorch_tanh).
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+}
+
+# Field metadata for options added to a config after configs of its class were already in use
+# (hashed into step identities, written to records). Such a field is left out of ``to_dict`` while
+# it holds its default, and marin.execution.identity leaves it out of a step's identity the same
+# way, so adding an option changes neither the record nor the hash of any existing config.
+OMIT_WHEN_DEFAULT = {"omit_when_default": True}
+
+
+def fields_to_record(config: Any) -> list[dataclasses.Field]:
+    """The dataclass fields of ``config`` that its record and identity include (see OMIT_WHEN_DEFAULT)."""
+    return [
+        f for f in dataclasses.fields(config)
+        if not (f.metadata.get("omit_when_default") and getattr(config, f.name) == f.default)
+    ]
+
 
 class DecoderShape:
     """What every decoder config (Llama, MoE) derives from its shape fields.
 
     A mixin rather than a base dataclass so each config keeps its own field order and defaults;
-    it expects ``hidden_dim``, ``num_heads``, ``num_kv_heads``, ``num_layers``,
-    ``tie_word_embeddings`` and ``attention``.
+    it expects ``hidden_dim``, ``num_heads``, ``num_kv_heads``, ``num_layers``, ``rope_theta``,
+    ``tie_word_embeddings`` and ``attention``. A config that allows a head size other than
+    ``hidden_dim / num_heads`` or rescaled RoPE declares ``head_dim_override`` / ``rope_scaling``
+    as fields; the class attributes below are what configs without them mean.
     """
+
+    head_dim_override: int | None = None
+    rope_scaling: Any = None  # a haliax.nn.RopeScaling, or None for plain RoPE
 
     def check_shape(self, positive_fields: tuple[str, ...]) -> None:
         for name in positive_fields:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{type(self).__name__}.{name} must be positive, got {getattr(self, name)}.")
-        check_attention_shape(self.hidden_dim, self.num_heads, self.num_kv_heads)
+        check_attention_shape(self.hidden_dim, self.num_heads, self.num_kv_heads, self.head_dim_override)
 
     def check_attention(self) -> None:
         """``attention`` names how attention runs: ``"auto"`` (by platform) or one implementation of
@@ -83,10 +120,17 @@ class DecoderShape:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_dim // self.num_heads
+        return self.head_dim_override or self.hidden_dim // self.num_heads
+
+    def rope_tables(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """RoPE's cos and sin tables for ``positions`` (see ``haliax.nn.rotary_cos_sin``)."""
+        return rotary_cos_sin(positions, self.head_dim, self.rope_theta, self.rope_scaling)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as plain data; options marked OMIT_WHEN_DEFAULT appear only when set."""
+        record = dataclasses.asdict(self)
+        kept = {f.name for f in fields_to_record(self)}
+        return {name: value for name, value in record.items() if name in kept}
 
     def attention_parameters(self) -> int:
         """q and o projections (heads) plus k and v projections (kv heads), no biases."""
@@ -101,33 +145,115 @@ class DecoderShape:
         return float(12 * self.num_layers * self.num_heads * self.head_dim * seq_len)
 
 
+class Bias(NamedModule):
+    """A learned offset added to a projection's output (zeros at initialisation)."""
+
+    weight: jax.Array
+    axes: tuple[str, ...] = eqx.field(static=True)
+
+    def __init__(self, shape: Sequence[int], axes: Sequence[str], dtype=jnp.float32):
+        self.weight = jnp.zeros(tuple(shape), dtype=dtype)
+        self.axes = tuple(axes)
+
+    def param_axes(self):
+        return {"weight": self.axes}
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + self.weight.astype(x.dtype)
+
+
+class HeadNorm(RMSNorm):
+    """RMSNorm over each head's vector (Qwen3's query/key norm): its weight is [head_dim]."""
+
+    def param_axes(self):
+        return {"weight": (HEAD_DIM,)}
+
+
+class ScaledEmbedding(Embedding):
+    """An embedding whose looked-up vectors are multiplied by ``scale`` (Gemma: sqrt(hidden_dim)).
+
+    Only the lookup is scaled; as a tied output projection (``unembed``) the table is used as is.
+    """
+
+    scale: float = eqx.field(static=True)
+
+    def __init__(self, vocab_size: int, embed_dim: int, *, scale: float, key: jax.Array, init_std: float = 0.02):
+        super().__init__(vocab_size, embed_dim, key=key, init_std=init_std)
+        self.scale = scale
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = super().__call__(tokens)
+        # The scale is rounded to the table's dtype first, as the reference implementation does.
+        return x * jnp.asarray(self.scale, dtype=x.dtype)
+
+
+def _offset(bias: Bias | None, x: jax.Array) -> jax.Array:
+    return x if bias is None else bias(x)
+
+
 class Attention(eqx.Module):
-    """Grouped-query self-attention with rotary positions (no biases, as in Llama)."""
+    """Grouped-query self-attention with rotary positions.
+
+    Options, all off by default (plain Llama): ``head_dim`` other than ``hidden_dim / num_heads``;
+    biases on the q/k/v projections (Qwen2) and on the output projection; ``qk_norm``, an RMSNorm
+    of each query and key head before RoPE (Qwen3); ``sliding_window``, each position attending
+    only to itself and the ``sliding_window - 1`` positions before it (Mistral).
+    """
 
     q_proj: Linear  # embed -> (heads, head_dim)
     k_proj: Linear  # embed -> (kv_heads, head_dim)
     v_proj: Linear  # embed -> (kv_heads, head_dim)
     o_proj: Linear  # (heads, head_dim) -> embed
     implementation: str = eqx.field(static=True, default="auto")  # see haliax.nn.dot_product_attention
+    q_bias: Bias | None = None
+    k_bias: Bias | None = None
+    v_bias: Bias | None = None
+    o_bias: Bias | None = None
+    q_norm: HeadNorm | None = None
+    k_norm: HeadNorm | None = None
+    sliding_window: int | None = eqx.field(static=True, default=None)
 
     def __init__(
-        self, hidden_dim: int, num_heads: int, num_kv_heads: int, *, init_std: float, key: jax.Array, implementation: str = "auto"
+        self, hidden_dim: int, num_heads: int, num_kv_heads: int, *, init_std: float, key: jax.Array, implementation: str = "auto",
+        head_dim: int | None = None, qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False, norm_eps: float = 1e-5,
+        sliding_window: int | None = None,
     ):
-        head_dim = hidden_dim // num_heads
+        head_dim = head_dim or hidden_dim // num_heads
         kq, kk, kv, ko = jax.random.split(key, 4)
         self.q_proj = Linear((hidden_dim,), (num_heads, head_dim), in_axes=(EMBED,), out_axes=(HEADS, HEAD_DIM), key=kq, init_std=init_std)
         self.k_proj = Linear((hidden_dim,), (num_kv_heads, head_dim), in_axes=(EMBED,), out_axes=(KV_HEADS, HEAD_DIM), key=kk, init_std=init_std)
         self.v_proj = Linear((hidden_dim,), (num_kv_heads, head_dim), in_axes=(EMBED,), out_axes=(KV_HEADS, HEAD_DIM), key=kv, init_std=init_std)
         self.o_proj = Linear((num_heads, head_dim), (hidden_dim,), in_axes=(HEADS, HEAD_DIM), out_axes=(EMBED,), key=ko, init_std=init_std)
         self.implementation = implementation
+        # Every field is set, absent options to None: equinox flattens a module by its instance
+        # fields, so one that fell back to the class default would give a different tree structure.
+        self.q_bias = Bias((num_heads, head_dim), (HEADS, HEAD_DIM)) if qkv_bias else None
+        self.k_bias = Bias((num_kv_heads, head_dim), (KV_HEADS, HEAD_DIM)) if qkv_bias else None
+        self.v_bias = Bias((num_kv_heads, head_dim), (KV_HEADS, HEAD_DIM)) if qkv_bias else None
+        self.o_bias = Bias((hidden_dim,), (EMBED,)) if o_bias else None
+        self.q_norm = HeadNorm(head_dim, eps=norm_eps) if qk_norm else None
+        self.k_norm = HeadNorm(head_dim, eps=norm_eps) if qk_norm else None
+        self.sliding_window = sliding_window
+
+    def _rotated(self, proj: Linear, bias: Bias | None, norm: HeadNorm | None, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        """Queries or keys: projected, offset, normed per head, then rotated."""
+        h = _offset(bias, proj(x))
+        return apply_rotary(h if norm is None else norm(h), cos, sin)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
-        q = apply_rotary(self.q_proj(x), cos, sin)
-        k = apply_rotary(self.k_proj(x), cos, sin)
-        v = self.v_proj(x)
+        q = self._rotated(self.q_proj, self.q_bias, self.q_norm, x, cos, sin)
+        k = self._rotated(self.k_proj, self.k_bias, self.k_norm, x, cos, sin)
+        v = _offset(self.v_bias, self.v_proj(x))
         q = constrain(q, (BATCH, SEQ, HEADS, HEAD_DIM))
-        out = dot_product_attention(q, k, v, segment_ids=segment_ids, implementation=self.implementation)
-        return self.o_proj(out)
+        seq_len = x.shape[-2]
+        if self.sliding_window is not None and seq_len > self.sliding_window:
+            # The fused implementations mask only causally and by document; a window needs the
+            # explicit [T, T] mask, so such sequences take the plain (XLA) path.
+            mask = attention_mask(seq_len, segment_ids) & _window_mask(jnp.arange(seq_len), seq_len, self.sliding_window)
+            out = attend(q, k, v, mask)
+        else:
+            out = dot_product_attention(q, k, v, segment_ids=segment_ids, implementation=self.implementation)
+        return _offset(self.o_bias, self.o_proj(out))
 
     def decode(
         self, x: jax.Array, cos: jax.Array, sin: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array
@@ -138,34 +264,56 @@ class Attention(eqx.Module):
         positions; this call writes the new ones at ``start`` and returns the updated caches. Slots
         past the current position are masked out, so the cache can be preallocated.
         """
-        q = apply_rotary(self.q_proj(x), cos, sin)
-        k = apply_rotary(self.k_proj(x), cos, sin).astype(k_cache.dtype)
-        v = self.v_proj(x).astype(v_cache.dtype)
+        q = self._rotated(self.q_proj, self.q_bias, self.q_norm, x, cos, sin)
+        k = self._rotated(self.k_proj, self.k_bias, self.k_norm, x, cos, sin).astype(k_cache.dtype)
+        v = _offset(self.v_bias, self.v_proj(x)).astype(v_cache.dtype)
         k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, start, 0, 0))
         v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, start, 0, 0))
         query_positions = start + jnp.arange(x.shape[1])
         mask = jnp.arange(k_cache.shape[1])[None, :] <= query_positions[:, None]
+        if self.sliding_window is not None:
+            mask = mask & _window_mask(query_positions, k_cache.shape[1], self.sliding_window)
         out = attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask[None, None, None])
-        return self.o_proj(out), k_cache, v_cache
+        return _offset(self.o_bias, self.o_proj(out)), k_cache, v_cache
 
 
-class SwiGluMlp(eqx.Module):
-    """``down(silu(gate(x)) * up(x))``."""
+def _window_mask(query_positions: jax.Array, num_keys: int, window: int) -> jax.Array:
+    """[T, S]: True where key position s is fewer than ``window`` positions before query t."""
+    return jnp.arange(num_keys)[None, :] > query_positions[:, None] - window
+
+
+class GatedMlp(eqx.Module):
+    """``down(act(gate(x)) * up(x))``: SwiGLU with ``silu`` (Llama), GeGLU with ``gelu_tanh`` (Gemma).
+
+    ``bias`` adds a learned offset to each of the three projections.
+    """
 
     gate_proj: Linear
     up_proj: Linear
     down_proj: Linear
+    activation: str = eqx.field(static=True, default="silu")  # a key of ACTIVATIONS
+    gate_bias: Bias | None = None
+    up_bias: Bias | None = None
+    down_bias: Bias | None = None
 
-    def __init__(self, hidden_dim: int, intermediate_dim: int, *, init_std: float, key: jax.Array):
+    def __init__(self, hidden_dim: int, intermediate_dim: int, *, init_std: float, key: jax.Array, activation: str = "silu",
+                 bias: bool = False):
+        if activation not in ACTIVATIONS:
+            raise ConfigError(f"Unknown MLP activation {activation!r}; expected one of {sorted(ACTIVATIONS)}.")
         kg, ku, kd = jax.random.split(key, 3)
         self.gate_proj = Linear((hidden_dim,), (intermediate_dim,), in_axes=(EMBED,), out_axes=(MLP,), key=kg, init_std=init_std)
         self.up_proj = Linear((hidden_dim,), (intermediate_dim,), in_axes=(EMBED,), out_axes=(MLP,), key=ku, init_std=init_std)
         self.down_proj = Linear((intermediate_dim,), (hidden_dim,), in_axes=(MLP,), out_axes=(EMBED,), key=kd, init_std=init_std)
+        self.activation = activation
+        self.gate_bias = Bias((intermediate_dim,), (MLP,)) if bias else None  # all set: see Attention.__init__
+        self.up_bias = Bias((intermediate_dim,), (MLP,)) if bias else None
+        self.down_bias = Bias((hidden_dim,), (EMBED,)) if bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        gate = _offset(self.gate_bias, self.gate_proj(x))
+        h = ACTIVATIONS[self.activation](gate) * _offset(self.up_bias, self.up_proj(x))
         h = constrain(h, (BATCH, SEQ, MLP))
-        return self.down_proj(h)
+        return _offset(self.down_bias, self.down_proj(h))
 
 
 def build_layers(make_layer: Callable[[jax.Array], Any], num_layers: int, *, use_scan: bool, key: jax.Array):

@@ -71,7 +71,9 @@ def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int]
                 "declare it with @dataclass(frozen=True) so it cannot change after hashing."
             )
         fields = {
-            f.name: canonicalize(getattr(value, f.name), where=f"{where}.{f.name}", _open=_open) for f in dataclasses.fields(value)
+            f.name: canonicalize(getattr(value, f.name), where=f"{where}.{f.name}", _open=_open)
+            for f in dataclasses.fields(value)
+            if not _omitted_default(value, f)
         }
         return {"__class__": type(value).__qualname__, **fields}
     if isinstance(value, Mapping):
@@ -87,6 +89,12 @@ def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int]
         f"{where} has a value of type {type(value).__name__} ({value!r:.80}); hash attributes must be "
         "JSON-like (dict, list, str, number, bool, None) or frozen dataclasses. Convert it, e.g. str(path)."
     )
+
+
+def _omitted_default(value: Any, f: dataclasses.Field) -> bool:
+    """A field whose metadata says ``omit_when_default`` is left out while it holds its default:
+    configs mark options added after they were first hashed, so adding one keeps existing identities."""
+    return bool(f.metadata.get("omit_when_default")) and f.default is not dataclasses.MISSING and getattr(value, f.name) == f.default
 
 
 def canonical_json(value: Any) -> str:
