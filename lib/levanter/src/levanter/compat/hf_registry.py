@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from levanter.compat.hf_family import HfFamily, UnsupportedConfigError, read_checkpoint, write_checkpoint
-from levanter.compat.hf_format import DEFAULT_MAX_SHARD_BYTES, read_hf_config
+from levanter.compat.hf_format import DEFAULT_MAX_SHARD_BYTES, HfFormatError, read_hf_config
 from levanter.compat.hf_gemma import GEMMA, GEMMA2_REFUSAL
 from levanter.compat.hf_llama import LLAMA
 from levanter.compat.hf_mistral import MISTRAL
@@ -61,10 +62,20 @@ def export_to_hf(model: Any, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj
     dtype: one ``model.safetensors``, or shards plus ``model.safetensors.index.json`` when they
     exceed ``max_shard_bytes``, the layout ``from_pretrained`` expects.
     """
+    if _holds_adapters(model):
+        raise HfFormatError(
+            "This model holds low-rank adapters: levanter.lora.export_merged_to_hf writes it with the adapters "
+            "merged into the weights, levanter.lora.export_peft_adapter writes the adapters as a PEFT folder."
+        )
     family = family_of_model(model)
     if family is None:
         raise _no_family_error(model)
     return write_checkpoint(family, model, out_dir, tokenizer_dir_or_obj=tokenizer_dir_or_obj, max_shard_bytes=max_shard_bytes)
+
+
+def _holds_adapters(model: Any) -> bool:
+    """Whether any layer of ``model`` carries LoRA factors (found by their field, not by importing levanter.lora)."""
+    return any(hasattr(node, "lora_a") for node in jax.tree_util.tree_leaves(model, is_leaf=lambda n: hasattr(n, "lora_a")))
 
 
 def import_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False, dtype: Any = jnp.float32) -> Any:
