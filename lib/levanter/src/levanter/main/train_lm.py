@@ -8,6 +8,11 @@ Output folder (a local path or any fsspec URL, e.g. ``s3://bucket/run``)::
       eval.json             final step, train loss and validation losses
       hf/                   the final model in Hugging Face format (Llama or Mixtral)
       profile/              a jax.profiler trace, when TrainerConfig.profile asks for one
+
+A run can start from existing weights instead of random ones (:class:`InitialWeights`): a Hugging
+Face folder, or a step of another run's checkpoints, with or without its optimizer state. They are
+checked against the run before anything is trained: the same model family, the same parameter
+shapes (a difference names the config field) and the same vocabulary as the data.
 """
 
 from __future__ import annotations
@@ -16,19 +21,60 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 
 from rigging import filesystem as fsx
 
+from levanter.errors import LevanterError
 from levanter.optim import OptimizerConfig
-from levanter.trainer import EvalSources, Trainer, TrainerConfig
+from levanter.trainer import EvalSources, Trainer, TrainerConfig, TrainState
+from levanter.trainer.checkpoint import CheckpointMismatchError, flatten_state, read_state_fields
 from levanter.trainer.compilation_cache import enable_compilation_cache
 from levanter.trainer.stopping import StopSource
 from levanter.trainer.trainer import DataSource
 
 logger = logging.getLogger("levanter.train_lm")
+
+
+class InitialWeightsError(LevanterError, ValueError):
+    """Existing weights that cannot start this run: another model family, other shapes or another vocabulary."""
+
+
+@dataclass(frozen=True)
+class InitialWeights:
+    """Weights a run starts from instead of a random initialisation.
+
+    ``path`` (a local path or any URL) is a Hugging Face folder (``format="hf"``: config.json and
+    safetensors) or one step of our own checkpoints (``format="checkpoint"``:
+    ``<run>/checkpoints/<step>``). ``load_optimizer_state`` also takes the optimizer state from
+    such a checkpoint, which must then come from the same model and optimizer. Either way the run
+    counts its own steps from 0, so its learning-rate schedule starts from the beginning, and a run
+    that already has checkpoints of its own resumes from them instead.
+    """
+
+    path: str
+    format: Literal["hf", "checkpoint"]
+    load_optimizer_state: bool = False
+
+    def __post_init__(self) -> None:
+        if self.format not in ("hf", "checkpoint"):
+            raise InitialWeightsError(f"InitialWeights.format must be 'hf' or 'checkpoint', got {self.format!r}.")
+        if self.load_optimizer_state and self.format != "checkpoint":
+            raise InitialWeightsError(
+                f"{self.path} is a Hugging Face folder, which holds no optimizer state; load_optimizer_state "
+                "needs one of our own checkpoints (of the same model and optimizer)."
+            )
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The parts of the train state taken from the weights."""
+        return ("params", "opt_state") if self.load_optimizer_state else ("params",)
 
 
 @dataclass(frozen=True)
@@ -41,10 +87,12 @@ class TrainLmConfig:
     # Tokenizer files to put beside the HF export (a folder or a tokenizers.Tokenizer json file).
     tokenizer: str | None = None
     export_hf: bool = True
+    # Start from these weights instead of random ones (when the run has no checkpoint of its own).
+    initialize_from: InitialWeights | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable description (model type included) for hashing and provenance."""
-        return {
+        record = {
             "model": {"type": type(self.model).__name__, **dataclasses.asdict(self.model)},
             "optimizer": self.optimizer.to_dict(),
             "trainer": self.trainer.to_dict(),
@@ -53,6 +101,9 @@ class TrainLmConfig:
             "tokenizer": self.tokenizer,
             "export_hf": self.export_hf,
         }
+        if self.initialize_from is not None:
+            record["initialize_from"] = dataclasses.asdict(self.initialize_from)
+        return record
 
 
 @dataclass(frozen=True)
@@ -148,7 +199,12 @@ def train_lm(
         run_config=config.to_dict(),
         stop_sources=stop_sources,
     )
-    result = trainer.train(lambda key: model_config.build(config.vocab_size, key=key), train_source, eval_sources)
+    initialize = None
+    if config.initialize_from is not None:
+        initialize = initializer(config.initialize_from, model_config, config.vocab_size)
+    result = trainer.train(
+        lambda key: model_config.build(config.vocab_size, key=key), train_source, eval_sources, initialize=initialize
+    )
 
     eval_path = fsx.join(out, "eval.json")
     trainer.raise_if_abandoned(result.final_step)
@@ -170,3 +226,150 @@ def train_lm(
         eval_path=eval_path,
         hf_path=hf_path,
     )
+
+
+# -- starting from existing weights ------------------------------------------------------------------
+
+# Config fields that do not describe the weights (how the model runs, how random weights would be
+# drawn): they may differ from the weights' own.
+_EXECUTION_FIELDS = frozenset({"use_scan", "remat", "attention", "initializer_range"})
+# Any vocabulary will do to compare parameter shapes; the vocabulary is compared on its own.
+_SHAPE_PROBE_VOCAB = 8
+
+
+def hf_model_config(path: str) -> tuple[Any, int]:
+    """Our model config and the vocabulary size a Hugging Face folder's ``config.json`` describes."""
+    from levanter.compat.hf_checkpoints import FAMILIES, read_hf_config
+
+    hf = read_hf_config(path)
+    model_type = hf.get("model_type") or FAMILIES[0].model_type
+    families = {family.model_type: family for family in FAMILIES}
+    if model_type not in families:
+        raise InitialWeightsError(f"{path} holds a {model_type!r} model; supported model_types: {', '.join(families)}.")
+    return families[model_type].config_from_hf(hf)
+
+
+def check_vocab_size(weights_vocab: int, data_vocab: int, where: str) -> None:
+    if weights_vocab != data_vocab:
+        raise InitialWeightsError(
+            f"Vocabulary mismatch: the weights in {where} have a vocabulary of {weights_vocab:,} tokens, but the "
+            f"training data's tokenizer has {data_vocab:,}. Tokenize the data with the tokenizer the weights were "
+            "trained with."
+        )
+
+
+def check_model_matches(declared: Any, weights: Any, where: str) -> None:
+    """Refuse a model config whose parameters would not have the shapes of the weights' config.
+
+    The error names each field that changes a shape. Fields that say how the model runs (scan,
+    remat, attention implementation) may differ; other differences (``rope_theta``, ``max_seq_len``
+    ...) are allowed, since continued training may change them on purpose, and logged.
+    """
+    if type(declared) is not type(weights):
+        raise InitialWeightsError(
+            f"The weights in {where} are a {type(weights).__name__} model, but the run's model is a {type(declared).__name__}."
+        )
+    names = [f.name for f in dataclasses.fields(declared)]
+    # The weights' config, running the way the declared one runs: only what the weights are remains to compare.
+    weights = dataclasses.replace(weights, **{n: getattr(declared, n) for n in names if n in _EXECUTION_FIELDS})
+    differing = [n for n in names if getattr(declared, n) != getattr(weights, n)]
+    if not differing:
+        return
+    expected = _parameter_shapes(weights)
+    if _parameter_shapes(declared) == expected:
+        logger.warning(
+            "The run's model config differs from the weights' in %s (%s): continuing with the run's values.",
+            ", ".join(differing), where,
+        )
+        return
+    shaping = [n for n in differing if _changes_shapes(weights, n, getattr(declared, n), expected)] or differing
+    details = "; ".join(f"{n}={getattr(declared, n)!r} where the weights have {n}={getattr(weights, n)!r}" for n in shaping)
+    raise InitialWeightsError(
+        f"The run's model does not fit the weights in {where}: {details}. Use the weights' values "
+        "(or leave the model out, where its config can be read from the weights)."
+    )
+
+
+def _parameter_shapes(config: Any) -> list[tuple[str, tuple[int, ...]]] | None:
+    try:
+        model = eqx.filter_eval_shape(lambda key: config.build(_SHAPE_PROBE_VOCAB, key=key), jax.random.PRNGKey(0))
+    except (ValueError, TypeError):  # a combination of fields no model can have (heads not dividing hidden_dim...)
+        return None
+    leaves = jax.tree_util.tree_flatten_with_path(model)[0]
+    return [(jax.tree_util.keystr(path), tuple(leaf.shape)) for path, leaf in leaves if hasattr(leaf, "shape")]
+
+
+def _changes_shapes(weights: Any, name: str, value: Any, expected: Any) -> bool:
+    try:
+        changed = dataclasses.replace(weights, **{name: value})
+    except (ValueError, TypeError):  # refused by the config itself: it cannot have the weights' shapes either
+        return True
+    return _parameter_shapes(changed) != expected
+
+
+def check_hf_weights(path: str, model_config: Any, vocab_size: int) -> None:
+    """Whether a Hugging Face folder can start a run of ``model_config`` on data of ``vocab_size`` tokens."""
+    weights_config, weights_vocab = hf_model_config(path)
+    check_vocab_size(weights_vocab, vocab_size, path)
+    check_model_matches(model_config, weights_config, path)
+
+
+def initializer(initial: InitialWeights, model_config: Any, vocab_size: int) -> Callable[[TrainState], TrainState]:
+    """What replaces a fresh train state with ``initial``'s weights (see :meth:`Trainer.starting_state`)."""
+
+    def from_hf(fresh: TrainState) -> TrainState:
+        from levanter.compat.hf_checkpoints import import_from_hf
+
+        check_hf_weights(initial.path, model_config, vocab_size)  # from config.json, before reading any weight
+        model = import_from_hf(initial.path, use_scan=getattr(model_config, "use_scan", False))
+        state = dataclasses.replace(fresh, params=_params_like(model, fresh.params, initial.path))
+        logger.info("Starting from the weights in %s (Hugging Face format).", initial.path)
+        return state
+
+    def from_checkpoint(fresh: TrainState) -> TrainState:
+        try:
+            state = read_state_fields(initial.path, fresh, initial.fields)
+        except CheckpointMismatchError as error:
+            _check_checkpoint_vocab(error.stored, fresh, vocab_size, initial.path)
+            if initial.load_optimizer_state:
+                raise InitialWeightsError(
+                    f"{error} Taking the optimizer state needs a checkpoint of the same model and optimizer; "
+                    "start with a fresh optimizer state instead to take only the weights."
+                ) from error
+            raise InitialWeightsError(str(error)) from error
+        what = "weights and optimizer state" if initial.load_optimizer_state else "weights"
+        logger.info("Starting from the %s of checkpoint %s.", what, initial.path)
+        return state
+
+    return from_hf if initial.format == "hf" else from_checkpoint
+
+
+def _params_like(model: Any, template: Any, where: str) -> Any:
+    """``model``'s floating arrays, as f32, in ``template``'s structure and shardings (matched by path)."""
+    loaded = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(model)[0]}
+    wanted, treedef = jax.tree_util.tree_flatten_with_path(template)
+    problems = []
+    for path, leaf in wanted:
+        name = jax.tree_util.keystr(path)
+        if name not in loaded:
+            problems.append(f"{name}: missing")
+        elif tuple(loaded[name].shape) != tuple(leaf.shape):
+            problems.append(f"{name}: {tuple(loaded[name].shape)} in the weights, {tuple(leaf.shape)} in the run")
+    used = {jax.tree_util.keystr(path) for path, _ in wanted}
+    problems += [f"{name}: in the weights, not in the run's model" for name, leaf in loaded.items()
+                 if name not in used and hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    if problems:
+        raise InitialWeightsError(f"The weights in {where} do not fit the run's model: {'; '.join(problems[:5])}.")
+    leaves = [jax.device_put(jnp.asarray(loaded[jax.tree_util.keystr(p)], leaf.dtype), leaf.sharding) for p, leaf in wanted]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _check_checkpoint_vocab(stored: dict[str, Any], fresh: TrainState, vocab_size: int, where: str) -> None:
+    """Name a vocabulary mismatch as such: the token embedding's rows are the vocabulary."""
+    embedding = getattr(getattr(fresh.params, "embed", None), "weight", None)
+    if embedding is None:
+        return
+    flat, _ = flatten_state(fresh)
+    name = next((n for n, leaf in flat.items() if leaf is embedding), None)
+    if name in stored and stored[name].shape[1:] == embedding.shape[1:]:
+        check_vocab_size(stored[name].shape[0], vocab_size, where)

@@ -237,19 +237,40 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
 
+    def starting_state(
+        self, init_model: Callable[[jax.Array], Any], initialize: Callable[[TrainState], TrainState] | None = None
+    ) -> tuple[TrainState, Any, optax.GradientTransformation, int | None]:
+        """The state training starts from, the model's static part, the optimizer, and the step resumed from.
+
+        The run's own newest checkpoint comes first (damaged ones are set aside, see
+        :meth:`Checkpointer.restore_latest`); only a run without one is fresh, and then
+        ``initialize`` (when given) replaces the fresh state, e.g. with existing weights. So a run
+        started from existing weights and then preempted resumes from its own checkpoint.
+        """
+        state, static, optimizer = self.init_state(init_model)
+        resumed_from, state = self.checkpointer.restore_latest(state) or (None, state)
+        if resumed_from is not None:
+            logger.info("Resumed from checkpoint step %d in %s.", resumed_from, self.checkpointer.directory)
+        elif initialize is not None:
+            fresh = state
+            state = initialize(fresh)
+            if jax.tree.structure(state) != jax.tree.structure(fresh):
+                raise TrainerConfigError("initialize must return a state of the same structure as the fresh one it is given.")
+        return state, static, optimizer, resumed_from
+
     def train(
         self,
         init_model: Callable[[jax.Array], Any],
         train_source: DataSource,
         eval_sources: EvalSources | None = None,
+        *,
+        initialize: Callable[[TrainState], TrainState] | None = None,
     ) -> TrainResult:
+        """Train from the run's own newest checkpoint, else from ``initialize(fresh state)`` when
+        given, else from ``init_model``'s random weights (see :meth:`starting_state`)."""
         cfg = self.config
         eval_sources = dict(eval_sources or {})
-        state, static, optimizer = self.init_state(init_model)
-        # The newest checkpoint that reads back; damaged ones are set aside (see Checkpointer.restore_latest).
-        resumed_from, state = self.checkpointer.restore_latest(state) or (None, state)
-        if resumed_from is not None:
-            logger.info("Resumed from checkpoint step %d in %s.", resumed_from, self.checkpointer.directory)
+        state, static, optimizer, resumed_from = self.starting_state(init_model, initialize)
         start_step = int(state.step)
 
         lr_schedule = self.optimizer_config.lr_scheduler(cfg.num_train_steps)

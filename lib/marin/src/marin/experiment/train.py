@@ -4,7 +4,9 @@ The handle depends on its datasets' tokenize handles. Its identity covers what d
 trained weights: the model config, the optimizer config, the data mixture (through the datasets'
 identities and their weights), batch size, sequence length, number of steps, seed and numerics.
 Where it runs (``resources``), how often it checkpoints or logs, whether it is profiled, and where
-it writes are placement and never enter the hash.
+it writes are placement and never enter the hash. A run started from existing weights
+(``initialize_from=``) also depends on their identity (:mod:`marin.experiment.initial_weights`);
+a run without them hashes exactly as before.
 
 The output folder holds ``checkpoints/``, ``metrics.jsonl``, ``eval.json`` and ``hf/`` (the final
 model in Hugging Face format, with its tokenizer), and ``profile/`` when ``profile=`` asks for a
@@ -25,6 +27,7 @@ from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.trainer import ProfileConfig, TrainerConfig
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
+from marin.experiment.initial_weights import InitializeFrom, resolve_initial_weights
 from marin.experiment.train_step import (
     SAMPLE_PROMPTS,
     TrainConfigError,
@@ -75,6 +78,7 @@ class TrainedModel:
     builtin_tokenizer: bool
     datasets: list[DatasetUsed] = field(default_factory=list)
     samples: list[str] = field(default_factory=list)
+    initialized_from: str | None = None  # what the run started from, when not random weights
 
     def summary(self) -> str:
         """What a person wants to see when the run ends (printed by the runner)."""
@@ -84,6 +88,8 @@ class TrainedModel:
         for d in self.datasets:
             origin = "BUILT-IN OFFLINE corpus" if d.builtin_source else "source"
             lines.append(f"  data:        {d.name} (weight {d.weight:g}), {origin}: {d.source}")
+        if self.initialized_from:
+            lines.append(f"  started from: {self.initialized_from}")
         tok_origin = "BUILT-IN OFFLINE tokenizer trained by this project" if self.builtin_tokenizer else "tokenizer"
         lines.append(f"  tokenizer:   {tok_origin} at {self.tokenizer} (vocab {self.vocab_size:,})")
         loss = "n/a" if self.final_train_loss is None else f"{self.final_train_loss:.3f}"
@@ -101,7 +107,7 @@ class TrainedModel:
 def train_lm(
     name: str,
     *,
-    model: Any,
+    model: Any = None,
     datasets: Mapping[LazyStep, float],
     batch_size: int,
     seq_len: int,
@@ -120,11 +126,17 @@ def train_lm(
     num_samples: int = len(SAMPLE_PROMPTS),
     output_path: str | None = None,
     profile: ProfileConfig | None = None,
+    initialize_from: LazyStep | str | InitializeFrom | None = None,
+    resume_optimizer: bool = False,
 ) -> LazyStep:
     """A lazy handle that trains ``model`` on the weighted mixture ``datasets`` (``{tokenized handle: weight}``).
 
     ``resources`` defaults to the local CPU. ``profile=ProfileConfig(start_step, num_steps)``
     writes a ``jax.profiler`` trace of those steps to ``<output>/profile/`` (docs/training.md).
+    ``initialize_from`` starts from existing weights instead of random ones: another ``train_lm``
+    handle, a Hugging Face folder or model id, or a checkpoint folder; ``model`` may then be left
+    out for a handle or a Hugging Face model (its config is read from the weights).
+    ``resume_optimizer=True`` also takes the optimizer state of our own checkpoint.
     Nothing runs until the handle is lowered and run.
     """
     optimizer = optimizer or AdamConfig(learning_rate=3e-4)
@@ -133,7 +145,11 @@ def train_lm(
             f"optimizer must be an optimizer config such as AdamConfig(learning_rate=6e-4), got {type(optimizer).__name__}."
         )
     resources = resources or ResourceConfig.with_cpu()
+    initial = _initial_weights(initialize_from, resume_optimizer)
+    model = _model_of(model, initial)
     _check_request(model, datasets, batch_size, seq_len, num_train_steps)
+    if initial is not None:
+        initial.check_fits(model, optimizer)
     trainer = TrainerConfig(
         num_train_steps=num_train_steps,
         batch_size=batch_size,
@@ -148,29 +164,55 @@ def train_lm(
         profile=profile,
     )
     weights = {handle: float(weight) for handle, weight in datasets.items()}
-    request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples)
+    request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples, initial)
 
     def run(ctx) -> TrainedModel:
         return _trained_model(request, run_training(ctx, request))
 
+    hash_attrs = {
+        "model": model,  # a frozen dataclass: hashed with its class name
+        "optimizer": optimizer.to_dict(),
+        # Weights are listed in dependency order; the engine hashes each dependency's identity.
+        "mixture": [[handle.name, weight] for handle, weight in weights.items()],
+        "seq_len": seq_len,
+        # batch_size, num_train_steps, seed, numerics: the trainer settings marked as hashed.
+        **trainer.hashed_settings(),
+        "format": TRAIN_STEP_VERSION,
+    }
+    if initial is not None:
+        # Only then: a run from random weights keeps the hash it always had.
+        hash_attrs["initialize_from"] = initial.hash_attr()
     return lazy_step(
         name,
         run,
-        deps=tuple(weights),
-        hash_attrs={
-            "model": model,  # a frozen dataclass: hashed with its class name
-            "optimizer": optimizer.to_dict(),
-            # Weights are listed in dependency order; the engine hashes each dependency's identity.
-            "mixture": [[handle.name, weight] for handle, weight in weights.items()],
-            "seq_len": seq_len,
-            # batch_size, num_train_steps, seed, numerics: the trainer settings marked as hashed.
-            **trainer.hashed_settings(),
-            "format": TRAIN_STEP_VERSION,
-        },
+        deps=tuple(weights) + (initial.deps if initial is not None else ()),
+        hash_attrs=hash_attrs,
         version=version,
         resources=resources,
         output_path=output_path,
     )
+
+
+def _initial_weights(initialize_from: Any, resume_optimizer: Any) -> InitializeFrom | None:
+    if initialize_from is None:
+        if resume_optimizer:
+            raise TrainConfigError("resume_optimizer=True needs initialize_from= (the checkpoint whose optimizer state to take).")
+        return None
+    return resolve_initial_weights(initialize_from, resume_optimizer=resume_optimizer)
+
+
+def _model_of(model: Any, initial: InitializeFrom | None) -> Any:
+    """The declared model config, else the initial weights' own."""
+    if model is not None:
+        return model
+    if initial is not None and initial.model is not None:
+        return initial.model
+    if initial is not None:
+        raise TrainConfigError(
+            f"train_lm needs model= here: the config of {initial.source} cannot be read from the weights. Pass the "
+            "config it was trained with (e.g. model=llama_nano)."
+        )
+    raise TrainConfigError("train_lm needs model=, a model config such as LlamaConfig(...) (see experiments/llama.py).")
 
 
 def _check_request(model: Any, datasets: Mapping[LazyStep, float], batch_size: int, seq_len: int, steps: int) -> None:
@@ -228,6 +270,7 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         builtin_tokenizer=any(result.builtin_tokenizer for result in run.datasets.values()),
         datasets=[_dataset_used(handle.name, weight, run.datasets[handle]) for handle, weight in request.weights.items()],
         samples=run.samples,
+        initialized_from=request.initialize_from.description if request.initialize_from is not None else None,
     )
 
 

@@ -2,9 +2,11 @@
 
 :func:`run_training` is the step's body. It reads each dataset's tokenize result once, checks that
 they share a tokenizer, trains through :func:`levanter.main.train_lm.train_lm` with the step's
-stop reasons (lease, Ctrl-C, SIGTERM) as the trainer's stop sources, and writes a few samples from
-the exported model. It returns a :class:`TrainingRun`, from which :mod:`marin.experiment.train`
-builds the step's recorded result.
+stop reasons (lease, Ctrl-C, SIGTERM) as the trainer's stop sources, starting from the declared
+initial weights when there are some (:mod:`marin.experiment.initial_weights`; the trainer checks
+them against the data's vocabulary and the model), and writes a few samples from the exported
+model. It returns a :class:`TrainingRun`, from which :mod:`marin.experiment.train` builds the
+step's recorded result.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from marin.errors import MarinError
 from marin.execution.lazy import LazyStep
 from marin.execution.step_context import StopReason
 from marin.experiment.data import cache_source
+from marin.experiment.initial_weights import InitializeFrom
 from marin.processing.tokenize import TokenizedDataset
 
 SAMPLE_PROMPTS = ("Once upon a time", "One day, a little", "There was a")
@@ -47,6 +50,7 @@ class TrainingRequest:
     weights: dict[LazyStep, float]  # {tokenized handle: weight}, in dependency order
     seq_len: int
     num_samples: int
+    initialize_from: InitializeFrom | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
         # out-of-range gather, which XLA turns into silent garbage, not an error).
         vocab_size=first.vocab_size,
     )
+    initial = request.initialize_from.locate(ctx) if request.initialize_from is not None else None
     started = time.perf_counter()
     training = run_trainer(
         TrainLmConfig(
@@ -89,6 +94,7 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
             vocab_size=first.vocab_size,
             output_path=ctx.output_path,
             tokenizer=first.tokenizer_source,
+            initialize_from=initial,
         ),
         data.train,
         data.validation,
