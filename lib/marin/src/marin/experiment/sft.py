@@ -121,8 +121,8 @@ def is_chat_dataset(handle: Any) -> bool:
 def sft(
     name: str,
     *,
-    model: Any,
     datasets: Mapping[LazyStep, float],
+    model: Any = None,
     num_samples: int = 0,
     **train_options: Any,
 ) -> LazyStep:
@@ -131,7 +131,8 @@ def sft(
     Every dataset must be a chat dataset, so that the loss counts the assistant's tokens only (a
     plain ``tokenized`` dataset would train on every token). ``num_samples`` defaults to 0: the
     training step's sample prompts are story openings, not conversations. Every other argument
-    (``batch_size``, ``seq_len``, ``num_train_steps``, ``optimizer``, ...) is ``train_lm``'s.
+    (``batch_size``, ``seq_len``, ``num_train_steps``, ``optimizer``, ``initialize_from``, ...) is
+    ``train_lm``'s; ``model`` may be left out when ``initialize_from`` says it.
     """
     plain = [handle.name if isinstance(handle, LazyStep) else repr(handle) for handle in datasets if not is_chat_dataset(handle)]
     if plain:
