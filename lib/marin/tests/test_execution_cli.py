@@ -175,3 +175,35 @@ def test_console_script_is_installed(tmp_path):
     marin = Path(sys.executable).parent / "marin"
     result = subprocess.run([str(marin), "status", "--prefix", str(tmp_path)], capture_output=True, text=True, env=_clean_env())
     assert result.returncode == 0 and "No steps under" in result.stdout
+
+
+def test_status_and_explain_speak_json_for_scripts(counting, capsys):
+    import json
+
+    script, _, prefix = counting
+    assert cli.main(["run", str(script), "--prefix", str(prefix), "--", "10"]) == 0
+    assert cli.main(["run", str(script), "--prefix", str(prefix), "--", "20"]) == 0
+    capsys.readouterr()
+
+    assert cli.main(["status", "--json", "--prefix", str(prefix)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(step["name"] for step in listed) == ["data/rows", "data/rows", "train/model", "train/model"]
+    assert all(step["status"] == "SUCCESS" and step["age_s"] >= 0 and len(step["identity"]) == 64 for step in listed)
+
+    assert cli.main(["explain", "train/model", "--json", "--prefix", str(prefix)]) == 0
+    tree = json.loads(capsys.readouterr().out)
+    assert tree["name"] == "train/model" and tree["hash_attrs"]["lr"] == 0.1 and len(tree["other_outputs"]) == 1
+    assert [dep["name"] for dep in tree["deps"]] == ["data/rows"] and "rows" in tree["deps"][0]["hash_attrs"]
+
+    assert cli.main(["explain", "train/model", "train/model", "--json", "--prefix", str(prefix)]) == 0
+    diff = json.loads(capsys.readouterr().out)
+    assert not diff["same_identity"] and "train/model -> data/rows: hash_attrs.rows changed 10 -> 20" in diff["differences"]
+
+
+def test_version_is_the_installed_distributions(capsys):
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"marin {importlib.metadata.version('marin')}"

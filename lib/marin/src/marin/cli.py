@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 from rigging.config.discovery import ConfigError
@@ -22,8 +23,17 @@ COMMAND_MODULES: list[str] = [
 ]
 
 
+def installed_version() -> str:
+    """The version of the installed ``marin`` distribution (``pyproject.toml``), or ``unknown`` when run from a bare tree."""
+    try:
+        return importlib.metadata.version("marin")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marin", description="Reproducible experiments as graphs of cached steps.")
+    parser.add_argument("--version", action="version", version=f"marin {installed_version()}")
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

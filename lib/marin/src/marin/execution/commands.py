@@ -6,17 +6,20 @@ Each command module used by :mod:`marin.cli` exposes ``register(subparsers)``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import runpy
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from rigging.config.discovery import discover_config
 from rigging.log import get_logger
 
-from marin.execution.catalog import find_step_folders, list_steps
+from marin.execution.catalog import StepListing, find_step_folders, list_steps
 from marin.execution.executor_files import CorruptRecordError
-from marin.execution.explain import identity_differences, identity_tree
+from marin.execution.explain import identity_differences, identity_record_tree, identity_tree
 from marin.execution.identity import InvalidStepError
 from marin.execution.run_defaults import RunOverrides, launch
 from marin.execution.step_graph import StepGraphError
@@ -63,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     status = subparsers.add_parser("status", help="list steps under a prefix with status, age and output path")
     status.add_argument("--prefix", help="folder or fsspec URL (default: the discovered prefix)")
+    status.add_argument("--json", action="store_true", help="print the steps as one JSON list instead of a table")
     status.set_defaults(handler=status_command)
 
     explain = subparsers.add_parser(
@@ -72,6 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     explain.add_argument("step", help="a step's output path, a path under the prefix, or a step name")
     explain.add_argument("other", nargs="?", help="a second step to compare against")
     explain.add_argument("--prefix", help="folder or fsspec URL (default: the discovered prefix)")
+    explain.add_argument("--json", action="store_true", help="print the identity tree (or the differences) as JSON")
     explain.set_defaults(handler=explain_command)
 
 
@@ -123,6 +128,9 @@ def run_command(args: argparse.Namespace) -> int:
 def status_command(args: argparse.Namespace) -> int:
     prefix = discover_config(prefix=args.prefix).prefix
     listings = list_steps(prefix)
+    if getattr(args, "json", False):
+        print(json.dumps([_listing_record(listing) for listing in listings], indent=1))
+        return EXIT_OK
     if not listings:
         print(f"No steps under {prefix}")
         return EXIT_OK
@@ -139,6 +147,19 @@ def status_command(args: argparse.Namespace) -> int:
             "or `marin run --strict` to refuse them."
         )
     return EXIT_OK
+
+
+def _listing_record(listing: StepListing) -> dict[str, Any]:
+    """One step of ``marin status --json``: the table's columns, with times in seconds."""
+    return {
+        "name": listing.name,
+        "status": listing.status,
+        "status_time": listing.status_time,
+        "age_s": None if not listing.status_time else max(0.0, time.time() - listing.status_time),
+        "identity": listing.identity,
+        "output_path": listing.output_path,
+        "code_changed": listing.code_changed,
+    }
 
 
 def _resolve_one(prefix: str, what: str) -> list[str]:
@@ -161,7 +182,11 @@ def _explain(args: argparse.Namespace) -> int:
     first = _resolve_one(prefix, args.step)
     if not first:
         return EXIT_USAGE
+    as_json = getattr(args, "json", False)
     if args.other is None:
+        if as_json:
+            print(json.dumps({**identity_record_tree(first[0]), "other_outputs": first[1:]}, indent=1))
+            return EXIT_OK
         print("\n".join(identity_tree(first[0])))
         if len(first) > 1:
             print(f"\n{len(first)} outputs exist for {args.step!r} (newest shown); compare two with marin explain A B:")
@@ -175,6 +200,9 @@ def _explain(args: argparse.Namespace) -> int:
     if path_a == path_b and len(first) > 1:
         path_a, path_b = first[1], first[0]  # same name twice: compare the two newest runs
     differences = identity_differences(path_a, path_b)
+    if as_json:
+        print(json.dumps({"a": path_a, "b": path_b, "same_identity": not differences, "differences": differences}, indent=1))
+        return EXIT_OK
     print(f"A: {path_a}\nB: {path_b}")
     if not differences:
         print("Same identity: nothing that is hashed differs.")

@@ -37,6 +37,29 @@ def _short(value: Any) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
+def identity_record_tree(output_path: str, *, depth: int = 0) -> dict[str, Any]:
+    """The step at ``output_path`` as data (``marin explain --json``): its name, identity, version,
+    function, hashed attributes, and each dependency's tree under ``deps``."""
+    info = read_info(output_path, strict=True)
+    if info is None:
+        return {"output_path": output_path, "error": "no .executor_info"}
+    deps = []
+    for dep, dep_path in recorded_dependency_paths(output_path, info):
+        if depth >= MAX_DEPTH or not dep_path:
+            deps.append({"name": dep.get("name"), "identity": dep.get("identity"), "output_path": dep_path})
+        else:
+            deps.append(identity_record_tree(dep_path, depth=depth + 1))
+    return {
+        "name": info.get("name"),
+        "identity": info.get("identity"),
+        "version": info.get("version"),
+        "output_path": output_path,
+        "fn": info.get("fn"),
+        "hash_attrs": info.get("hash_attrs") or {},
+        "deps": deps,
+    }
+
+
 def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[str]:
     """Lines showing the step at ``output_path``, its hashed attributes, and its dependencies' trees."""
     pad = "  " * indent
