@@ -144,7 +144,9 @@ def test_a_restarted_iris_lists_earlier_jobs_with_their_final_states(tmp_path):
     ok = cli("job", "run", "--name", "fine", "--wait", "--", "sh", "-c", "echo ok")
     bad = cli("job", "run", "--name", "broken", "--wait", "--", "sh", "-c", "exit 4")
     assert (ok.returncode, bad.returncode) == (0, 1)
-    ok_id, bad_id = ok.stdout.strip(), bad.stdout.strip()
+    # --wait prints the job id, then streams the job's output as it is written.
+    ok_id, bad_id = ok.stdout.splitlines()[0], bad.stdout.splitlines()[0]
+    assert ok.stdout.splitlines()[-1] == "ok" and f"{ok_id}: SUCCEEDED" in ok.stderr
     listing = cli("job", "list")
     assert listing.returncode == 0
     states = {line.split()[0]: line.split()[1] for line in listing.stdout.splitlines()[1:]}

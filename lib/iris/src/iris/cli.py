@@ -7,7 +7,7 @@ import datetime
 import os
 import sys
 
-from iris.jobs import JobNotFound, follow_logs, get_job, list_jobs, read_logs, stop_job, submit_job, wait_for_job
+from iris.jobs import JobNotFound, follow_logs, get_job, list_jobs, read_logs, stop_job, submit_job
 from iris.spec import PREEMPTED_EXIT_CODE, InvalidJobSpec, JobSpec, command_text, default_job_name, resources_from_flags
 from iris.store import IrisHomeError, JobRecord, JobState, JobStore
 
@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-retries-preemption", type=int, default=0, help=f"retries after exit {PREEMPTED_EXIT_CODE} or SIGTERM (default 0)")
     run.add_argument("--backend", choices=["local", "ray"], default="local")
     run.add_argument("--ray-address", help="Ray cluster for --backend ray: auto, ray://HOST:10001; default a private local cluster")
-    run.add_argument("--wait", action="store_true", help="block until the job ends; exit 0 if it succeeded, 1 otherwise")
+    run.add_argument("--wait", action="store_true",
+                     help="stream the job's output until it ends; exit 0 if it succeeded, 1 otherwise")
     run.add_argument("command", nargs="*", help=argparse.SUPPRESS)
 
     job.add_parser("list", help="all jobs with their states")
@@ -75,7 +76,11 @@ def _run(args: argparse.Namespace, command: list[str], store: JobStore) -> int:
     print(job_id, flush=True)
     if not args.wait:
         return 0
-    record = wait_for_job(job_id, store)
+    # The output as the replicas write it (each file announced once), then the job's final word.
+    for chunk in follow_logs(job_id, store):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+    record = get_job(job_id, store)
     print(f"{job_id}: {record.state.value} {record.message}", file=sys.stderr)
     return 0 if record.state == JobState.SUCCEEDED else 1
 
