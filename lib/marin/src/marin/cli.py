@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "marin.execution.commands",  # run, status, explain
     "marin.generate",  # generate
     "marin.reports.cli",  # report
+    "marin.serve.cli",  # serve
 ]
 
 

@@ -1,0 +1,207 @@
+"""Pages of a step's data files, read without loading a whole shard.
+
+jsonl (plain, ``.gz``, ``.zst``) is streamed line by line up to the end of the page; parquet reads
+only the row groups that overlap the page; a token cache reads only the page's documents (and at
+most ``max_tokens`` tokens of each) through :class:`zephyr.token_cache.TokenCache`, and decodes them
+with the tokenizer the cache was made with.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from rigging import filesystem as fsx
+
+from marin.execution.executor_files import ARTIFACT_FILE
+from marin.serve.errors import NotFoundError, UnreadableError
+from marin.serve.paths import relative_to
+
+MAX_PAGE = 200
+TEXT_PREVIEW_BYTES = 64 * 1024
+
+
+@dataclass
+class Page:
+    kind: str  # "jsonl", "parquet", "tokens", "text", "folder"
+    start: int
+    rows: list[Any] = field(default_factory=list)
+    total: int | None = None  # None when counting would mean reading the whole file
+    has_more: bool = False
+    note: str = ""
+
+
+def kind_of(url: str) -> str:
+    fs, path = fsx.filesystem(url)
+    if not fs.exists(path):
+        raise NotFoundError(f"nothing at {url}")
+    if fs.isdir(path):
+        return "tokens" if fs.exists(f"{path.rstrip('/')}/ledger.json") else "folder"
+    name = path.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst", ".ndjson")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    return "text"
+
+
+def read_page(url: str, start: int = 0, count: int = 20, *, max_tokens: int = 512, prefix: str | None = None) -> Page:
+    start, count = max(0, int(start)), max(1, min(MAX_PAGE, int(count)))
+    kind = kind_of(url)
+    if kind == "jsonl":
+        return _jsonl_page(url, start, count)
+    if kind == "parquet":
+        return _parquet_page(url, start, count)
+    if kind == "tokens":
+        return _token_page(url, start, count, max(1, min(4096, int(max_tokens))), prefix)
+    if kind == "text":
+        return _text_page(url)
+    return Page(kind="folder", start=0)
+
+
+def _compression(url: str) -> str | None:
+    lower = url.lower()
+    return "zstd" if lower.endswith(".zst") else "gzip" if lower.endswith(".gz") else None
+
+
+def _jsonl_page(url: str, start: int, count: int) -> Page:
+    rows: list[Any] = []
+    has_more = False
+    try:
+        with fsx.open_url(url, "rb", compression=_compression(url)) as raw:
+            for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace")):
+                if number < start:
+                    continue
+                if len(rows) == count:
+                    has_more = True
+                    break
+                text = line.rstrip("\n")
+                try:
+                    rows.append(json.loads(text))
+                except ValueError:
+                    rows.append({"(unparseable line)": text[:2000]})
+    except (OSError, EOFError, ValueError) as exc:
+        raise UnreadableError(f"{url} could not be read as jsonl ({type(exc).__name__}: {exc})") from exc
+    return Page(kind="jsonl", start=start, rows=rows, has_more=has_more)
+
+
+def _parquet_page(url: str, start: int, count: int) -> Page:
+    import pyarrow.parquet as pq
+
+    try:
+        with fsx.open_url(url, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            total = parquet.metadata.num_rows
+            rows: list[Any] = []
+            group_start = 0
+            for group in range(parquet.num_row_groups):
+                group_rows = parquet.metadata.row_group(group).num_rows
+                group_end = group_start + group_rows
+                if group_end > start and group_start < start + count:
+                    table = parquet.read_row_group(group)
+                    lo = max(start, group_start) - group_start
+                    hi = min(start + count, group_end) - group_start
+                    rows.extend(table.slice(lo, hi - lo).to_pylist())
+                if group_end >= start + count:
+                    break
+                group_start = group_end
+    except (OSError, ValueError) as exc:
+        raise UnreadableError(f"{url} could not be read as parquet ({type(exc).__name__}: {exc})") from exc
+    return Page(kind="parquet", start=start, rows=rows, total=total, has_more=start + count < total)
+
+
+def _text_page(url: str) -> Page:
+    with fsx.open_url(url, "rb") as handle:
+        data = handle.read(TEXT_PREVIEW_BYTES + 1)
+    truncated = len(data) > TEXT_PREVIEW_BYTES
+    text = data[:TEXT_PREVIEW_BYTES].decode("utf-8", errors="replace")
+    note = f"first {TEXT_PREVIEW_BYTES // 1024} KiB shown" if truncated else ""
+    return Page(kind="text", start=0, rows=[text], note=note)
+
+
+# -- token caches ---------------------------------------------------------------------------------
+
+_TOKENIZERS: dict[str, Any] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _load_tokenizer_cached(source: str) -> Any:
+    from levanter.tokenization import load_tokenizer
+
+    with _TOKENIZERS_LOCK:
+        if source not in _TOKENIZERS:
+            if len(_TOKENIZERS) >= 8:
+                _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+            _TOKENIZERS[source] = load_tokenizer(source)
+        return _TOKENIZERS[source]
+
+
+def _tokenizer_candidates(cache_url: str, metadata: dict[str, Any], prefix: str | None) -> list[str]:
+    """Where the cache's tokenizer may be loaded from, most specific first.
+
+    The ledger records the tokenizer's identity (a digest); where to load it from is in the ledger
+    when its writer put it there, else in the record of the step that made the cache (the cache is
+    a folder inside that step's output, and its result names ``tokenizer_source``).
+    """
+    candidates = [metadata[key] for key in ("tokenizer_source", "tokenizer_path") if isinstance(metadata.get(key), str)]
+    recorded = metadata.get("tokenizer")
+    if isinstance(recorded, str) and not recorded.startswith("sha256:"):
+        candidates.append(recorded)
+    folder = cache_url.rstrip("/")
+    for _ in range(4):
+        if prefix is not None and relative_to(prefix, folder) in (None, ""):
+            break
+        artifact = fsx.read_text(fsx.join(folder, ARTIFACT_FILE))
+        if artifact is not None:
+            try:
+                result = json.loads(artifact).get("result") or {}
+            except (ValueError, AttributeError):
+                result = {}
+            for key in ("tokenizer_source", "tokenizer"):
+                value = result.get(key) if isinstance(result, dict) else None
+                if isinstance(value, str) and not value.startswith("sha256:"):
+                    candidates.append(value)
+            break
+        folder = folder.rsplit("/", 1)[0]
+    return candidates
+
+
+def cache_tokenizer(cache_url: str, metadata: dict[str, Any], prefix: str | None = None) -> tuple[Any | None, str]:
+    """``(tokenizer, note)``: the tokenizer the cache records, checked against its identity when recorded."""
+    expected = metadata.get("tokenizer") if str(metadata.get("tokenizer", "")).startswith("sha256:") else None
+    problems = []
+    for source in _tokenizer_candidates(cache_url, metadata, prefix):
+        try:
+            tokenizer = _load_tokenizer_cached(source)
+        except Exception as exc:  # noqa: BLE001 - any failure to load is reported on the page
+            problems.append(f"{source}: {exc}")
+            continue
+        if expected and tokenizer.identity != expected:
+            problems.append(f"{source} has identity {tokenizer.identity[:19]}..., not the cache's {expected[:19]}...")
+            continue
+        return tokenizer, f"decoded with {source}"
+    why = "; ".join(problems) if problems else "the cache does not say where its tokenizer is"
+    return None, f"token ids shown undecoded ({why})"
+
+
+def _token_page(url: str, start: int, count: int, max_tokens: int, prefix: str | None = None) -> Page:
+    from zephyr.token_cache import TokenCache, TokenCacheError
+
+    try:
+        cache = TokenCache.open(url, verify_checksums=False)
+    except (TokenCacheError, OSError, ValueError, KeyError) as exc:
+        raise UnreadableError(f"token cache {url} could not be opened ({exc})") from exc
+    tokenizer, note = cache_tokenizer(url, cache.metadata, prefix)
+    rows = []
+    stop = min(cache.num_documents, start + count)
+    for index in range(start, stop):
+        ids = cache.document(index)
+        length = len(ids)
+        shown = ids[:max_tokens].tolist()
+        pieces = [tokenizer.tokenizer.decode([i], skip_special_tokens=False) for i in shown] if tokenizer else None
+        rows.append({"document": index, "length": length, "ids": shown, "pieces": pieces})
+    return Page(kind="tokens", start=start, rows=rows, total=cache.num_documents, has_more=stop < cache.num_documents,
+                note=note + f"; at most {max_tokens} tokens per document shown")

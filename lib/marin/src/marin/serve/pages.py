@@ -1,0 +1,234 @@
+"""The HTML of each page, built from plain strings; every value from disk goes through ``escape``."""
+
+from __future__ import annotations
+
+import json
+import time
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+from marin.serve.charts import line_chart, lineage_graph
+from marin.serve.data import Page
+from marin.serve.runs import CHARTS, chart_series
+from marin.serve.steps import StepDetail, StepRow
+
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222}
+header{background:#23395d;color:#fff;padding:8px 16px;display:flex;gap:18px;align-items:baseline}
+header a{color:#fff;text-decoration:none}header .prefix{opacity:.7;font-size:12px;margin-left:auto}
+main{padding:12px 16px}table{border-collapse:collapse}td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+th{background:#f6f6f6}.muted{color:#888}.mono,code,pre{font-family:ui-monospace,monospace;font-size:12px}
+pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
+.SUCCESS{color:#1a7f37}.FAILED,.DEP_FAILED{color:#c62828}.RUNNING{color:#b26a00;font-weight:bold}
+.chart{display:inline-block;margin:0 12px 12px 0}.chart figcaption{font-weight:bold}.tick{font-size:10px;fill:#666}
+.legend .key{margin-right:10px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+.lineage text{font-size:11px}.lineage rect{fill:#eef3fb;stroke:#8aa4cc}.lineage rect.self{fill:#fff3d6;stroke:#c9a13b}
+.tok span:nth-child(odd){background:#dcebff}.tok span:nth-child(even){background:#ffe6cc}.tok{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
+.error{border:1px solid #c62828;background:#fdecea;padding:10px}
+"""
+
+
+def link(route: str, **params: Any) -> str:
+    query = urlencode([(k, v) for k, values in params.items() for v in (values if isinstance(values, list) else [values]) if v is not None])
+    return f"{route}?{query}" if query else route
+
+
+def layout(title: str, body: str, prefix: str) -> str:
+    nav = "".join(f'<a href="{href}">{name}</a>' for name, href in
+                  (("Steps", "/"), ("Training", "/runs"), ("Evaluations", "/evals"), ("Data", "/data")))
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)} · marin</title>'
+            f"<style>{STYLE}</style></head><body><header><b>marin</b>{nav}"
+            f'<span class="prefix">{escape(prefix)}</span></header><main><h2>{escape(title)}</h2>{body}</main></body></html>')
+
+
+def error_page(title: str, message: str, status: int, prefix: str) -> str:
+    return layout(f"{status} {title}", f'<div class="error">{escape(message)}</div><p><a href="/">back to the steps</a></p>', prefix)
+
+
+def seconds_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def _row_html(row: StepRow, now: float) -> str:
+    data = row.to_json(now)
+    status = row.status or "-"
+    damaged = ' <span class="FAILED">(damaged record)</span>' if row.record_damaged else ""
+    return (f'<tr data-name="{escape(row.name)}" data-status="{escape(status)}">'
+            f'<td><a href="{escape(link("/step", path=row.path))}">{escape(row.name)}</a>{damaged}</td>'
+            f'<td class="{escape(status)}">{escape(status)}</td><td>{seconds_text(data["age_seconds"])}</td>'
+            f'<td>{seconds_text(data["duration_seconds"])}</td><td class="mono">{escape(row.short_hash)}</td>'
+            f'<td class="mono muted">{escape(row.path)}</td></tr>')
+
+
+# The list re-renders itself from /api/steps: every 3 s while a step runs, every 15 s otherwise.
+LIST_SCRIPT = """
+const box=document.getElementById('filter'), body=document.querySelector('#steps tbody');
+function esc(s){return String(s??'').replace(/[&<>"']/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
+function dur(s){if(s==null)return '-';for(const [u,n] of [['d',86400],['h',3600],['m',60]])if(s>=n)return (s/n).toFixed(1)+u;return s.toFixed(1)+'s';}
+function applyFilter(){const q=box.value.toLowerCase();for(const tr of body.rows){
+  tr.hidden=q&&!(tr.dataset.name.toLowerCase().includes(q)||tr.dataset.status.toLowerCase().includes(q));}}
+function render(steps){body.innerHTML=steps.map(s=>{const st=s.status||'-';
+  return `<tr data-name="${esc(s.name)}" data-status="${esc(st)}"><td><a href="/step?path=${encodeURIComponent(s.path)}">${esc(s.name)}</a>${s.record_damaged?' <span class="FAILED">(damaged record)</span>':''}</td>`+
+  `<td class="${esc(st)}">${esc(st)}</td><td>${dur(s.age_seconds)}</td><td>${dur(s.duration_seconds)}</td><td class="mono">${esc(s.short_hash)}</td><td class="mono muted">${esc(s.path)}</td></tr>`}).join('');
+  document.getElementById('count').textContent=steps.length; applyFilter();}
+async function refresh(){let running=false;try{const r=await fetch('/api/steps');if(r.ok){const d=await r.json();render(d.steps);
+  running=d.steps.some(s=>s.status==='RUNNING');document.getElementById('updated').textContent=new Date().toLocaleTimeString();}}catch(e){}
+  setTimeout(refresh, running?3000:15000);}
+box.addEventListener('input',applyFilter);
+setTimeout(refresh, document.querySelector('tr[data-status="RUNNING"]')?3000:15000);
+"""
+
+
+def step_list_page(rows: list[StepRow], prefix: str) -> str:
+    now = time.time()
+    body = (f'<p><input id="filter" placeholder="filter by name or status" size="40"> '
+            f'<span class="muted"><span id="count">{len(rows)}</span> steps · updated <span id="updated">now</span></span></p>'
+            '<table id="steps"><thead><tr><th>step</th><th>status</th><th>age</th><th>duration</th><th>hash</th><th>folder</th></tr></thead>'
+            f'<tbody>{"".join(_row_html(r, now) for r in rows)}</tbody></table><script>{LIST_SCRIPT}</script>')
+    return layout("Steps", body, prefix)
+
+
+def _json_block(value: Any) -> str:
+    return f"<pre>{escape(json.dumps(value, indent=2, sort_keys=True, default=str))}</pre>"
+
+
+def _flat_attrs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [item for key in sorted(value) for item in _flat_attrs(value[key], f"{prefix}.{key}" if prefix else key)]
+    if isinstance(value, list) and value:
+        return [item for i, v in enumerate(value) for item in _flat_attrs(v, f"{prefix}[{i}]")]
+    return [(prefix or "(value)", value)]
+
+
+def step_page(detail: StepDetail, prefix: str, compare: str | None, differences: list[str] | None) -> str:
+    row, info = detail.row, detail.info
+    attrs = "".join(f'<tr><td class="mono">{escape(k)}</td><td class="mono">{escape(json.dumps(v, default=str))}</td></tr>'
+                    for k, v in _flat_attrs(info.get("hash_attrs") or {}))
+    summary = (f'<table><tr><th>status</th><td class="{escape(row.status or "")}">{escape(row.status or "-")}</td></tr>'
+               f'<tr><th>identity</th><td class="mono">{escape(row.identity or "-")}</td></tr>'
+               f'<tr><th>version</th><td>{escape(str(row.version))}</td></tr>'
+               f'<tr><th>function</th><td class="mono">{escape(str(info.get("fn", "-")))}</td></tr>'
+               f'<tr><th>duration</th><td>{seconds_text(row.duration())}</td></tr>'
+               f'<tr><th>folder</th><td class="mono">{escape(row.path)}</td></tr>'
+               + (f'<tr><th>error</th><td class="FAILED">{escape(row.error)}</td></tr>' if row.error else "") + "</table>")
+    parts = [summary, "<h3>Hash attributes</h3>", f"<table id=\"hash-attrs\">{attrs}</table>" if attrs else '<p class="muted">none</p>']
+    parts.append("<h3>Lineage</h3>")
+    graph = lineage_graph(f"{row.name} {row.short_hash}",
+                          [(f"{d['name']} {str(d['identity'] or '')[:8]}", d["path"]) for d in detail.dependencies],
+                          [(f"{d.name} {d.short_hash}", d.path) for d in detail.dependents],
+                          lambda path: link("/step", path=path))
+    parts.append(graph)
+    parts.append("<h3>Other versions of this step</h3>")
+    if detail.other_versions:
+        options = "".join(f'<option value="{escape(o.path)}"{" selected" if o.path == compare else ""}>'
+                          f'{escape(o.short_hash)} {escape(o.status or "-")} {escape(o.path)}</option>' for o in detail.other_versions)
+        parts.append(f'<form method="get" action="/step"><input type="hidden" name="path" value="{escape(row.path)}">'
+                     f'<select name="compare">{options}</select> <button>compare</button></form>')
+    else:
+        parts.append('<p class="muted">none under this prefix</p>')
+    if differences is not None:
+        items = "".join(f"<li class=\"mono\">{escape(d)}</li>" for d in differences) or "<li>identical identities</li>"
+        parts.append(f'<h4>What differs: this → {escape(compare or "")}</h4><ul id="differences">{items}</ul>')
+    parts.append("<h3>Files</h3><table>")
+    for f in detail.files:
+        target = f"{row.path}/{f['name']}"
+        size = "" if f["type"] == "directory" else f"{f['size'] or 0:,} B"
+        parts.append(f'<tr><td><a href="{escape(link("/data", path=target))}">{escape(f["name"])}{"/" if f["type"] == "directory" else ""}</a></td>'
+                     f"<td>{size}</td></tr>")
+    parts.append("</table>")
+    parts.append(f'<h3>.executor_info</h3>{_json_block(info)}<h3>.artifact.json</h3>'
+                 + (_json_block(detail.artifact) if detail.artifact is not None else '<p class="muted">none</p>'))
+    parts.append(f'<p><a href="{escape(link("/api/step", path=row.path))}">as JSON</a></p>')
+    return layout(f"{row.name} {row.short_hash}", "".join(parts), prefix)
+
+
+def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str, dict], extras: dict[str, dict], prefix: str) -> str:
+    checks = "".join(f'<label><input type="checkbox" name="run" value="{escape(r.path)}"{" checked" if r.path in selected else ""}>'
+                     f" {escape(r.name)} <span class=\"mono muted\">{escape(r.short_hash)}</span></label><br>" for r in runs)
+    parts = [f'<form method="get" action="/runs">{checks or "<p class=muted>no training runs (no metrics.jsonl) under this prefix</p>"}'
+             + ('<button>show</button>' if checks else "") + "</form>"]
+    names = {r.path: f"{r.name} {r.short_hash}" for r in runs}
+    for title, pattern in CHARTS:
+        overlaid: dict[str, list] = {}
+        for path in selected:
+            for label, points in chart_series(series_by_run.get(path, {}), pattern).items():
+                key = names.get(path, path) if "*" not in pattern else f"{names.get(path, path)} · {label}"
+                overlaid[key] = points
+        parts.append(line_chart(title, overlaid))
+    for path in selected:
+        extra = extras.get(path) or {}
+        if extra.get("samples"):
+            parts.append(f"<h3>Samples: {escape(names.get(path, path))}</h3>"
+                         + "".join(f"<pre>{escape(s)}</pre>" for s in extra["samples"]))
+        if extra.get("model_card"):
+            parts.append(f"<h3>Model card: {escape(names.get(path, path))}</h3><pre>{escape(extra['model_card'])}</pre>")
+    return layout("Training runs", "".join(parts), prefix)
+
+
+def evals_page(columns: list[str], table: dict[str, dict[str, float]], prefix: str) -> str:
+    if not columns:
+        return layout("Evaluations", '<p class="muted">no evaluation results (eval steps or eval.json) under this prefix</p>', prefix)
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    body = "".join(f"<tr><td>{escape(metric)}</td>" + "".join(
+        f'<td class="mono">{values[c]:.4f}</td>' if c in values else "<td>-</td>" for c in columns) + "</tr>"
+        for metric, values in sorted(table.items()))
+    return layout("Evaluations", f'<table id="evals"><thead><tr><th>metric</th>{head}</tr></thead><tbody>{body}</tbody></table>', prefix)
+
+
+def _pager(path: str, page: Page, count: int) -> str:
+    links = []
+    if page.start > 0:
+        links.append(f'<a href="{escape(link("/data", path=path, start=max(0, page.start - count), count=count))}">← previous</a>')
+    if page.has_more:
+        links.append(f'<a href="{escape(link("/data", path=path, start=page.start + count, count=count))}">next →</a>')
+    total = f" of {page.total:,}" if page.total is not None else ""
+    shown = f"rows {page.start:,}–{page.start + len(page.rows) - 1:,}{total}" if page.rows else f"no rows from {page.start:,}{total}"
+    return f'<p>{shown} {" · ".join(links)}</p>'
+
+
+def data_page(path: str, page: Page, count: int, listing: list[dict[str, Any]] | None, prefix: str) -> str:
+    crumbs = ['<a href="/data">prefix</a>']
+    walked = []
+    for part in [p for p in path.split("/") if p]:
+        walked.append(part)
+        crumbs.append(f'<a href="{escape(link("/data", path="/".join(walked)))}">{escape(part)}</a>')
+    parts = [f'<p class="mono">{" / ".join(crumbs)}</p>']
+    if page.note:
+        parts.append(f'<p class="muted">{escape(page.note)}</p>')
+    if page.kind == "folder":
+        parts.append("<table>")
+        for f in listing or []:
+            target = f"{path}/{f['name']}" if path else f["name"]
+            size = "" if f["type"] == "directory" else f"{f['size'] or 0:,} B"
+            parts.append(f'<tr><td><a href="{escape(link("/data", path=target))}">{escape(f["name"])}'
+                         f'{"/" if f["type"] == "directory" else ""}</a></td><td>{size}</td></tr>')
+        parts.append("</table>")
+    elif page.kind == "text":
+        parts.append(f"<pre>{escape(page.rows[0])}</pre>")
+    elif page.kind == "tokens":
+        parts.append(_pager(path, page, count))
+        for row in page.rows:
+            parts.append(f'<h4>document {row["document"]:,} <span class="muted">({row["length"]:,} tokens)</span></h4>')
+            if row["pieces"] is not None:
+                spans = "".join(f'<span title="{i}">{escape(p)}</span>' for i, p in zip(row["ids"], row["pieces"]))
+                parts.append(f'<div class="tok" data-tokens="{len(row["ids"])}">{spans}</div>')
+            else:
+                parts.append(f'<div class="mono">{" ".join(str(i) for i in row["ids"])}</div>')
+        parts.append(_pager(path, page, count))
+    else:
+        parts.append(_pager(path, page, count))
+        parts.append('<table id="rows">')
+        for offset, row in enumerate(page.rows):
+            text = json.dumps(row, ensure_ascii=False, default=str)
+            if len(text) > 4000:
+                text = text[:4000] + " …"
+            parts.append(f'<tr><td class="muted">{page.start + offset}</td><td class="mono">{escape(text)}</td></tr>')
+        parts.append("</table>")
+        parts.append(_pager(path, page, count))
+    return layout(f"Data: {path or 'prefix'}", "".join(parts), prefix)

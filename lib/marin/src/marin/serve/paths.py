@@ -1,0 +1,43 @@
+"""Paths in URLs are relative to the prefix and can never leave it.
+
+A requested path is normalised segment by segment: empty and ``.`` segments are dropped; ``..``,
+absolute paths, home-relative paths, URLs or protocol strings (anything with ``:``), backslashes
+and control characters are refused outright rather than "fixed", so a link either means what it
+says or gives an error.
+"""
+
+from __future__ import annotations
+
+from rigging import filesystem as fsx
+
+from marin.serve.errors import PathOutsidePrefixError
+
+
+def clean_relative(path: str | None) -> str:
+    """``path`` normalised to ``a/b/c`` (``""`` for the prefix itself), or :class:`PathOutsidePrefixError`."""
+    if path is None:
+        return ""
+    if any(ord(ch) < 32 for ch in path) or "\\" in path or ":" in path:
+        raise PathOutsidePrefixError(f"path {path!r} is refused: only plain paths relative to the prefix are served")
+    if path.startswith(("/", "~")):
+        raise PathOutsidePrefixError(f"path {path!r} is refused: absolute paths are not served, give it relative to the prefix")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise PathOutsidePrefixError(f"path {path!r} is refused: '..' would leave the prefix")
+    return "/".join(parts)
+
+
+def resolve(prefix: str, path: str | None) -> str:
+    """The URL of ``path`` (relative, checked) under ``prefix``."""
+    relative = clean_relative(path)
+    return fsx.join(prefix, relative) if relative else prefix.rstrip("/")
+
+
+def relative_to(prefix: str, url: str) -> str | None:
+    """``url`` relative to ``prefix``, or ``None`` when it lies elsewhere."""
+    root = prefix.rstrip("/")
+    if url.rstrip("/") == root:
+        return ""
+    if url.startswith(root + "/"):
+        return url[len(root) + 1 :].strip("/")
+    return None

@@ -1,0 +1,137 @@
+"""Training runs and evaluations: curves from ``metrics.jsonl``, scores from ``eval.json`` and eval steps.
+
+A training run is any step folder holding a ``metrics.jsonl``. Curves keep every step up to
+:data:`MAX_POINTS` points per series; longer runs are thinned to every n-th point (the last point
+is always kept), which a chart a few hundred pixels wide cannot tell apart.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Any
+
+from rigging import filesystem as fsx
+
+from marin.execution.executor_files import ARTIFACT_FILE
+from marin.serve.errors import NotFoundError
+from marin.serve.steps import StepRow, read_json_file
+
+MAX_POINTS = 2000
+METRICS_FILE = "metrics.jsonl"
+EVAL_FILE = "eval.json"
+CARD_FILE = "MODEL_CARD.md"
+
+# (chart title, how a metrics record names it). Validation losses are every ``eval/<set>/loss``.
+CHARTS = (
+    ("loss", "loss"),
+    ("validation loss", "eval/*/loss"),
+    ("learning rate", "lr"),
+    ("tokens/s", "tokens_per_second"),
+    ("MFU", "mfu"),
+)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def read_series(metrics_url: str) -> dict[str, list[tuple[int, float]]]:
+    """``{metric: [(step, value)]}`` for every numeric metric, read line by line (damaged lines skipped)."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    with fsx.open_url(metrics_url, "rb") as raw:
+        for line in io.TextIOWrapper(raw, encoding="utf-8", errors="replace"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                continue
+            for key, value in record.items():
+                number = _number(value)
+                if key != "step" and number is not None:
+                    series.setdefault(key, []).append((record["step"], number))
+    return {key: thin(points) for key, points in series.items()}
+
+
+def thin(points: list[tuple[int, float]], limit: int = MAX_POINTS) -> list[tuple[int, float]]:
+    if len(points) <= limit:
+        return points
+    stride = math.ceil(len(points) / limit)
+    kept = points[::stride]
+    return kept if kept[-1] == points[-1] else kept + [points[-1]]
+
+
+def chart_series(series: dict[str, list[tuple[int, float]]], pattern: str) -> dict[str, list[tuple[int, float]]]:
+    """The series a chart pattern names (``eval/*/loss`` matches each validation set)."""
+    if "*" not in pattern:
+        return {pattern: series[pattern]} if pattern in series else {}
+    head, tail = pattern.split("*", 1)
+    return {key[len(head) : len(key) - len(tail)]: points for key, points in series.items()
+            if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail)}
+
+
+def is_training_run(prefix: str, row: StepRow) -> bool:
+    return fsx.exists(fsx.join(prefix, row.path, METRICS_FILE))
+
+
+def run_metrics(prefix: str, path: str) -> dict[str, list[tuple[int, float]]]:
+    url = fsx.join(prefix, path, METRICS_FILE)
+    if not fsx.exists(url):
+        raise NotFoundError(f"{path!r} has no {METRICS_FILE}: it is not a training run")
+    return read_series(url)
+
+
+def run_extras(prefix: str, path: str) -> dict[str, Any]:
+    """Samples (from the step's result) and the model card, when there are any."""
+    folder = fsx.join(prefix, path)
+    artifact = read_json_file(fsx.join(folder, ARTIFACT_FILE)) or {}
+    result = artifact.get("result") if isinstance(artifact, dict) else None
+    samples = result.get("samples") if isinstance(result, dict) else None
+    card = fsx.read_text(fsx.join(folder, CARD_FILE))
+    return {"samples": [str(s) for s in samples] if isinstance(samples, list) else [], "model_card": card}
+
+
+def evaluation_table(prefix: str, rows: list[StepRow]) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """``(model columns, {metric row: {model: value}})`` from eval steps' results and training ``eval.json``.
+
+    Eval steps (results with per-dataset ``loss``/``perplexity``/``bits_per_byte``) are named by the
+    model they evaluated; a training run's own ``eval.json`` by its step.
+    """
+    table: dict[str, dict[str, float]] = {}
+    columns: list[str] = []
+
+    def put(model: str, metric: str, value: Any) -> None:
+        number = _number(value)
+        if number is None:
+            return
+        if model not in columns:
+            columns.append(model)
+        table.setdefault(metric, {})[model] = number
+
+    for row in rows:
+        folder = fsx.join(prefix, row.path)
+        try:
+            artifact = read_json_file(fsx.join(folder, ARTIFACT_FILE))
+        except Exception:  # noqa: BLE001 - one damaged record must not hide every other model's scores
+            artifact = None
+        result = artifact.get("result") if isinstance(artifact, dict) else None
+        if isinstance(result, dict) and isinstance(result.get("datasets"), dict) and "model" in result:
+            model = f"{result['model']} ({row.short_hash})"
+            for dataset, score in result["datasets"].items():
+                if isinstance(score, dict):
+                    for metric in ("loss", "perplexity", "bits_per_byte"):
+                        put(model, f"{dataset} {metric}", score.get(metric))
+        try:
+            evaluation = read_json_file(fsx.join(folder, EVAL_FILE))
+        except Exception:  # noqa: BLE001
+            evaluation = None
+        if isinstance(evaluation, dict):
+            model = f"{row.name} ({row.short_hash})"
+            put(model, "train loss", evaluation.get("train_loss"))
+            for dataset, loss in (evaluation.get("eval") or {}).items():
+                put(model, f"{dataset} loss", loss)
+    return columns, table
