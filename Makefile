@@ -32,6 +32,7 @@ tutorial: $(STAMP)
 	$(BIN)/python experiments/tutorials/train_tiny_model.py
 
 test: $(TEST_STAMP)
+	bash scripts/install_browser.sh
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -117,6 +117,8 @@ def step_page(detail: StepDetail, prefix: str, compare: str | None, differences:
                f'<tr><th>duration</th><td>{seconds_text(row.duration())}</td></tr>'
                f'<tr><th>folder</th><td class="mono">{escape(row.path)}</td></tr>'
                + (f'<tr><th>error</th><td class="FAILED">{escape(row.error)}</td></tr>' if row.error else "") + "</table>")
+    if any(f["name"] == "metrics.jsonl" for f in detail.files):  # a training run: its curves are one click away
+        summary += f'<p><a id="training-curves" href="{escape(link("/runs", run=row.path))}">training curves</a></p>'
     parts = [summary, "<h3>Hash attributes</h3>", f"<table id=\"hash-attrs\">{attrs}</table>" if attrs else '<p class="muted">none</p>']
     parts.append("<h3>Lineage</h3>")
     graph = lineage_graph(f"{row.name} {row.short_hash}",

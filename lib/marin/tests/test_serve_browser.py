@@ -1,0 +1,160 @@
+"""``marin serve`` in a real headless Chromium, over a prefix made by a tiny training run.
+
+The server runs in a thread on a free port of 127.0.0.1; Selenium drives Debian's chromium through
+its chromedriver (``scripts/install_browser.sh``, run by ``make test``, installs both). Without
+them the tests skip and say why. Each test saves a screenshot of its page in the test's folder;
+``MARIN_UPDATE_SCREENSHOTS=1`` also writes them to ``docs/images/`` for docs/browser.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need `pip install selenium` (test extra)")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip("no chromium/chromedriver on this machine: run scripts/install_browser.sh (make test does)",
+                allow_module_level=True)
+
+from levanter.models.llama import LlamaConfig  # noqa: E402
+from levanter.optim import AdamConfig  # noqa: E402
+from levanter.tokenization import save_tokenizer, train_bpe_tokenizer  # noqa: E402
+from marin.execution.step_runner import StepRunner  # noqa: E402
+from marin.experiment.data import tokenized  # noqa: E402
+from marin.experiment.train import train_lm  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+STEPS = 6
+WAIT_S = 30
+DOCS_IMAGES = Path(__file__).resolve().parents[3] / "docs" / "images"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, synthetic_stories):
+    """A prefix holding a tokenize step and a 6-step training run, as a user's first run leaves it."""
+    root = tmp_path_factory.mktemp("browser")
+    (root / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in synthetic_stories[:120]))
+    (root / "validation.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in synthetic_stories[300:320]))
+    save_tokenizer(train_bpe_tokenizer(synthetic_stories[:120], 400), str(root / "tokenizer"))
+    data = tokenized("tokenized/stories", str(root / "train.jsonl"), str(root / "tokenizer"),
+                     validation=str(root / "validation.jsonl"))
+    model = train_lm(
+        name="checkpoints/tiny",
+        model=LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=64),
+        optimizer=AdamConfig(learning_rate=3e-3),
+        datasets={data: 1.0},
+        batch_size=8,  # the suite runs on 8 host devices, and each gets a row
+        seq_len=64,
+        num_train_steps=STEPS,
+        num_samples=1,
+    )
+    prefix = str(root / "prefix")
+    runner = StepRunner(prefix=prefix)
+    runner.run([model])
+    return prefix, runner.output_path_for(model), runner.output_path_for(data)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run):
+    import uvicorn
+
+    from marin.serve.app import create_app
+
+    prefix = tiny_run[0]
+    port = _free_port()
+    config = uvicorn.Config(create_app(prefix), host="127.0.0.1", port=port, log_level="warning")
+    instance = uvicorn.Server(config)
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not instance.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail(f"the server did not start on 127.0.0.1:{port} within {WAIT_S} s")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    instance.should_exit = True
+    thread.join(timeout=WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _screenshot(driver, tmp_path: Path, name: str) -> None:
+    driver.save_screenshot(str(tmp_path / f"{name}.png"))
+    if os.environ.get("MARIN_UPDATE_SCREENSHOTS") == "1":
+        DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(DOCS_IMAGES / f"serve-{name}.png"))
+
+
+def _wait(driver, condition):
+    return WebDriverWait(driver, WAIT_S).until(condition)
+
+
+def test_step_list_then_the_training_step_then_its_loss_chart(server, browser, tmp_path):
+    browser.get(server + "/")
+    rows = _wait(browser, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "tr[data-name]")))
+    names = [row.get_attribute("data-name") for row in rows]
+    assert "checkpoints/tiny" in names and "tokenized/stories" in names
+    _screenshot(browser, tmp_path, "steps")
+
+    browser.find_element(By.LINK_TEXT, "checkpoints/tiny").click()
+    _wait(browser, expected_conditions.presence_of_element_located((By.ID, "hash-attrs")))
+    assert "num_train_steps" in browser.find_element(By.ID, "hash-attrs").text
+    _screenshot(browser, tmp_path, "step")
+
+    browser.find_element(By.ID, "training-curves").click()
+    charts = _wait(browser, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "figure.chart")))
+    loss_chart = next(chart for chart in charts if chart.find_element(By.TAG_NAME, "figcaption").text == "loss")
+    (loss,) = loss_chart.find_elements(By.CSS_SELECTOR, "polyline[data-series]")  # one run selected: one line
+    # One point per training step, as the browser drew it (the points attribute, not the server's count).
+    assert len(loss.get_attribute("points").split()) == STEPS
+    assert loss.is_displayed()
+    _screenshot(browser, tmp_path, "training")
+
+
+def test_the_data_browser_decodes_the_token_cache(server, browser, tiny_run, tmp_path):
+    prefix, _, tokenize_output = tiny_run
+    cache = os.path.relpath(os.path.join(tokenize_output, "train"), prefix)
+    browser.get(f"{server}/data?path={cache}&count=2")
+    blocks = _wait(browser, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "div.tok")))
+    text = blocks[0].text
+    assert len(blocks) == 2 and len(text.split()) > 10
+    # Token boundaries are visible: one span per token, alternating backgrounds.
+    spans = blocks[0].find_elements(By.TAG_NAME, "span")
+    assert len(spans) == int(blocks[0].get_attribute("data-tokens")) > 10
+    assert spans[0].value_of_css_property("background-color") != spans[1].value_of_css_property("background-color")
+    _screenshot(browser, tmp_path, "data")
