@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from levanter.data.loader import DataLoader, EvalBatches
 from levanter.data.mixture import DEFAULT_BLOCK_SIZE
+from levanter.data.pairs import PairDataError, is_pair_cache
 from levanter.data.windows import TokenWindows, split_heldout
 from zephyr.token_cache import TokenCache
 
@@ -91,6 +92,11 @@ def build_text_data(
 
 def _open_cache(url: str, vocab_size: int | None, verify_checksums: bool) -> TokenCache:
     cache = TokenCache.open(url, verify_checksums=verify_checksums)
+    if is_pair_cache(cache):
+        raise PairDataError(
+            f"{url} holds preference pairs (chosen and rejected replies), not text to train on as it is; "
+            "train on it with dpo(...), or tokenize the conversations you want with chat_dataset(...)."
+        )
     if vocab_size is not None:
         cache.check_token_ids(vocab_size)
     return cache

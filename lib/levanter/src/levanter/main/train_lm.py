@@ -6,13 +6,20 @@ Output folder (a local path or any fsspec URL, e.g. ``s3://bucket/run``)::
       checkpoints/<step>/   Orbax checkpoints (resume from the newest automatically)
       metrics.jsonl         one line per step, plus eval lines at eval steps
       eval.json             final step, train loss and validation losses
-      hf/                   the final model in Hugging Face format (Llama or Mixtral)
+      hf/                   the final model in Hugging Face format (Llama or Mixtral); under LoRA the
+                            merged model (base + adapters), loadable without PEFT
+      hf-adapter/           under LoRA only: the adapters as a PEFT adapter folder
       profile/              a jax.profiler trace, when TrainerConfig.profile asks for one
 
 A run can start from existing weights instead of random ones (:class:`InitialWeights`): a Hugging
 Face folder, or a step of another run's checkpoints, with or without its optimizer state. They are
 checked against the run before anything is trained: the same model family, the same parameter
 shapes (a difference names the config field) and the same vocabulary as the data.
+
+``lora=`` trains low-rank adapters on the initial model instead of its weights
+(:mod:`levanter.lora`): the base weights are the trainer's frozen arrays, the optimizer state exists
+for the adapters only. ``dpo=`` trains on preference pairs with the DPO objective
+(:mod:`levanter.trainer.dpo`) against a frozen reference: the weights training starts from.
 """
 
 from __future__ import annotations
@@ -32,10 +39,13 @@ import jax.numpy as jnp
 from rigging import filesystem as fsx
 
 from levanter.errors import LevanterError
+from levanter.lora import LoraConfig, LoraError, LoraLinear, apply_lora, export_peft_adapter, lora_trainable_filter, merge_lora
 from levanter.optim import OptimizerConfig
 from levanter.trainer import EvalSources, Trainer, TrainerConfig, TrainState
 from levanter.trainer.checkpoint import CheckpointMismatchError, flatten_state, read_state_fields
 from levanter.trainer.compilation_cache import enable_compilation_cache
+from levanter.trainer.dpo import DpoConfig, DpoObjective
+from levanter.trainer.state import FrozenArrays
 from levanter.trainer.stopping import StopSource
 from levanter.trainer.trainer import DataSource
 
@@ -89,6 +99,17 @@ class TrainLmConfig:
     export_hf: bool = True
     # Start from these weights instead of random ones (when the run has no checkpoint of its own).
     initialize_from: InitialWeights | None = None
+    # Train LoRA adapters on the (initial) model instead of its weights.
+    lora: LoraConfig | None = None
+    # Train on preference pairs (rows 2i chosen, 2i + 1 rejected) with DPO instead of next-token loss.
+    dpo: DpoConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.lora is not None and self.lora.dropout > 0:
+            raise LoraError("LoRA dropout is not supported by train_lm yet; use LoraConfig(dropout=0.0).")
+        if self.lora is not None and self.initialize_from is not None and self.initialize_from.load_optimizer_state:
+            raise LoraError("A LoRA run trains new adapters, so it has no optimizer state to take from the initial "
+                            "checkpoint; leave load_optimizer_state off.")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable description (model type included) for hashing and provenance."""
@@ -103,6 +124,9 @@ class TrainLmConfig:
         }
         if self.initialize_from is not None:
             record["initialize_from"] = dataclasses.asdict(self.initialize_from)
+        for name in ("lora", "dpo"):  # only when given: a plain run's record is unchanged
+            if getattr(self, name) is not None:
+                record[name] = dataclasses.asdict(getattr(self, name))
         return record
 
 
@@ -117,6 +141,7 @@ class TrainLmResult:
     metrics_path: str
     eval_path: str
     hf_path: str | None
+    adapter_path: str | None = None  # under LoRA: the PEFT adapter folder
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -198,13 +223,16 @@ def train_lm(
         flops_per_token=flops,
         run_config=config.to_dict(),
         stop_sources=stop_sources,
+        trainable=lora_trainable_filter if config.lora is not None else None,
+        keep_reference=config.dpo is not None,
+        objective=DpoObjective(beta=config.dpo.beta) if config.dpo is not None else None,
     )
     initialize = None
     if config.initialize_from is not None:
         initialize = initializer(config.initialize_from, model_config, config.vocab_size)
-    result = trainer.train(
-        lambda key: model_config.build(config.vocab_size, key=key), train_source, eval_sources, initialize=initialize
-    )
+        if config.lora is not None:
+            initialize = _under_lora(initialize)
+    result = trainer.train(build_model_fn(config), train_source, eval_sources, initialize=initialize)
 
     eval_path = fsx.join(out, "eval.json")
     trainer.raise_if_abandoned(result.final_step)
@@ -213,7 +241,13 @@ def train_lm(
         {"step": result.final_step, "train_loss": result.final_train_loss, "eval": result.eval_losses},
     )
     trainer.raise_if_abandoned(result.final_step)
-    hf_path = _export_hf(result.model, fsx.join(out, "hf"), config.tokenizer) if config.export_hf else None
+    hf_path = adapter_path = None
+    if config.export_hf:
+        merged = merge_lora(result.model) if config.lora is not None else result.model
+        hf_path = _export_hf(merged, fsx.join(out, "hf"), config.tokenizer)
+        if config.lora is not None and hf_path is not None:
+            base = config.initialize_from.path if config.initialize_from is not None else "random initialisation"
+            adapter_path = export_peft_adapter(result.model, fsx.join(out, "hf-adapter"), base_model_name_or_path=base)
     trainer.checkpointer.close()
     return TrainLmResult(
         final_step=result.final_step,
@@ -225,7 +259,47 @@ def train_lm(
         metrics_path=result.metrics_path,
         eval_path=eval_path,
         hf_path=hf_path,
+        adapter_path=adapter_path,
     )
+
+
+# Folded into the run's model key for the adapters' initialisation (the base model keeps the key it had).
+_LORA_KEY = 0x10FA
+
+
+def build_model_fn(config: TrainLmConfig) -> Callable[[jax.Array], Any]:
+    """``key -> model`` for the run: the config's model, with adapters when ``config.lora`` asks for them."""
+
+    def build(key):
+        model = config.model.build(config.vocab_size, key=key)
+        if config.lora is not None:
+            model = apply_lora(model, config.lora, key=jax.random.fold_in(key, _LORA_KEY))
+        return model
+
+    return build
+
+
+def _is_lora(x: Any) -> bool:
+    return isinstance(x, LoraLinear)
+
+
+def _under_lora(initialize: Callable[[TrainState], TrainState]) -> Callable[[TrainState], TrainState]:
+    """``initialize`` for a run whose weights are frozen under adapters: the weights go to the frozen base.
+
+    ``initialize`` is given a state of the plain model (its floating arrays as ``params``), as for a
+    run without adapters, and what it loads is put back under the adapters, which keep their fresh
+    (zero-effect) values.
+    """
+
+    def initialize_base(fresh: TrainState) -> TrainState:
+        frozen = fresh.frozen.model
+        base = jax.tree.map(lambda x: x.base if _is_lora(x) else x, frozen, is_leaf=_is_lora)
+        loaded = initialize(dataclasses.replace(fresh, params=base, frozen=None)).params
+        rewrapped = jax.tree.map(lambda f, b: eqx.tree_at(lambda m: m.base, f, b) if _is_lora(f) else b,
+                                 frozen, loaded, is_leaf=_is_lora)
+        return dataclasses.replace(fresh, frozen=FrozenArrays(model=rewrapped, reference=fresh.frozen.reference))
+
+    return initialize_base
 
 
 # -- starting from existing weights ------------------------------------------------------------------

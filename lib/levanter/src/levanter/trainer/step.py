@@ -2,7 +2,8 @@
 
 The objective of one batch is ``sum over masked-in positions of (nll + z_loss_weight * logZ^2)``
 divided by the batch's number of masked-in positions, plus the model's (already weighted)
-auxiliary loss. Microbatching splits the batch's rows, and because every microbatch's token sum is
+auxiliary loss (:class:`NextTokenObjective`; other objectives plug in as an :class:`Objective`).
+Microbatching splits the batch's rows, and because every microbatch's token sum is
 divided by the *whole batch's* token count before its gradient is added, the accumulated gradient
 equals the full-batch gradient exactly in real arithmetic, however the masked tokens fall.
 """
@@ -10,7 +11,7 @@ equals the full-batch gradient exactly in real arithmetic, however the masked to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import equinox as eqx
 import jax
@@ -94,11 +95,11 @@ def fused_token_loss_sums(model, batch: "DeviceBatch", num_devices: int = 1):
 @dataclass(frozen=True)
 class StepFunctions:
     train_step: Callable[..., tuple[TrainState, dict[str, jax.Array]]]  # (state, batch[, learning_rate])
-    eval_step: Callable[[Any, DeviceBatch], tuple[jax.Array, jax.Array]]
+    eval_step: Callable[..., tuple[jax.Array, jax.Array]]  # (params, batch[, frozen])
 
 
-def _split_microbatches(batch: DeviceBatch, num_microbatches: int) -> DeviceBatch:
-    """[B, T] -> [k, B/k, T], microbatch i = rows i, i+k, i+2k, ...
+def _split_microbatches(batch: Any, num_microbatches: int) -> Any:
+    """[B, ...] -> [k, B/k, ...], microbatch i = rows i, i+k, i+2k, ...
 
     Strided rather than contiguous rows: a batch sharded over devices in contiguous blocks then
     gives every microbatch rows from every device, so each pass still uses the whole mesh.
@@ -113,26 +114,113 @@ def _split_microbatches(batch: DeviceBatch, num_microbatches: int) -> DeviceBatc
     return jax.tree.map(split, batch)
 
 
+class Objective(Protocol):
+    """What a train step minimises, in the pieces the step composes (see :func:`build_step_functions`).
+
+    ``normaliser(batch)``: the count the batch's loss is a mean over (masked-in tokens, pairs...),
+    fixed for the whole batch so that microbatch gradients add up to the full-batch one.
+    ``precompute(build_model, params, frozen, batch)``: per-row values computed once per batch,
+    before the batch is split into microbatches and outside the gradient (None when there are
+    none). ``split(batch, context, k)``: ``k`` microbatches of both, stacked on a leading axis.
+    ``loss(model, batch, context, normaliser, k)``: ``(value, sums)``, where ``value``'s gradient,
+    summed over the ``k`` microbatches, is the batch's and ``sums`` is a tuple of scalars that add
+    up over microbatches. ``metrics(sums, normaliser, k)``: the step's scalars; at least ``loss``,
+    ``z_loss``, ``aux_loss``, ``total_loss`` and ``loss_tokens``. ``eval_sums(model, batch)``:
+    ``(loss sum, weight sum)`` of one eval batch.
+    """
+
+    def normaliser(self, batch: DeviceBatch) -> jax.Array: ...
+
+    def precompute(self, build_model: Callable[[Any, Any], Any], params: Any, frozen: Any, batch: DeviceBatch) -> Any: ...
+
+    def split(self, batch: DeviceBatch, context: Any, num_microbatches: int) -> tuple[DeviceBatch, Any]: ...
+
+    def loss(self, model: Any, batch: DeviceBatch, context: Any, normaliser: jax.Array, num_microbatches: int) -> tuple[jax.Array, tuple]: ...
+
+    def metrics(self, sums: tuple, normaliser: jax.Array, num_microbatches: int) -> dict[str, jax.Array]: ...
+
+    def eval_sums(self, model: Any, batch: DeviceBatch) -> tuple[jax.Array, jax.Array]: ...
+
+
+@dataclass(frozen=True)
+class NextTokenObjective:
+    """The language-modelling objective of the module docstring (the default)."""
+
+    z_loss_weight: float = 0.0
+    fused_loss: bool | None = None
+    num_devices: int = 1
+
+    def _sums(self, model, batch: DeviceBatch):
+        use_fused = prefers_fused_loss(model, batch.tokens.size, self.num_devices) if self.fused_loss is None else self.fused_loss
+        if use_fused:
+            (loss_sum, z_sum, weight_sum), aux = fused_token_loss_sums(model, batch, self.num_devices)
+        else:
+            out = model.forward(batch.tokens, segment_ids=batch.segment_ids)
+            loss_sum, z_sum, weight_sum = token_loss_sums(out.logits, batch.tokens, batch.loss_mask)
+            aux = out.aux_loss
+        return loss_sum, z_sum, weight_sum, jnp.asarray(aux, jnp.float32)
+
+    def normaliser(self, batch: DeviceBatch) -> jax.Array:
+        # The last position has no target inside the window and never counts (as in the loss).
+        return jnp.maximum(jnp.sum(batch.loss_mask[:, :-1].astype(jnp.float32)), 1.0)
+
+    def precompute(self, build_model, params, frozen, batch):
+        return None
+
+    def split(self, batch, context, num_microbatches):
+        return _split_microbatches(batch, num_microbatches), None
+
+    def loss(self, model, batch, context, normaliser, num_microbatches):
+        loss_sum, z_sum, _, aux = self._sums(model, batch)
+        value = (loss_sum + self.z_loss_weight * z_sum) / normaliser + aux / num_microbatches
+        return value, (loss_sum, z_sum, aux)
+
+    def metrics(self, sums, normaliser, num_microbatches):
+        loss_sum, z_sum, aux = sums
+        if num_microbatches > 1:
+            aux = aux / num_microbatches
+        loss = loss_sum / normaliser
+        return {
+            "loss": loss,
+            "z_loss": z_sum / normaliser,
+            "aux_loss": aux,
+            "total_loss": loss + self.z_loss_weight * z_sum / normaliser + aux,
+            "loss_tokens": normaliser,
+        }
+
+    def eval_sums(self, model, batch):
+        loss_sum, _, weight_sum, _ = self._sums(model, batch)
+        return loss_sum, weight_sum
+
+
 def build_step_functions(
     *,
     static_model: Any,
     optimizer: optax.GradientTransformation,
     lr_schedule: optax.Schedule,
     compute_dtype,
-    z_loss_weight: float,
+    z_loss_weight: float = 0.0,
     num_microbatches: int,
     state_shardings: Any = None,
     batch_sharding: Any = None,
     mesh_context: Callable[[], Any] | None = None,
     fused_loss: bool | None = None,
     learning_rate_input: bool = False,
+    objective: Objective | None = None,
 ) -> StepFunctions:
-    """``static_model`` is the non-trainable part of the model (``eqx.partition``'s second half).
+    """``static_model`` is the model's part that is neither trained nor frozen arrays
+    (``eqx.partition``'s second half); the step builds the model from it, the state's ``params``
+    and the state's frozen arrays (``state.frozen.model``, when there are some).
 
     With shardings given, the step keeps parameters and optimizer state where they are (output
     shardings = input shardings) and lays each microbatch out like the batch. ``fused_loss``:
     compute the loss with ``fused_next_token_loss`` (True), from the logits (False), or by the rule
     of ``prefers_fused_loss`` (None, the default).
+
+    ``objective``: what the step minimises (:class:`Objective`); by default the next-token loss
+    with ``z_loss_weight`` and ``fused_loss``. Whatever the objective precomputes from the batch
+    (a reference model's log-probabilities, say) is computed once per batch, before the
+    microbatch loop.
 
     ``learning_rate_input``: the train step is ``train_step(state, batch, learning_rate)``, the
     rate of this step computed by the caller and handed to ``optimizer.update(...,
@@ -142,67 +230,58 @@ def build_step_functions(
     ``lr_schedule(step)`` itself, for any optax optimizer.
     """
     num_devices = 1 if batch_sharding is None else len(batch_sharding.device_set)
+    if objective is None:
+        objective = NextTokenObjective(z_loss_weight=z_loss_weight, fused_loss=fused_loss, num_devices=num_devices)
 
-    def forward_sums(params, batch: DeviceBatch):
-        model = eqx.combine(cast_floating(params, compute_dtype), static_model)
-        use_fused = prefers_fused_loss(model, batch.tokens.size, num_devices) if fused_loss is None else fused_loss
-        if use_fused:
-            (loss_sum, z_sum, weight_sum), aux = fused_token_loss_sums(model, batch, num_devices)
-        else:
-            out = model.forward(batch.tokens, segment_ids=batch.segment_ids)
-            loss_sum, z_sum, weight_sum = token_loss_sums(out.logits, batch.tokens, batch.loss_mask)
-            aux = out.aux_loss
-        return loss_sum, z_sum, weight_sum, jnp.asarray(aux, jnp.float32)
+    def build_model(params, frozen):
+        """The model in compute precision from trainable arrays and the state's frozen ones."""
+        frozen_model = None if frozen is None else frozen.model
+        if frozen_model is None:
+            return eqx.combine(cast_floating(params, compute_dtype), static_model)
+        return eqx.combine(cast_floating(params, compute_dtype), cast_floating(frozen_model, compute_dtype), static_model)
 
-    def objective(params, batch: DeviceBatch, total_weight):
-        loss_sum, z_sum, _, aux = forward_sums(params, batch)
-        value = (loss_sum + z_loss_weight * z_sum) / total_weight + aux / num_microbatches
-        return value, (loss_sum, z_sum, aux)
+    def objective_value(params, frozen, batch: DeviceBatch, context, normaliser):
+        return objective.loss(build_model(params, frozen), batch, context, normaliser, num_microbatches)
 
-    grad_fn = jax.grad(objective, has_aux=True)
+    grad_fn = jax.grad(objective_value, has_aux=True)
 
     def step_with_rate(state: TrainState, batch: DeviceBatch, learning_rate: jax.Array | None):
-        # The last position has no target inside the window and never counts (as in the loss).
-        total_weight = jnp.maximum(jnp.sum(batch.loss_mask[:, :-1].astype(jnp.float32)), 1.0)
+        normaliser = objective.normaliser(batch)
+        # Once per batch, before the microbatch loop; the objective keeps it out of the gradient.
+        context = objective.precompute(build_model, state.params, state.frozen, batch)
         if num_microbatches == 1:
-            grads, (loss_sum, z_sum, aux) = grad_fn(state.params, batch, total_weight)
+            grads, sums = grad_fn(state.params, state.frozen, batch, context, normaliser)
         else:
-            micro = _split_microbatches(batch, num_microbatches)
+            micro = objective.split(batch, context, num_microbatches)
 
             def accumulate(carry, mb):
-                grads_acc, loss_acc, z_acc, aux_acc = carry
+                grads_acc, sums_acc = carry
+                mb_batch, mb_context = mb
                 if batch_sharding is not None:
-                    mb = jax.lax.with_sharding_constraint(mb, jax.tree.map(lambda _: batch_sharding, mb))
-                g, (l, z, a) = grad_fn(state.params, mb, total_weight)
+                    mb_batch = jax.lax.with_sharding_constraint(mb_batch, jax.tree.map(lambda _: batch_sharding, mb_batch))
+                g, s = grad_fn(state.params, state.frozen, mb_batch, mb_context, normaliser)
                 grads_acc = jax.tree.map(jnp.add, grads_acc, g)
-                return (grads_acc, loss_acc + l, z_acc + z, aux_acc + a), None
+                return (grads_acc, tuple(a + b for a, b in zip(sums_acc, s))), None
 
             zeros = jax.tree.map(jnp.zeros_like, state.params)
-            init = (zeros, jnp.float32(0), jnp.float32(0), jnp.float32(0))
-            (grads, loss_sum, z_sum, aux), _ = jax.lax.scan(accumulate, init, micro)
-            aux = aux / num_microbatches
+            first_batch, first_context = jax.tree.map(lambda x: x[0], micro)
+            sums_shape = jax.eval_shape(lambda: grad_fn(state.params, state.frozen, first_batch, first_context, normaliser)[1])
+            init = (zeros, tuple(jnp.zeros(s.shape, s.dtype) for s in sums_shape))
+            (grads, sums), _ = jax.lax.scan(accumulate, init, micro)
 
         grad_norm = optax.tree.norm(grads)
         given_rate = {} if learning_rate is None else {"learning_rate": learning_rate}
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **given_rate)
         params = optax.apply_updates(state.params, updates)
         key, _ = jax.random.split(state.key)
-        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key)
-        loss = loss_sum / total_weight
-        metrics = {
-            "loss": loss,
-            "z_loss": z_sum / total_weight,
-            "aux_loss": aux,
-            "total_loss": loss + z_loss_weight * z_sum / total_weight + aux,
-            "grad_norm": grad_norm,
-            "lr": lr_schedule(state.step) if learning_rate is None else learning_rate,
-            "loss_tokens": total_weight,
-        }
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key, frozen=state.frozen)
+        metrics = dict(objective.metrics(sums, normaliser, num_microbatches))
+        metrics["grad_norm"] = grad_norm
+        metrics["lr"] = lr_schedule(state.step) if learning_rate is None else learning_rate
         return new_state, metrics
 
-    def eval_step(params, batch: DeviceBatch):
-        loss_sum, _, weight_sum, _ = forward_sums(params, batch)
-        return loss_sum, weight_sum
+    def eval_step(params, batch: DeviceBatch, frozen=None):
+        return objective.eval_sums(build_model(params, frozen), batch)
 
     if learning_rate_input:
 

@@ -12,6 +12,7 @@ at once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -40,8 +41,8 @@ from levanter.trainer.hardware import peak_flops_per_device
 from levanter.trainer.hooks import AtLastStep, Hook, StepInfo, due_hooks, run_hooks
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.profiler import StepProfiler
-from levanter.trainer.state import TrainState
-from levanter.trainer.step import build_step_functions
+from levanter.trainer.state import FrozenArrays, TrainState
+from levanter.trainer.step import Objective, build_step_functions
 from levanter.trainer.stopping import (
     StopAction,
     StopRequest,
@@ -101,6 +102,13 @@ class Trainer:
     sequence length, called once the first batch arrives) enables MFU.
     ``stop_sources`` are polled between steps (:mod:`levanter.trainer.stopping`); SIGTERM, when
     training runs in the main thread, is one more.
+
+    ``trainable`` (a function of the freshly built model returning an Equinox filter, e.g.
+    ``levanter.lora.lora_trainable_filter``) chooses which floating arrays train; the others
+    become the state's frozen arrays (:class:`~levanter.trainer.state.FrozenArrays`). By default
+    every floating array trains. ``keep_reference`` keeps a frozen copy of the trainable arrays as
+    training starts (after ``initialize``), the reference model of a preference ``objective``
+    (:class:`~levanter.trainer.step.Objective`; by default the next-token loss).
     """
 
     def __init__(
@@ -114,8 +122,14 @@ class Trainer:
         hooks: Iterable[StepHook] = (),
         asynchronous_checkpoints: bool = True,
         stop_sources: Iterable[StopSource] = (),
+        trainable: Callable[[Any], Any] | None = None,
+        keep_reference: bool = False,
+        objective: Objective | None = None,
     ):
         self.config = config
+        self.trainable = trainable
+        self.keep_reference = keep_reference
+        self.objective = objective
         self.optimizer_config = optimizer
         self.output_dir = fsx.absolute(output_dir)
         self.flops_per_token = flops_per_token
@@ -190,7 +204,7 @@ class Trainer:
         from haliax.module import logical_axes
 
         model_key, train_key = jax.random.split(jax.random.PRNGKey(self.config.seed))
-        params, static = self._init_params(init_model, model_key)
+        params, frozen_model, static = self._init_params(init_model, model_key)
         param_shardings = jax.tree.map(lambda x: x.sharding, params)
 
         decay_mask = weight_decay_mask_from_axes(logical_axes(params), params)
@@ -211,25 +225,67 @@ class Trainer:
             opt_state=opt_state,
             key=jax.device_put(train_key, replicated),
         )
+        if frozen_model is not None or self.keep_reference:
+            state = dataclasses.replace(state, frozen=FrozenArrays(model=frozen_model))
+            state = self._with_reference(state)
+        self._log_parameter_counts(state)
         return state, static, optimizer
+
+    def _with_reference(self, state: TrainState) -> TrainState:
+        """``state`` whose frozen reference is a copy of its trainable arrays now (when one is kept).
+
+        Under LoRA (frozen base weights, adapters trained) the reference is the base model itself,
+        read from the frozen arrays with the adapters at zero, so nothing is copied.
+        """
+        if not self.keep_reference or state.frozen.model is not None:
+            return state
+        reference = jax.tree.map(lambda x: x.copy(), state.params)  # own buffers: params are donated each step
+        return dataclasses.replace(state, frozen=FrozenArrays(model=None, reference=reference))
+
+    def _log_parameter_counts(self, state: TrainState) -> None:
+        trainable = sum(x.size for x in jax.tree.leaves(state.params))
+        frozen_model = None if state.frozen is None else state.frozen.model
+        total = trainable + sum(x.size for x in jax.tree.leaves(frozen_model))
+        logger.info("trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100.0 * trainable / max(total, 1))
 
     def _init_params(self, init_model, key):
         """Initialise under jit, each parameter created directly in its sharding: one compiled
-        program instead of hundreds of eager ops, and no device ever holds the whole model."""
+        program instead of hundreds of eager ops, and no device ever holds the whole model.
+
+        Returns the trainable arrays, the frozen floating arrays (None unless ``trainable`` leaves
+        some floating array out) and the static rest."""
         from haliax.partitioning import shardings_for
 
-        def floating_part(k):
-            # Master weights are f32 whatever dtype the model was built in; compute casts per step.
-            return cast_floating(eqx.partition(init_model(k), _is_floating)[0], jnp.float32)
+        if self.trainable is None:
 
-        abstract_params, static = eqx.partition(eqx.filter_eval_shape(init_model, key), _is_floating)
+            def floating_part(k):
+                # Master weights are f32 whatever dtype the model was built in; compute casts per step.
+                return cast_floating(eqx.partition(init_model(k), _is_floating)[0], jnp.float32)
+
+            abstract_params, static = eqx.partition(eqx.filter_eval_shape(init_model, key), _is_floating)
+            if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(static)):
+                # Integer buffers in the model: materialise the non-trainable part for real.
+                static = eqx.filter_jit(lambda k: eqx.partition(init_model(k), _is_floating)[1])(key)
+            abstract_params = cast_floating(abstract_params, jnp.float32)
+            param_shardings = shardings_for(abstract_params, self.mesh)
+            params = jax.jit(floating_part, out_shardings=param_shardings)(key)
+            return params, None, static
+
+        def parts(model):
+            trainable, rest = eqx.partition(model, self.trainable(model))
+            frozen, static = eqx.partition(rest, _is_floating)
+            return trainable, frozen, static
+
+        def floating_parts(k):
+            trainable, frozen, _ = parts(init_model(k))
+            return cast_floating(trainable, jnp.float32), cast_floating(frozen, jnp.float32)
+
+        abstract_params, abstract_frozen, static = parts(eqx.filter_eval_shape(init_model, key))
         if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(static)):
-            # Integer buffers in the model: materialise the non-trainable part for real.
-            static = eqx.filter_jit(lambda k: eqx.partition(init_model(k), _is_floating)[1])(key)
-        abstract_params = cast_floating(abstract_params, jnp.float32)
-        param_shardings = shardings_for(abstract_params, self.mesh)
-        params = jax.jit(floating_part, out_shardings=param_shardings)(key)
-        return params, static
+            static = eqx.filter_jit(lambda k: parts(init_model(k))[2])(key)
+        abstract = cast_floating((abstract_params, abstract_frozen), jnp.float32)
+        params, frozen = jax.jit(floating_parts, out_shardings=shardings_for(abstract, self.mesh))(key)
+        return params, frozen, static
 
     @staticmethod
     def shardings_of(state: TrainState) -> TrainState:
@@ -256,6 +312,7 @@ class Trainer:
             state = initialize(fresh)
             if jax.tree.structure(state) != jax.tree.structure(fresh):
                 raise TrainerConfigError("initialize must return a state of the same structure as the fresh one it is given.")
+            state = self._with_reference(state)  # the reference is the weights training starts from
         return state, static, optimizer, resumed_from
 
     def train(
@@ -287,6 +344,7 @@ class Trainer:
             # The rate of each step is an input: the compiled step does not depend on the run's
             # length or schedule, so a rerun with other ones reuses it from the compilation cache.
             learning_rate_input=True,
+            objective=self.objective,
         )
         self._steps = steps
         self._static = static
@@ -315,7 +373,7 @@ class Trainer:
             else:
                 logger.info("Nothing to train: checkpoint step %d already reaches num_train_steps.", start_step)
                 last_loss = _last_logged_loss(self.metrics_path)
-                eval_losses = self.evaluate(state.params, eval_sources)
+                eval_losses = self.evaluate(state.params, eval_sources, state.frozen)
             self.raise_if_abandoned(int(state.step))
             if cfg.checkpoint_at_end:
                 trackers.flush()
@@ -329,7 +387,7 @@ class Trainer:
 
         return TrainResult(
             state=state,
-            model=eqx.combine(state.params, static),
+            model=whole_model(state, static),
             final_step=int(state.step),
             final_train_loss=last_loss,
             eval_losses=eval_losses,
@@ -475,6 +533,8 @@ class Trainer:
             "z_loss": values["z_loss"],
             "loss_tokens": values["loss_tokens"],
         }
+        # An objective's own scalars (a preference objective's rewards and accuracy) follow.
+        line.update({k: v for k, v in values.items() if k not in line and k != "total_loss"})
         run_hooks(due_hooks(log_hooks, step, self.config.num_train_steps), StepInfo(step, line))
         return line
 
@@ -526,7 +586,7 @@ class Trainer:
 
         def evaluate(info: StepInfo) -> None:
             results.clear()
-            results.update(self.evaluate(info.state.params, eval_sources))
+            results.update(self.evaluate(info.state.params, eval_sources, info.state.frozen))
             eval_line = {f"eval/{name}/loss": loss for name, loss in results.items()}
             trackers.log(info.step, eval_line)
             history.append({"step": info.step, **eval_line})
@@ -536,7 +596,7 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------------------
 
-    def evaluate(self, params, eval_sources: EvalSources) -> dict[str, float]:
+    def evaluate(self, params, eval_sources: EvalSources, frozen: FrozenArrays | None = None) -> dict[str, float]:
         """Mean next-token loss over the masked-in positions of each eval set."""
         results = {}
         for name, make_batches in eval_sources.items():
@@ -545,7 +605,7 @@ class Trainer:
             sums = []
             for batch in make_batches():
                 device_batch = to_device(batch, self._eval_sharding(batch.batch_size))
-                sums.append(self._steps.eval_step(params, device_batch))
+                sums.append(self._steps.eval_step(params, device_batch, frozen))
             for loss_sum, weight_sum in jax.device_get(sums):
                 loss_total += float(loss_sum)
                 weight_total += float(weight_sum)
@@ -554,6 +614,14 @@ class Trainer:
             results[name] = loss_total / weight_total
             logger.debug("eval %s: %d batches in %.1fs", name, len(sums), time.monotonic() - started)
         return results
+
+
+def whole_model(state: TrainState, static: Any) -> Any:
+    """The model a state holds: its trainable arrays, its frozen model arrays and the static rest."""
+    frozen_model = None if state.frozen is None else state.frozen.model
+    if frozen_model is None:
+        return eqx.combine(state.params, static)
+    return eqx.combine(state.params, frozen_model, static)
 
 
 def _is_floating(x) -> bool:

@@ -6,7 +6,9 @@ identities and their weights), batch size, sequence length, number of steps, see
 Where it runs (``resources``), how often it checkpoints or logs, whether it is profiled, and where
 it writes are placement and never enter the hash. A run started from existing weights
 (``initialize_from=``) also depends on their identity (:mod:`marin.experiment.initial_weights`);
-a run without them hashes exactly as before.
+a run without them hashes exactly as before. So do ``lora=`` (train adapters, export the merged
+model to ``hf/`` and the adapters to ``hf-adapter/``) and ``dpo=`` (preference training, declared
+through :func:`marin.experiment.dpo.dpo`): in the hash only when given.
 
 The output folder holds ``checkpoints/``, ``metrics.jsonl``, ``eval.json`` and ``hf/`` (the final
 model in Hugging Face format, with its tokenizer), and ``profile/`` when ``profile=`` asks for a
@@ -23,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.cluster import ResourceConfig
+from levanter.lora import LoraConfig
 from levanter.optim import AdamConfig, OptimizerConfig
+from levanter.trainer.dpo import DpoConfig
 from levanter.trainer import ProfileConfig, TrainerConfig
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
@@ -35,6 +39,7 @@ from marin.experiment.train_step import (
     TrainingRun,
     run_training,
 )
+from marin.processing.preference import PreferenceTokenizeConfig
 from marin.processing.tokenize import TokenizedDataset
 
 logger = logging.getLogger(__name__)
@@ -79,6 +84,7 @@ class TrainedModel:
     datasets: list[DatasetUsed] = field(default_factory=list)
     samples: list[str] = field(default_factory=list)
     initialized_from: str | None = None  # what the run started from, when not random weights
+    adapter_path: str | None = None  # LoRA runs: the PEFT adapter folder (hf/ holds the merged model)
 
     def summary(self) -> str:
         """What a person wants to see when the run ends (printed by the runner)."""
@@ -128,6 +134,8 @@ def train_lm(
     profile: ProfileConfig | None = None,
     initialize_from: LazyStep | str | InitializeFrom | None = None,
     resume_optimizer: bool = False,
+    lora: LoraConfig | None = None,
+    dpo: DpoConfig | None = None,
 ) -> LazyStep:
     """A lazy handle that trains ``model`` on the weighted mixture ``datasets`` (``{tokenized handle: weight}``).
 
@@ -137,6 +145,8 @@ def train_lm(
     handle, a Hugging Face folder or model id, or a checkpoint folder; ``model`` may then be left
     out for a handle or a Hugging Face model (its config is read from the weights).
     ``resume_optimizer=True`` also takes the optimizer state of our own checkpoint.
+    ``lora=LoraConfig(...)`` trains low-rank adapters on the (initial) model instead of its weights.
+    ``dpo=`` trains on preference pairs; declare it with :func:`marin.experiment.dpo.dpo`.
     Nothing runs until the handle is lowered and run.
     """
     optimizer = optimizer or AdamConfig(learning_rate=3e-4)
@@ -148,6 +158,11 @@ def train_lm(
     initial = _initial_weights(initialize_from, resume_optimizer)
     model = _model_of(model, initial)
     _check_request(model, datasets, batch_size, seq_len, num_train_steps)
+    _check_objective_data(datasets, dpo, batch_size, microbatch_size)
+    if lora is not None and not isinstance(lora, LoraConfig):
+        raise TrainConfigError(f"lora must be a LoraConfig(r=..., target_modules=...), got {type(lora).__name__}.")
+    if lora is not None and resume_optimizer:
+        raise TrainConfigError("A LoRA run trains new adapters: there is no optimizer state to resume; drop resume_optimizer.")
     if initial is not None:
         initial.check_fits(model, optimizer)
     trainer = TrainerConfig(
@@ -164,7 +179,7 @@ def train_lm(
         profile=profile,
     )
     weights = {handle: float(weight) for handle, weight in datasets.items()}
-    request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples, initial)
+    request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples, initial, lora=lora, dpo=dpo)
 
     def run(ctx) -> TrainedModel:
         return _trained_model(request, run_training(ctx, request))
@@ -182,6 +197,10 @@ def train_lm(
     if initial is not None:
         # Only then: a run from random weights keeps the hash it always had.
         hash_attrs["initialize_from"] = initial.hash_attr()
+    if lora is not None:
+        hash_attrs["lora"] = lora
+    if dpo is not None:
+        hash_attrs["dpo"] = dpo
     return lazy_step(
         name,
         run,
@@ -247,6 +266,28 @@ def _check_request(model: Any, datasets: Mapping[LazyStep, float], batch_size: i
         )
 
 
+def _check_objective_data(datasets: Mapping[LazyStep, float], dpo: DpoConfig | None, batch_size: int,
+                          microbatch_size: int | None) -> None:
+    """Preference pairs go to DPO only, and DPO takes nothing else."""
+    pairs = [h.name for h in datasets if isinstance(h, LazyStep) and isinstance(h.hash_attrs.get("preference"), PreferenceTokenizeConfig)]
+    if dpo is None:
+        if pairs:
+            raise TrainConfigError(
+                f"{', '.join(pairs)} holds preference pairs (chosen and rejected replies); training on them as text would "
+                "learn the rejected replies too. Train on them with dpo(...), or declare conversations with chat_dataset(...)."
+            )
+        return
+    others = [h.name if isinstance(h, LazyStep) else repr(h) for h in datasets if not (isinstance(h, LazyStep) and h.name in pairs)]
+    if others or len(pairs) != 1:
+        raise TrainConfigError(
+            "dpo trains on exactly one preference_dataset(...) of (prompt, chosen, rejected) records"
+            + (f"; {', '.join(others)} {'is' if len(others) == 1 else 'are'} not one." if others else f"; got {len(pairs)}.")
+        )
+    for label, rows in (("batch_size", batch_size), ("microbatch_size", microbatch_size)):
+        if rows is not None and rows % 2:
+            raise TrainConfigError(f"dpo needs an even {label} (two rows per pair: chosen and rejected), got {rows}.")
+
+
 def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
     """The step's result record, from what the run produced and read."""
     first, training = run.first_dataset, run.training
@@ -271,6 +312,7 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         datasets=[_dataset_used(handle.name, weight, run.datasets[handle]) for handle, weight in request.weights.items()],
         samples=run.samples,
         initialized_from=request.initialize_from.description if request.initialize_from is not None else None,
+        adapter_path=training.adapter_path,
     )
 
 

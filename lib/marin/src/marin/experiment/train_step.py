@@ -18,13 +18,16 @@ from typing import Any
 import jax
 
 from levanter.data import build_text_data
+from levanter.data.pairs import PreferencePairs
 from levanter.distributed import initialize_distributed
 from levanter.inference import SamplingConfig, generate_text
 from levanter.main.train_lm import TrainLmConfig, TrainLmResult
 from levanter.main.train_lm import train_lm as run_trainer
+from levanter.lora import LoraConfig
 from levanter.optim import OptimizerConfig
 from levanter.tokenization import load_tokenizer
 from levanter.trainer import TrainerConfig
+from levanter.trainer.dpo import DpoConfig
 from levanter.trainer.stopping import StopAction, StopRequest, StopSource
 from marin.errors import MarinError
 from marin.execution.lazy import LazyStep
@@ -51,6 +54,8 @@ class TrainingRequest:
     seq_len: int
     num_samples: int
     initialize_from: InitializeFrom | None = None
+    lora: LoraConfig | None = None
+    dpo: DpoConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -73,17 +78,21 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
     first = _shared_tokenizer(datasets)
     # Under replicas > 1 each process joins the JAX run first, then reads only its rows of each batch.
     initialize_distributed()
-    data = build_text_data(
-        [cache_source(handle.name, datasets[handle], weight) for handle, weight in request.weights.items()],
-        seq_len=request.seq_len,
-        batch_size=request.trainer.batch_size,
-        seed=request.trainer.seed,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        # Every cache's largest token id must fit the model's embedding table (an id past it is an
-        # out-of-range gather, which XLA turns into silent garbage, not an error).
-        vocab_size=first.vocab_size,
-    )
+    if request.dpo is not None:
+        train_source, eval_sources = _preference_data(request, datasets), None
+    else:
+        data = build_text_data(
+            [cache_source(handle.name, datasets[handle], weight) for handle, weight in request.weights.items()],
+            seq_len=request.seq_len,
+            batch_size=request.trainer.batch_size,
+            seed=request.trainer.seed,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            # Every cache's largest token id must fit the model's embedding table (an id past it is an
+            # out-of-range gather, which XLA turns into silent garbage, not an error).
+            vocab_size=first.vocab_size,
+        )
+        train_source, eval_sources = data.train, data.validation
     initial = request.initialize_from.locate(ctx) if request.initialize_from is not None else None
     started = time.perf_counter()
     training = run_trainer(
@@ -95,14 +104,27 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
             output_path=ctx.output_path,
             tokenizer=first.tokenizer_source,
             initialize_from=initial,
+            lora=request.lora,
+            dpo=request.dpo,
         ),
-        data.train,
-        data.validation,
+        train_source,
+        eval_sources,
         stop_sources=[trainer_stop_source(ctx)],
     )
     seconds = time.perf_counter() - started
     samples = sample_texts(training.hf_path, first.tokenizer_source, request.num_samples)
     return TrainingRun(datasets=datasets, training=training, seconds=seconds, samples=samples)
+
+
+def _preference_data(request: TrainingRequest, datasets: dict[LazyStep, TokenizedDataset]) -> PreferencePairs:
+    """The pairs of the one preference dataset, as the trainer's source (refused if its caches are not pairs)."""
+    from zephyr.token_cache import TokenCache
+
+    (handle, result), = datasets.items()
+    cache = TokenCache.open(result.cache_path("train"))
+    cache.check_token_ids(result.vocab_size)
+    return PreferencePairs(cache, seq_len=request.seq_len, batch_size=request.trainer.batch_size, seed=request.trainer.seed,
+                           process_index=jax.process_index(), process_count=jax.process_count(), name=handle.name)
 
 
 def _shared_tokenizer(datasets: dict[LazyStep, TokenizedDataset]) -> TokenizedDataset:

@@ -1,0 +1,138 @@
+"""Preference training: ``preference_dataset(...)`` declares (prompt, chosen, rejected) records
+tokenized as pairs; ``dpo(...)`` trains on them with direct preference optimisation.
+
+A preference dataset's caches hold pairs of documents with a loss mask on the replies and say so
+in their metadata (:mod:`marin.processing.preference`), so ``train_lm``/``sft`` refuse them and
+``dpo`` accepts nothing else. ``dpo`` is a training step like ``train_lm`` (same outputs, same
+record): the policy starts from ``initialize_from``, and the same weights, frozen, are the
+reference model (:mod:`levanter.trainer.dpo`). ``lora=`` trains adapters instead of the weights;
+the reference is then the frozen base itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from levanter.tokenization import load_tokenizer, resolve_chat_template
+from levanter.trainer.dpo import DpoConfig
+
+from marin.execution.lazy import LazyStep, lazy_step
+from marin.experiment.data import (
+    resolve_dataset_source,
+    resolve_tokenizer,
+    says_builtin,
+    tokenizer_folder,
+)
+from marin.experiment.sft import _requested
+from marin.experiment.train import train_lm
+from marin.experiment.train_step import TrainConfigError
+from marin.processing.preference import (
+    PreferenceTokenizeConfig,
+    run_preference_tokenize,
+)
+from marin.processing.tokenize import (
+    MissingSplitError,
+    TokenizedDataset,
+    TokenizeInputs,
+)
+
+logger = logging.getLogger(__name__)
+
+PREFERENCE_STEP_VERSION = "1"
+_PREFERENCE_ATTRIBUTE = "preference"
+
+
+def preference_dataset(
+    name: str,
+    source: str | os.PathLike[str] | LazyStep,
+    tokenizer: str | os.PathLike[str] | LazyStep | Any,
+    template: str | None = None,
+    *,
+    sample_count: int | None = None,
+    validation: str | os.PathLike[str] | None = None,
+    prompt_field: str = "prompt",
+    chosen_field: str = "chosen",
+    rejected_field: str = "rejected",
+    version: str | None = None,
+    num_shards: int | None = None,
+    output_path: str | None = None,
+    resources: Any = None,
+    backend: Any = None,
+) -> LazyStep:
+    """A lazy handle for the preference pairs of ``source``, tokenized for :func:`dpo`.
+
+    Each record has ``prompt`` (a string: one user message; or a list of ``{"role", "content"}``
+    messages), ``chosen`` and ``rejected`` (a string: the assistant's reply; or a list of messages).
+    ``source``, ``tokenizer`` and ``template`` are as for ``chat_dataset(...)``.
+    """
+    resolved = resolve_dataset_source(source, sample_count, validation)
+    location, revision, identity, tokenizer_dep = resolve_tokenizer(tokenizer)
+    if tokenizer_dep is None:
+        template_identity: dict[str, Any] = resolve_chat_template(load_tokenizer(location, revision=revision), template).identity()
+    else:
+        template_identity = {"requested": _requested(template)}
+    config = PreferenceTokenizeConfig(
+        source=resolved.identity,
+        tokenizer=identity,
+        template=template_identity,
+        splits=resolved.splits,
+        sample_count=sample_count,
+        fields=(prompt_field, chosen_field, rejected_field),
+        num_shards=num_shards,
+    )
+    logger.info("preference_dataset(%r): %s Tokenizer: %s", name, resolved.description, location or tokenizer_dep.name)
+    deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
+
+    def run(ctx) -> TokenizedDataset:
+        tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
+        folder = location if tokenizer_result is None else tokenizer_folder(tokenizer_result)
+        split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
+        if "train" not in split_files:
+            raise MissingSplitError(f"source {resolved.description} has no train files (found: {sorted(split_files)})")
+        present = tuple(split for split in config.splits if split in split_files)
+        run_config = config if present == config.splits else PreferenceTokenizeConfig(
+            **{**{f: getattr(config, f) for f in config.__dataclass_fields__}, "splits": present})
+        inputs = TokenizeInputs(
+            split_files, folder, revision,
+            builtin_source=resolved.builtin or any(says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
+            builtin_tokenizer=says_builtin(tokenizer_result),
+        )
+        return run_preference_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
+
+    return lazy_step(name, run, deps=deps, hash_attrs={_PREFERENCE_ATTRIBUTE: config, "format": PREFERENCE_STEP_VERSION},
+                     version=version, resources=resources, output_path=output_path)
+
+
+def is_preference_dataset(handle: Any) -> bool:
+    """Whether ``handle`` was declared by :func:`preference_dataset`."""
+    return isinstance(handle, LazyStep) and isinstance(handle.hash_attrs.get(_PREFERENCE_ATTRIBUTE), PreferenceTokenizeConfig)
+
+
+def dpo(
+    name: str,
+    *,
+    initialize_from: LazyStep | str | Any,
+    datasets: Mapping[LazyStep, float],
+    beta: float = 0.1,
+    model: Any = None,
+    num_samples: int = 0,
+    **train_options: Any,
+) -> LazyStep:
+    """Direct preference optimisation of the model ``initialize_from`` names, on one ``preference_dataset``.
+
+    ``initialize_from``: a ``train_lm``/``sft`` handle, a Hugging Face folder or model id, or a
+    checkpoint folder: the policy's first weights and the frozen reference. ``beta``: DPO's
+    temperature. ``batch_size`` counts rows, two per pair (it and ``microbatch_size`` must be even);
+    ``seq_len`` is each row's padded length (longer pairs lose prompt tokens from the left; a
+    reply that does not fit is refused). Every other argument is ``train_lm``'s, ``lora=`` included.
+    """
+    if initialize_from is None:
+        raise TrainConfigError("dpo needs initialize_from=: the model to improve, which is also the frozen reference.")
+    return train_lm(name, model=model, datasets=datasets, initialize_from=initialize_from, num_samples=num_samples,
+                    dpo=DpoConfig(beta=beta), **train_options)
+
+
+__all__ = ["PREFERENCE_STEP_VERSION", "dpo", "is_preference_dataset", "preference_dataset"]
