@@ -1,0 +1,236 @@
+"""MinHash signatures and LSH banding, vectorised with numpy.
+
+A document becomes a set of shingles (word or character n-grams of its normalised text); each
+shingle is hashed to 64 bits with xxh3, folded to 31 bits, and put through ``num_perm`` universal
+hash functions h_i(x) = (a_i x + b_i) mod p, p the Mersenne prime 2^31 - 1 (so a x + b fits in 64
+bits and the reduction is a fold, not a division). A signature holds, per function, the minimum over its shingles. Two signatures agree
+in one position with probability equal to the documents' Jaccard similarity (Broder 1997).
+
+LSH cuts a signature into ``b`` bands of ``r`` rows; documents that agree on every row of some band
+share a bucket and become candidates. A pair with Jaccard ``s`` becomes a candidate with probability
+``1 - (1 - s^r)^b`` (the S-curve; Leskovec et al., *Mining of Massive Datasets*, ch. 3).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+MERSENNE_31 = (1 << 31) - 1
+_MASK_32 = np.uint64((1 << 32) - 1)
+_P = np.uint64(MERSENNE_31)
+_WORD = re.compile(r"\w+")
+# Rows of the (shingles x permutations) matrix computed at once: bounds the working memory.
+_ROWS_PER_CHUNK = 1024
+_KEY_SEED = np.uint64(0x9E3779B97F4A7C15)
+_KEY_MULTIPLIER = np.uint64(0x100000001B3)
+
+
+def normalize_text(text: str) -> str:
+    """NFKC, lower case, whitespace runs collapsed to one space, stripped."""
+    return " ".join(unicodedata.normalize("NFKC", text).lower().split())
+
+
+@dataclass(frozen=True)
+class MinHashConfig:
+    """How signatures are computed. ``shingle``: ``"word"`` or ``"char"`` n-grams of size ``ngram``."""
+
+    num_perm: int = 128
+    ngram: int = 5
+    shingle: str = "word"
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shingle not in ("word", "char"):
+            raise ValueError(f"shingle must be 'word' or 'char', got {self.shingle!r}")
+        if self.num_perm < 1 or self.ngram < 1:
+            raise ValueError(f"num_perm and ngram must be positive, got {self.num_perm} and {self.ngram}")
+
+
+def shingles(text: str, ngram: int, shingle: str = "word") -> list[str]:
+    """The distinct n-grams of ``text``'s normalised words (or characters); a short text is one shingle."""
+    if shingle == "word":
+        words = _WORD.findall(unicodedata.normalize("NFKC", text).lower())
+        if len(words) <= ngram:
+            return [" ".join(words)]
+        return list({" ".join(words[i:i + ngram]) for i in range(len(words) - ngram + 1)})
+    chars = normalize_text(text)
+    if len(chars) <= ngram:
+        return [chars]
+    return list({chars[i:i + ngram] for i in range(len(chars) - ngram + 1)})
+
+
+def shingle_hashes(text: str, config: MinHashConfig) -> np.ndarray:
+    """xxh3-64 of each distinct shingle, as uint64."""
+    digest = xxhash.xxh3_64_intdigest
+    seed = config.seed
+    return np.fromiter((digest(s.encode("utf-8"), seed) for s in shingles(text, config.ngram, config.shingle)), dtype=np.uint64)
+
+
+class WordShingleHasher:
+    """64-bit hashes of word n-grams for a batch of documents, without building the n-gram strings.
+
+    Each distinct word is hashed once with xxh3 (a cache remembers it); an n-gram's hash combines its
+    words' hashes, multiply-xor over the batch's word array at once, then a final 64-bit mix. Equal
+    n-grams get equal hashes, so the shingle *sets* are those of :func:`shingles` (up to 64-bit collisions).
+    """
+
+    def __init__(self, ngram: int, seed: int, cache_limit: int = 1 << 20):
+        self.ngram, self.seed, self.cache_limit = ngram, seed, cache_limit
+        self.cache: dict[str, int] = {}
+
+    def _word_hashes(self, words: list[str]) -> list[int]:
+        cache, digest, seed = self.cache, xxhash.xxh3_64_intdigest, self.seed
+        if len(cache) > self.cache_limit:
+            cache.clear()
+        out = []
+        for word in words:
+            value = cache.get(word)
+            if value is None:
+                value = cache[word] = digest(word.encode("utf-8"), seed)
+            out.append(value)
+        return out
+
+    def __call__(self, texts: Sequence[str]) -> list[np.ndarray]:
+        n = self.ngram
+        tokenised = [_WORD.findall(unicodedata.normalize("NFKC", text).lower()) for text in texts]
+        lengths = np.array([len(words) for words in tokenised], dtype=np.int64)
+        flat = np.array(self._word_hashes([w for words in tokenised for w in words]), dtype=np.uint64)
+        combined = flat[: max(len(flat) - n + 1, 0)].copy()
+        for k in range(1, n):
+            combined = (combined * _KEY_MULTIPLIER) ^ flat[k: k + len(combined)]
+        combined = _mix64(combined)
+        starts = np.concatenate(([0], np.cumsum(lengths)))
+        out = []
+        digest = xxhash.xxh3_64_intdigest
+        for index, words in enumerate(tokenised):
+            if len(words) <= n:  # a short text is one shingle, hashed like the string form
+                out.append(np.array([digest(" ".join(words).encode("utf-8"), self.seed)], dtype=np.uint64))
+            else:
+                out.append(combined[starts[index]: starts[index] + len(words) - n + 1])
+        return out
+
+
+def batch_shingle_hashes(texts: Sequence[str], config: MinHashConfig, hasher: WordShingleHasher | None = None) -> list[np.ndarray]:
+    """Shingle hashes of every text: vectorised for word shingles, per string for char shingles."""
+    if config.shingle == "word":
+        return (hasher or WordShingleHasher(config.ngram, config.seed))(texts)
+    return [shingle_hashes(text, config) for text in texts]
+
+
+def _mix64(key: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads every input bit over the key."""
+    key = key ^ (key >> np.uint64(30))
+    key = key * np.uint64(0xBF58476D1CE4E5B9)
+    key = key ^ (key >> np.uint64(27))
+    key = key * np.uint64(0x94D049BB133111EB)
+    return key ^ (key >> np.uint64(31))
+
+
+def permutations(config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The universal hash coefficients a in [1, p), b in [0, p), fixed by ``seed``."""
+    rng = np.random.Generator(np.random.PCG64(config.seed))
+    a = rng.integers(1, MERSENNE_31, size=config.num_perm, dtype=np.uint64)
+    b = rng.integers(0, MERSENNE_31, size=config.num_perm, dtype=np.uint64)
+    return a, b
+
+
+def _universal(x: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """(a x + b) mod p for x, a, b below p = 2^31 - 1, exactly, into ``out`` (rows of x by entries of a).
+
+    a x + b < 2^62, so 64-bit arithmetic never overflows; 2^31 = 1 (mod p) reduces it with one fold
+    (to below 2^32) and one conditional subtraction, written as a minimum: v - p wraps around to a
+    huge value unless v >= p. Every operation writes into preallocated buffers small enough to stay
+    in cache.
+    """
+    np.multiply(x[:, None], a[None, :], out=out)
+    out += b
+    np.bitwise_and(out, _P, out=scratch)
+    out >>= np.uint64(31)
+    out += scratch
+    np.subtract(out, _P, out=scratch)
+    np.minimum(out, scratch, out=out)
+    return out
+
+
+def signatures(hash_lists: Sequence[np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """MinHash signatures (``len(hash_lists)`` x ``num_perm``, uint32) of documents given their shingle hashes.
+
+    A 64-bit shingle hash is folded to 31 bits and hashed by h(x) = (a x + b) mod p, p = 2^31 - 1.
+    All shingles of a batch of documents go through the permutations as one matrix, a block of rows
+    at a time, so the work is a few numpy operations per block rather than per document.
+    """
+    num_perm = len(a)
+    out = np.empty((len(hash_lists), num_perm), dtype=np.uint32)
+    if not hash_lists:
+        return out
+    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    if (lengths == 0).any():
+        raise ValueError("every document needs at least one shingle")
+    values = np.concatenate(hash_lists)
+    values = (values >> np.uint64(33)) ^ (values & _P)  # 31 bits, then below p (one value maps to 0)
+    values = np.minimum(values, values - _P)
+    starts = np.concatenate(([0], np.cumsum(lengths)))
+    rows = max(_ROWS_PER_CHUNK, int(lengths.max()))
+    buffer = np.empty((rows, num_perm), dtype=np.uint64)
+    scratch = np.empty_like(buffer)
+    doc = 0
+    while doc < len(hash_lists):
+        # Whole documents per block, at least one.
+        end = max(int(np.searchsorted(starts, starts[doc] + _ROWS_PER_CHUNK, side="right")) - 1, doc + 1)
+        size = int(starts[end] - starts[doc])
+        hashed = _universal(values[starts[doc]:starts[end]], a, b, buffer[:size], scratch[:size])
+        out[doc:end] = np.minimum.reduceat(hashed, starts[doc:end] - starts[doc], axis=0)
+        doc = end
+    return out
+
+
+def estimated_jaccard(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Fraction of agreeing signature positions (broadcasts over leading axes)."""
+    return (left == right).mean(axis=-1)
+
+
+# -- LSH parameters ---------------------------------------------------------------------------------
+
+
+def candidate_probability(similarity: np.ndarray | float, bands: int, rows: int) -> np.ndarray:
+    """The S-curve: probability that a pair with Jaccard ``similarity`` shares at least one bucket."""
+    return 1.0 - (1.0 - np.asarray(similarity, dtype=np.float64) ** rows) ** bands
+
+
+def lsh_params(threshold: float, num_perm: int, false_positive_weight: float = 0.5) -> tuple[int, int]:
+    """(bands, rows) with bands * rows <= num_perm minimising the weighted error areas of the S-curve.
+
+    False positives are the area under the curve below ``threshold``, false negatives the area above
+    the curve from ``threshold`` to 1; candidates are verified afterwards, so the default weighs both alike.
+    """
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must lie strictly between 0 and 1, got {threshold}")
+    below = np.linspace(0.0, threshold, 201)
+    above = np.linspace(threshold, 1.0, 201)
+    best, best_error = (1, num_perm), float("inf")
+    for bands in range(1, num_perm + 1):
+        for rows in range(1, num_perm // bands + 1):
+            fp = np.trapezoid(candidate_probability(below, bands, rows), below)
+            fn = np.trapezoid(1.0 - candidate_probability(above, bands, rows), above)
+            error = false_positive_weight * fp + (1.0 - false_positive_weight) * fn
+            if error < best_error - 1e-12:
+                best, best_error = (bands, rows), error
+    return best
+
+
+def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """Bucket keys (documents x bands, uint64): a multiply-xor hash of each band's rows, then a final mix.
+
+    Keys of different bands never meet: buckets are keyed by ``(band, key)``.
+    """
+    data = signatures[:, : bands * rows].reshape(len(signatures), bands, rows).astype(np.uint64)
+    key = np.full(data.shape[:2], _KEY_SEED, dtype=np.uint64)
+    for row in range(rows):
+        key = (key ^ data[:, :, row]) * _KEY_MULTIPLIER
+    return _mix64(key)

@@ -1,0 +1,139 @@
+"""Documents as the dedup steps see them, and how decisions are joined back onto them.
+
+A document is a :class:`Doc`: where it comes from (input file index and line/row), its id (the
+record's id field, else ``<file>#<line>``), its text and the whole record. Decisions are computed
+on small keyed items and joined back by a final ``group_by`` on the input file, so every input
+document is written exactly once, in input order, with its ``kept``/``reason``/``cluster`` attributes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zephyr import Dataset
+from zephyr.errors import InputFileError
+from zephyr.readers import input_format, read_jsonl, read_parquet
+from zephyr.worker_context import count
+
+from marin.errors import MarinError
+
+
+class DedupInputError(MarinError, ValueError):
+    """An input record has no text to compare."""
+
+
+@dataclass(frozen=True)
+class Doc:
+    file: int
+    position: int
+    id: str
+    text: str
+    record: dict
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a dedup pass says about one document; documents without one are kept as they are."""
+
+    file: int
+    position: int
+    attributes: dict
+
+
+def relative_names(files: Sequence[str]) -> list[str]:
+    """File names relative to the files' common folder: ids then do not depend on where the data lives."""
+    if len(files) == 1:
+        return [files[0].rstrip("/").rsplit("/", 1)[-1]]
+    common = os.path.commonpath([f.split("://", 1)[-1] for f in files])
+    return [f.split("://", 1)[-1][len(common):].lstrip("/") for f in files]
+
+
+@dataclass(frozen=True)
+class FileDocs:
+    """One input file's documents (a picklable zero-argument shard source)."""
+
+    url: str
+    file: int
+    name: str
+    text_field: str
+    id_field: str
+
+    def __call__(self) -> Iterator[Doc]:
+        kind, _ = input_format(self.url)
+        records: Iterable[Any] = read_parquet(self.url) if kind == "parquet" else _jsonl_allowing_empty(self.url)
+        for position, record in enumerate(records):
+            text = record.get(self.text_field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise DedupInputError(f"{self.url}, record {position}: no string field {self.text_field!r}; set text_field=")
+            identifier = record.get(self.id_field)
+            identifier = f"{self.name}#{position}" if identifier is None else str(identifier)
+            yield Doc(self.file, position, identifier, text, record)
+
+
+def _jsonl_allowing_empty(url: str) -> Iterator[Any]:
+    """An empty jsonl file is a shard with no documents (earlier dedup outputs can have some), not an error."""
+    try:
+        yield from read_jsonl(url)
+    except InputFileError as error:
+        if "is empty" not in str(error):
+            raise
+
+
+def file_sources(files: Sequence[str], text_field: str, id_field: str) -> list[FileDocs]:
+    return [FileDocs(url, index, name, text_field, id_field)
+            for index, (url, name) in enumerate(zip(files, relative_names(files)))]
+
+
+def considered(doc: Doc) -> bool:
+    """Documents an earlier pass already removed travel through untouched and are not compared again."""
+    return doc.record.get("kept", True) is not False
+
+
+def annotated_dataset(sources: Sequence[FileDocs], decisions: Sequence[Any], num_decision_shards: int) -> Dataset:
+    """Input documents joined with decisions (callables yielding :class:`Decision`), grouped back per input file."""
+    shards = list(sources) + list(decisions)
+    return Dataset.from_shards(shards).group_by(_file_of, _AnnotateFile(), num_shards=len(sources))
+
+
+def _file_of(item: Doc | Decision) -> int:
+    return item.file
+
+
+@dataclass(frozen=True)
+class _AnnotateFile:
+    def __call__(self, file: int, items: Iterator[Doc | Decision]) -> list[dict]:
+        docs: list[Doc] = []
+        decided: dict[int, dict] = {}
+        for item in items:
+            if isinstance(item, Doc):
+                docs.append(item)
+            else:
+                decided.setdefault(item.position, {}).update(item.attributes)
+        docs.sort(key=lambda d: d.position)
+        out = []
+        for doc in docs:
+            record = dict(doc.record)
+            if considered(doc):
+                record.setdefault("id", doc.id)
+                attributes = decided.get(doc.position, {})
+                record.update({"kept": True, "reason": None, "cluster": doc.id})
+                record.update(attributes)
+            out.append(record)
+            _count_document(doc.text, record)
+        return out
+
+
+def _count_document(original: str, record: Mapping[str, Any]) -> None:
+    size = len(original.encode("utf-8"))
+    count("documents/in")
+    count("bytes/in", size)
+    reason = record.get("reason")
+    kind = "kept" if not reason else str(reason).split(":", 1)[0]
+    count(f"documents/{kind}")
+    count(f"bytes/{kind}", size)
+    if record.get("kept", True) is not False:
+        count("documents/out")
+        count("bytes/out", len(str(record.get("text", original)).encode("utf-8")))

@@ -1,0 +1,437 @@
+"""The machinery every curation step shares: inputs, one verdict per document, explainable outputs.
+
+A curation step reads documents (jsonl, jsonl.gz/.zst, parquet or text files; a folder, glob or
+URL of them; or another curation step's output), asks a picklable *annotator* for a
+:class:`Verdict` on each, and writes one output shard per input file::
+
+    <out>/data/part-00000-of-00002.jsonl.zst      documents passed on (each with kept/reason/score)
+    <out>/removed/part-00000-of-00002.jsonl.zst   documents removed, with the rule that removed them
+    <out>/stats/part-00000-of-00002.json          the shard's counts, written last: the shard is done
+
+With ``mode="mark"`` nothing is removed: every document goes to ``data/`` with ``kept: false`` and
+its ``reason``, and later steps pass such documents on untouched. The step's result
+(:class:`CuratedDataset`) sums the shard counts into a summary: documents and bytes in and out, and
+by reason. Outputs depend only on the inputs and the config, never on the backend, so ``inline``
+and ``processes`` write identical bytes, and a rerun skips finished shards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rigging import filesystem as fsx
+from rigging.filesystem import atomic_open
+from zephyr.dataset import Dataset, expand_glob
+from zephyr.execute import execute
+from zephyr.readers import input_format, read_jsonl, read_parquet, read_text
+from zephyr.sinks import Sink
+
+from marin.datasets.sources import _file_identity
+from marin.errors import MarinError
+from marin.execution.artifact import register_result_type
+from marin.execution.lazy import LazyStep, lazy_step
+
+Mode = Literal["remove", "mark"]
+OutputFormat = Literal["jsonl", "parquet"]
+_EXTENSIONS = {"jsonl": ".jsonl.zst", "parquet": ".parquet"}
+_PARQUET_BATCH_ROWS = 4096
+
+
+class CurationError(MarinError, ValueError):
+    """A curation step was declared or fed with something it cannot use; the message says what."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a step decided about one document.
+
+    ``reason`` names the rule that removed it (``None`` when kept); ``score`` is the step's number
+    for the document when it has one; ``attributes`` are written into the record (e.g. the
+    language); ``hits`` are counted in the summary (e.g. which evaluation items a document shares
+    n-grams with).
+    """
+
+    kept: bool
+    reason: str | None = None
+    score: float | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    hits: tuple[str, ...] = ()
+
+
+@register_result_type
+@dataclass(frozen=True)
+class CuratedDataset:
+    """A curation step's result (its ``.artifact.json``).
+
+    ``files``: the shards of documents passed on that hold any (what the next step or
+    ``tokenized()`` reads; ``splits`` says the same for the tokenize step). ``removed_files``: the
+    shards of removed documents, for inspection.
+    ``summary``: ``documents_in``, ``bytes_in``, ``documents_out``, ``bytes_out``, ``removed``
+    (reason -> documents and bytes), ``marked`` (the same for ``mode="mark"``), ``hits``.
+    """
+
+    files: list[str]
+    removed_files: list[str]
+    splits: dict[str, list[str]]
+    format: str
+    text_field: str
+    mode: str
+    summary: dict[str, Any]
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CurationInput:
+    """An input as a step sees it: an identity now, the files when the step runs."""
+
+    identity: dict[str, Any]
+    files_at_run_time: Callable[[Any], list[str]]
+    deps: tuple[LazyStep, ...] = ()
+    text_field: str | None = None  # a curation step's output says its own text field
+
+
+def resolve_input(source: Any, *, accept: Callable[[str], bool] | None = None, what: str = "documents") -> CurationInput:
+    """A file, folder, glob, URL (or a list of them), or a lazy step whose result lists its files.
+
+    Files are identified by their content (digest, or what an object store reports), never by
+    where they are; a step by its own identity (it becomes a dependency).
+    """
+    if isinstance(source, LazyStep):
+        return CurationInput({"kind": "step"}, lambda ctx: step_files(ctx.load_artifact(source).result), (source,))
+    if isinstance(source, (str, os.PathLike)) or (isinstance(source, Sequence) and not isinstance(source, str)):
+        specs = [os.fspath(source)] if isinstance(source, (str, os.PathLike)) else [os.fspath(s) for s in source]
+        files = expand_glob(specs, folder_filter=accept or _readable, wanted=what)
+        identity = {"kind": "files", "files": [_identity_of(path) for path in files]}
+        return CurationInput(identity, lambda ctx: list(files))
+    raise CurationError(f"an input must be a path, folder, glob, URL, a list of them or a lazy step; got {type(source).__name__}")
+
+
+def _identity_of(path: str) -> dict[str, Any]:
+    fs, stripped = fsx.filesystem(path)
+    protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
+    return _file_identity(fs, stripped, os.path.dirname(stripped), protocol)
+
+
+def _readable(path: str) -> bool:
+    try:
+        input_format(path)
+    except ValueError:
+        return False
+    return True
+
+
+def step_files(result: Any) -> list[str]:
+    """The document files a dependency's result names: a curation step's ``files``, or its splits."""
+    data = result if isinstance(result, Mapping) else getattr(result, "__dict__", {})
+    if data.get("files"):
+        return list(data["files"])
+    splits = data.get("splits")
+    if isinstance(splits, Mapping):
+        return [f for value in splits.values() for f in ([value] if isinstance(value, str) else value)]
+    raise CurationError(f"a dependency's result lists no 'files' or 'splits' to read (it has: {sorted(data)})")
+
+
+# -- reading records ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordReader:
+    """Picklable: a file URL to its records (dicts); text files become ``{text_field: text}``."""
+
+    text_field: str = "text"
+
+    def __call__(self, path: str) -> Iterator[dict]:
+        kind, _ = input_format(path)
+        if kind == "text":
+            records: Iterable[Any] = ({self.text_field: text} for text in read_text(path))
+        elif kind == "parquet":
+            records = read_parquet(path)
+        else:
+            records = read_jsonl(path)
+        for number, record in enumerate(records, 1):
+            if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
+                raise CurationError(f"{path}, record {number}: expected an object with a string field {self.text_field!r}")
+            yield record
+
+
+# -- annotating and writing ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Annotate:
+    """Picklable ``map`` function: the annotator's verdict merged into the record.
+
+    A record an earlier step marked ``kept: false`` passes on untouched.
+    """
+
+    annotator: Callable[[dict], Verdict]
+    text_field: str = "text"
+
+    def __call__(self, record: dict) -> tuple[dict, tuple[str, ...], int]:
+        size_in = len(record[self.text_field].encode("utf-8"))
+        if record.get("kept") is False:
+            return record, (), size_in
+        verdict = self.annotator(record)
+        out = dict(record)
+        out.update(verdict.attributes)
+        out["kept"] = bool(verdict.kept)
+        out["reason"] = None if verdict.kept else verdict.reason or "unspecified"
+        out["score"] = verdict.score
+        return out, tuple(verdict.hits), size_in
+
+
+class _ShardWriter:
+    """One output file, written a record at a time, atomically (it appears only when complete)."""
+
+    def __init__(self, path: str, output_format: str):
+        self.path, self.format = path, output_format
+        self._context = atomic_open(path, "wb")
+        self._handle = self._context.__enter__()
+        if output_format == "jsonl":
+            import zstandard
+
+            self._stream = zstandard.ZstdCompressor().stream_writer(self._handle, closefd=False)
+            self._text = io.TextIOWrapper(self._stream, encoding="utf-8", newline="\n")
+        else:
+            self._batch: list[dict] = []
+            self._parquet = None
+
+    def write(self, record: dict) -> None:
+        if self.format == "jsonl":
+            self._text.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
+        else:
+            self._batch.append(record)
+            if len(self._batch) >= _PARQUET_BATCH_ROWS:
+                self._flush_parquet()
+
+    def _flush_parquet(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist(self._batch, schema=self._parquet.schema if self._parquet else None)
+        if self._parquet is None:
+            self._parquet = pq.ParquetWriter(self._handle, table.schema)
+        self._parquet.write_table(table)
+        self._batch = []
+
+    def close(self) -> None:
+        if self.format == "jsonl":
+            self._text.flush()
+            self._text.detach()
+            self._stream.close()
+        else:
+            if self._batch:
+                self._flush_parquet()
+            if self._parquet is None:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                pq.write_table(pa.table({}), self._handle)
+            else:
+                self._parquet.close()
+        self._context.__exit__(None, None, None)
+
+    def abort(self, error: BaseException) -> None:
+        self._context.__exit__(type(error), error, error.__traceback__)
+
+
+def shard_name(index: int, num_shards: int) -> str:
+    return f"part-{index:05d}-of-{num_shards:05d}"
+
+
+@dataclass(frozen=True)
+class CurationSink(Sink):
+    """Writes each shard's passed-on and removed documents, then its counts (the completion mark)."""
+
+    output_path: str
+    output_format: str
+    mode: str
+    text_field: str
+
+    def paths(self, index: int, num_shards: int) -> dict[str, str]:
+        name = shard_name(index, num_shards)
+        extension = _EXTENSIONS[self.output_format]
+        return {
+            "data": fsx.join(self.output_path, "data", name + extension),
+            "removed": fsx.join(self.output_path, "removed", name + extension),
+            "stats": fsx.join(self.output_path, "stats", name + ".json"),
+        }
+
+    def write_shard(self, shard_index, num_shards, items):
+        paths = self.paths(shard_index, num_shards)
+        stats = _empty_stats()
+        writers = {"data": _ShardWriter(paths["data"], self.output_format),
+                   "removed": _ShardWriter(paths["removed"], self.output_format)}
+        try:
+            for record, hits, size_in in items:
+                size = len(record[self.text_field].encode("utf-8"))
+                stats["documents_in"] += 1
+                stats["bytes_in"] += size_in
+                for hit in hits:
+                    stats["hits"][hit] = stats["hits"].get(hit, 0) + 1
+                if record.get("kept", True):
+                    stats["documents_out"] += 1
+                    stats["bytes_out"] += size
+                    writers["data"].write(record)
+                    continue
+                removed = self.mode == "remove"
+                bucket = stats["removed" if removed else "marked"].setdefault(record["reason"], {"documents": 0, "bytes": 0})
+                bucket["documents"] += 1
+                bucket["bytes"] += size_in
+                writers["removed" if removed else "data"].write(record)
+        except BaseException as error:
+            for writer in writers.values():
+                writer.abort(error)
+            raise
+        for writer in writers.values():
+            writer.close()
+        fsx.atomic_write(paths["stats"], json.dumps(stats, sort_keys=True))
+        return stats
+
+    def output_exists(self, shard_index, num_shards):
+        return fsx.exists(self.paths(shard_index, num_shards)["stats"])
+
+    def existing_output(self, shard_index, num_shards):
+        with fsx.open_url(self.paths(shard_index, num_shards)["stats"], "rb") as handle:
+            return json.loads(handle.read())
+
+    def describe(self) -> str:
+        return f"curate({self.output_path})"
+
+
+def _empty_stats() -> dict[str, Any]:
+    return {"documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0, "removed": {}, "marked": {}, "hits": {}}
+
+
+def _count(by_reason: Mapping[str, Mapping[str, int]]) -> int:
+    return sum(bucket["documents"] for bucket in by_reason.values())
+
+
+def merge_stats(shards: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    total = _empty_stats()
+    hits: Counter = Counter()
+    for stats in shards:
+        for key in ("documents_in", "bytes_in", "documents_out", "bytes_out"):
+            total[key] += stats[key]
+        for kind in ("removed", "marked"):
+            for reason, bucket in stats[kind].items():
+                into = total[kind].setdefault(reason, {"documents": 0, "bytes": 0})
+                into["documents"] += bucket["documents"]
+                into["bytes"] += bucket["bytes"]
+        hits.update(stats["hits"])
+    total["removed"] = dict(sorted(total["removed"].items()))
+    total["marked"] = dict(sorted(total["marked"].items()))
+    total["hits"] = dict(sorted(hits.items()))
+    return total
+
+
+def run_curation(
+    files: Sequence[str],
+    annotator: Callable[[dict], Verdict],
+    output_path: str,
+    *,
+    reader: Callable[[str], Iterable[dict]],
+    text_field: str = "text",
+    mode: Mode = "remove",
+    output_format: OutputFormat = "jsonl",
+    backend: Any = None,
+) -> CuratedDataset:
+    """Annotate every record of ``files`` (one shard per file) into ``output_path``; resumable."""
+    if mode not in ("remove", "mark"):
+        raise CurationError(f"mode must be 'remove' or 'mark', not {mode!r}")
+    if output_format not in _EXTENSIONS:
+        raise CurationError(f"output_format must be one of {sorted(_EXTENSIONS)}, not {output_format!r}")
+    if not files:
+        raise CurationError("a curation step needs at least one input file")
+    files = list(files)
+    dataset = Dataset.from_list(files, num_shards=len(files)).flat_map(reader).map(Annotate(annotator, text_field))
+    sink = CurationSink(output_path, output_format, mode, text_field)
+    result = execute(dataset, sink, backend="inline" if backend is None else backend, skip_existing=True)
+    # Readers refuse empty files, so the result lists only the shards that hold documents.
+    paths = [sink.paths(i, len(files)) for i in range(len(files))]
+    data = [p["data"] for p, stats in zip(paths, result.outputs) if stats["documents_out"] + _count(stats["marked"])]
+    removed = [p["removed"] for p, stats in zip(paths, result.outputs) if _count(stats["removed"])]
+    return CuratedDataset(
+        files=data,
+        removed_files=removed,
+        splits={"train": data},
+        format=output_format,
+        text_field=text_field,
+        mode=mode,
+        summary=merge_stats(result.outputs),
+    )
+
+
+def curation_step(
+    name: str,
+    kind: str,
+    source: Any,
+    config: Any,
+    make_annotator: Callable[[Any], Callable[[dict], Verdict]],
+    *,
+    text_field: str = "text",
+    mode: Mode = "remove",
+    output_format: OutputFormat = "jsonl",
+    extra_deps: Sequence[LazyStep] = (),
+    reader: Callable[[str], Iterable[dict]] | None = None,
+    accept: Callable[[str], bool] | None = None,
+    version: str | None = None,
+    backend: Any = None,
+) -> LazyStep:
+    """A lazy curation step: ``make_annotator(ctx)`` builds the annotator when the step runs.
+
+    The hash covers ``kind``, the step's ``config`` (a frozen dataclass), the input's identity,
+    ``text_field``, ``mode`` and ``output_format``; ``backend`` only chooses where shards run.
+    """
+    if mode not in ("remove", "mark"):
+        raise CurationError(f"mode must be 'remove' or 'mark', not {mode!r}")
+    if output_format not in _EXTENSIONS:
+        raise CurationError(f"output_format must be one of {sorted(_EXTENSIONS)}, not {output_format!r}")
+    resolved = resolve_input(source, accept=accept)
+
+    def run(ctx) -> CuratedDataset:
+        return run_curation(
+            resolved.files_at_run_time(ctx),
+            make_annotator(ctx),
+            ctx.output_path,
+            reader=reader or RecordReader(text_field),
+            text_field=text_field,
+            mode=mode,
+            output_format=output_format,
+            backend=backend,
+        )
+
+    return lazy_step(
+        name,
+        run,
+        deps=resolved.deps + tuple(extra_deps),
+        hash_attrs={
+            "curation": kind,
+            "config": config,
+            "input": resolved.identity,
+            "text_field": text_field,
+            "mode": mode,
+            "output_format": output_format,
+        },
+        version=version,
+    )
+
+
+def read_records(files: Sequence[str], text_field: str = "text") -> Iterator[dict]:
+    """Every record of ``files``, in order, in this process (for training sets and eval sets)."""
+    reader = RecordReader(text_field)
+    for path in files:
+        yield from reader(path)
+
+
+def read_curated(files: Sequence[str]) -> list[dict]:
+    """Every record of a curation step's output files (``result.files`` or ``result.removed_files``)."""
+    return [record for path in files for record in (read_parquet(path) if path.endswith(".parquet") else read_jsonl(path))]

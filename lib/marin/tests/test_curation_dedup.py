@@ -1,0 +1,164 @@
+"""Dedup steps against known answers on generated stories with planted exact and near duplicates."""
+
+import itertools
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+import zstandard
+from marin.curation.dedup.minhash import (
+    MinHashConfig,
+    batch_shingle_hashes,
+    candidate_probability,
+    lsh_params,
+    permutations,
+    signatures,
+)
+from marin.curation.dedup_steps import (
+    FuzzyDedupConfig,
+    exact_deduplicated,
+    fuzzy_deduplicated,
+)
+from marin.execution.artifact import load_artifact
+from marin.execution.step_runner import StepRunner
+from storygen import generate_stories
+
+NGRAM = 5
+
+
+def word_ngrams(text: str) -> set[str]:
+    words = re.findall(r"\w+", text.lower())
+    return {" ".join(words[i:i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
+
+
+def true_jaccard(a: str, b: str) -> float:
+    x, y = word_ngrams(a), word_ngrams(b)
+    return len(x & y) / len(x | y)
+
+
+def edit_words(text: str, fraction: float, rng: random.Random) -> str:
+    words = text.split()
+    for k in rng.sample(range(len(words)), max(1, round(len(words) * fraction))):
+        words[k] = rng.choice(["pebble", "lantern", "quietly", "meadow", "seven", "button"])
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """(folder, texts by id, planted exact pairs, planted near pairs) over three jsonl files."""
+    rng = random.Random(7)
+    texts = {f"doc-{i:04d}": t for i, t in enumerate(generate_stories(240, seed=11))}
+    originals = list(texts)
+    exact, near = [], []
+    for n, original in enumerate(rng.sample(originals, 20)):
+        copy = f"dup-{n:04d}"
+        texts[copy] = "  " + texts[original].upper() + " "  # equal after normalisation
+        exact.append((original, copy))
+    for n, original in enumerate(rng.sample(originals, 40)):
+        copy = f"near-{n:04d}"
+        texts[copy] = edit_words(texts[original], rng.uniform(0.005, 0.06), rng)
+        near.append((original, copy))
+    folder = tmp_path_factory.mktemp("corpus") / "docs"
+    folder.mkdir()
+    ids = sorted(texts, key=lambda _: rng.random())
+    for f in range(3):
+        with open(folder / f"shard-{f}.jsonl", "w") as handle:
+            handle.writelines(json.dumps({"id": doc_id, "text": texts[doc_id]}) + "\n" for doc_id in ids[f::3])
+    return folder, texts, exact, near
+
+
+def read_records(files) -> list[dict]:
+    out = []
+    for path in files:
+        with open(path, "rb") as handle:
+            data = zstandard.ZstdDecompressor().stream_reader(handle).read().decode()
+        out.extend(json.loads(line) for line in data.splitlines() if line)
+    return out
+
+
+def tree_bytes(folder: str) -> dict[str, bytes]:
+    root = Path(folder)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_signature_agreement_estimates_jaccard():
+    config = MinHashConfig(num_perm=256, ngram=NGRAM)
+    a, b = permutations(config)
+    rng = random.Random(0)
+    base = generate_stories(1, seed=5)[0]
+    texts = [base, edit_words(base, 0.03, rng), edit_words(base, 0.15, rng)]
+    sigs = signatures(batch_shingle_hashes(texts, config), a, b)
+    for i, j in [(0, 1), (0, 2)]:
+        assert abs((sigs[i] == sigs[j]).mean() - true_jaccard(texts[i], texts[j])) < 0.1
+    # Batching does not change a document's signature.
+    assert (signatures(batch_shingle_hashes(texts[1:2], config), a, b)[0] == sigs[1]).all()
+
+
+def test_lsh_params_put_the_s_curve_around_the_threshold():
+    bands, rows = lsh_params(0.7, 128)
+    assert bands * rows <= 128
+    assert candidate_probability(0.4, bands, rows) < 0.1
+    assert candidate_probability(0.9, bands, rows) > 0.9
+
+
+def test_exact_dedup_finds_every_planted_copy(corpus, tmp_path):
+    folder, texts, exact, _ = corpus
+    runner = StepRunner(prefix=str(tmp_path / "prefix"))
+    step = exact_deduplicated("dedup/exact", str(folder), backend="inline")
+    runner.run([step])
+    result = load_artifact(runner.output_path_for(step)).result
+    records = {r["id"]: r for r in read_records(result["files"])}
+    assert len(records) == len(texts)
+    removed = {i for i, r in records.items() if not r["kept"]}
+    assert removed == {copy for _, copy in exact}
+    for original, copy in exact:
+        assert records[copy]["reason"] == f"exact-duplicate-of:{original}"
+        assert records[original]["kept"] and records[original]["cluster"] == original
+    assert result["removed"] == {"exact-duplicate-of": len(exact)}
+    assert result["documents_out"] == len(texts) - len(exact)
+
+
+def test_minhash_recall_and_precision_on_planted_pairs(corpus, tmp_path):
+    folder, texts, exact, near = corpus
+    runner = StepRunner(prefix=str(tmp_path / "prefix"))
+    step = fuzzy_deduplicated("dedup/fuzzy", str(folder), config=FuzzyDedupConfig(threshold=0.7, ngram=NGRAM),
+                              backend="inline", num_shards=3)
+    runner.run([step])
+    result = load_artifact(runner.output_path_for(step)).result
+    records = {r["id"]: r for r in read_records(result["files"])}
+    cluster = {i: r["cluster"] for i, r in records.items()}
+    planted = [(a, b) for a, b in near + exact if true_jaccard(texts[a], texts[b]) >= 0.8]
+    assert len(planted) >= 30
+    recall = sum(cluster[a] == cluster[b] for a, b in planted) / len(planted)
+    assert recall >= 0.95, recall
+    members: dict[str, list[str]] = {}
+    for doc_id, label in cluster.items():
+        members.setdefault(label, []).append(doc_id)
+    merged = [(a, b) for group in members.values() for a, b in itertools.combinations(group, 2)]
+    assert min(true_jaccard(texts[a], texts[b]) for a, b in merged) >= 0.5
+    for doc_id, record in records.items():
+        if not record["kept"]:  # every removal names its cluster's kept document and the evidence
+            assert record["reason"] == f"near-duplicate-of:{record['cluster']}" and records[record["cluster"]]["kept"]
+            assert record["similarity"] >= 0.7 and cluster[record["similar_to"]] == record["cluster"]
+    assert result["documents_in"] == len(texts)
+    assert result["documents_out"] == len(members)
+
+
+def test_outputs_are_identical_across_backends_and_reruns_are_cached(corpus, tmp_path):
+    folder, *_ = corpus
+    outputs = []
+    for backend in ("inline", "processes"):
+        runner = StepRunner(prefix=str(tmp_path / backend))
+        exact = exact_deduplicated("dedup/exact", str(folder), backend=backend, num_shards=2)
+        fuzzy = fuzzy_deduplicated("dedup/fuzzy", exact, backend=backend, num_shards=2)
+        assert runner.run([fuzzy]).ran == ["dedup/exact", "dedup/fuzzy"]
+        outputs.append((tree_bytes(f"{runner.output_path_for(fuzzy)}/documents"),
+                        tree_bytes(f"{runner.output_path_for(exact)}/documents")))
+    assert outputs[0] == outputs[1]
+    # Rerunning is fully cached; a new threshold reruns only the fuzzy step, with the same bytes for the rest.
+    assert runner.run([fuzzy]).ran == []
+    looser = fuzzy_deduplicated("dedup/fuzzy", exact, config=FuzzyDedupConfig(threshold=0.6), backend="inline")
+    report = runner.run([looser])
+    assert report.ran == ["dedup/fuzzy"] and report.cached == ["dedup/exact"]
