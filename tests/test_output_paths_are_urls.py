@@ -105,6 +105,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("marin.execution.code_fingerprint", "_parse", "the Python source file a step function was loaded from"),
     Allowed("marin.execution.commands", "run_command", "the user's script on this machine, run with runpy"),
     Allowed("marin.execution.step_runner", "StepRunner._check_prefix", "returns early unless fsx.is_local(prefix): probes local prefixes only"),
+    Allowed("marin.curation.classifier", "load_scorer", "np.load reads a file object opened with fsx.open_url, not a path"),
     # levanter: local branches, staging folders, the hub cache.
     Allowed("levanter.compat.hf_format", "save_safetensors", "inside `if fsx.is_local(url)`: safetensors streams to disk"),
     Allowed("levanter.compat.hf_format", "load_safetensors", "inside `if fsx.is_local(file_path)`: memory-maps the file"),
