@@ -21,7 +21,7 @@ from marin.execution.catalog import StepListing, find_step_folders, list_steps
 from marin.execution.executor_files import CorruptRecordError
 from marin.execution.explain import identity_differences, identity_record_tree, identity_tree
 from marin.execution.identity import InvalidStepError
-from marin.execution.run_defaults import RunOverrides, launch
+from marin.execution.run_defaults import ConfigError, RunOverrides, launch
 from marin.execution.step_graph import StepGraphError
 from marin.execution.step_runner import (
     CodeChangedError,
@@ -61,6 +61,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="refuse to reuse cached outputs made by other code than the step functions now (see marin status)",
     )
+    run.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME.KEY=VALUE",
+        help="override one field of the script's settings NAME (read with script_config); repeatable",
+    )
+    run.add_argument(
+        "--config",
+        dest="config_files",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.yaml",
+        help="read the script's settings NAME from a YAML file, before any --set; repeatable",
+    )
     run.add_argument("script_args", nargs="*", help="arguments for the script; put them after -- if they start with a dash")
     run.set_defaults(handler=run_command)
 
@@ -89,6 +105,10 @@ def run_command(args: argparse.Namespace) -> int:
         print("marin run: --max-concurrent must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     script_args = [*(args.script_args or []), *getattr(args, "passthrough", [])]
+    settings, config_files, problem = _script_settings(args)
+    if problem:
+        print(f"marin run: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     prefix = discover_config(prefix=args.prefix).prefix if args.prefix else None
     saved_argv, saved_path, saved_prefix = sys.argv, list(sys.path), os.environ.get("MARIN_PREFIX")
     if prefix:
@@ -104,6 +124,8 @@ def run_command(args: argparse.Namespace) -> int:
         run_only=args.run_only,
         max_concurrent=args.max_concurrent,
         strict=args.strict,
+        settings=settings,
+        config_files=config_files,
     )
     try:
         with launch(overrides) as launched:
@@ -111,7 +133,7 @@ def run_command(args: argparse.Namespace) -> int:
     except StepRunFailed as exc:
         print(f"marin run: {exc}", file=sys.stderr)
         return EXIT_STEP_FAILED
-    except (OutputPathConflict, StepGraphError, InvalidStepError, RunOptionError, CodeChangedError) as exc:
+    except (OutputPathConflict, StepGraphError, InvalidStepError, RunOptionError, CodeChangedError, ConfigError) as exc:
         print(f"marin run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
@@ -122,7 +144,33 @@ def run_command(args: argparse.Namespace) -> int:
             os.environ["MARIN_PREFIX"] = saved_prefix
     if launched.runs_started == 0:
         logger.warning("%s never called StepRunner().run(...); nothing was run.", script)
+    unread = launched.unread_config_names()
+    if unread:
+        read = ", ".join(sorted(launched.configs_read)) or "none"
+        print(
+            f"marin run: settings were given for {', '.join(unread)}, which {script} never read "
+            f"(it asked script_config for: {read}); those settings were not used.",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return EXIT_OK
+
+
+def _script_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None]:
+    """``--set`` and ``--config`` as RunOverrides holds them, or a message saying which one is malformed."""
+    settings = tuple(getattr(args, "settings", None) or ())
+    for setting in settings:
+        key, sep, _ = setting.partition("=")
+        name, dot, field_name = key.partition(".")
+        if not (sep and dot and name.strip() and field_name.strip()):
+            return (), (), f"--set {setting!r} is not of the form NAME.KEY=VALUE (e.g. --set train.num_train_steps=100)"
+    files = []
+    for entry in getattr(args, "config_files", None) or ():
+        name, sep, path = entry.partition("=")
+        if not (sep and name.strip() and path.strip()):
+            return (), (), f"--config {entry!r} is not of the form NAME=FILE.yaml"
+        files.append((name.strip(), path.strip()))
+    return settings, tuple(files), None
 
 
 def status_command(args: argparse.Namespace) -> int:

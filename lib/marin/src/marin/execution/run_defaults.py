@@ -18,6 +18,10 @@ uses those instead. Nothing is process-global: under plain ``python`` there is n
 script's arguments apply, and a thread the script starts itself begins with an empty context, so
 runners it builds see no overrides unless it was started in a copy of the launch's context
 (``contextvars.copy_context().run``).
+
+The launch also carries the script's settings (``marin run --config NAME=FILE --set NAME.key=value``)
+to :func:`marin.experiment.config.script_config`, which records each NAME it was asked for, so the
+command can refuse settings for a NAME the script never read (a typo would otherwise run the default).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marin.errors import MarinError
 
@@ -38,6 +42,10 @@ class RunOptionError(MarinError, ValueError):
     """An option of ``run`` that cannot be used (bad ``run_only`` pattern, ``max_concurrent`` < 1)."""
 
 
+class ConfigError(MarinError, ValueError):
+    """A setting that cannot be applied to a config: unknown key, wrong type, unreadable file."""
+
+
 @dataclass(frozen=True)
 class RunOverrides:
     """Options imposed on every run of a launch; ``None`` means "not given"."""
@@ -48,14 +56,25 @@ class RunOverrides:
     run_only: str | None = None
     max_concurrent: int | None = None
     strict: bool | None = None
+    # The script's settings: ``NAME.key=value`` strings, and (NAME, YAML file) pairs.
+    settings: tuple[str, ...] = ()
+    config_files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
 class Launch:
-    """One ``marin run`` of a script: the overrides it imposes, and how many runs the script started."""
+    """One ``marin run`` of a script: the overrides it imposes, how many runs the script started and
+    which settings names it read."""
 
     overrides: RunOverrides
     runs_started: int = 0
+    configs_read: set[str] = field(default_factory=set)
+
+    def unread_config_names(self) -> list[str]:
+        """Names given settings on the command line that the script never asked for."""
+        given = {setting.partition(".")[0] for setting in self.overrides.settings}
+        given |= {name for name, _ in self.overrides.config_files}
+        return sorted(given - self.configs_read)
 
 
 _current_launch: contextvars.ContextVar[Launch | None] = contextvars.ContextVar("marin_launch", default=None)

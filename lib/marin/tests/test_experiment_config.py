@@ -1,0 +1,199 @@
+"""Settings from YAML files and `a.b=value` overrides, and `marin run --set/--config` reaching a script."""
+
+import dataclasses
+import enum
+import json
+import textwrap
+from typing import Literal
+
+import pytest
+
+from marin import cli
+from marin.experiment.config import ConfigError, apply_overrides, dump_config, load_config, script_config
+
+
+class Schedule(enum.Enum):
+    COSINE = "cosine"
+    LINEAR = "linear"
+
+
+@dataclasses.dataclass(frozen=True)
+class Optim:
+    learning_rate: float = 1e-3
+    schedule: Schedule = Schedule.COSINE
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    num_train_steps: int = 10
+    name: str = "tiny"
+    use_scan: bool = False
+    seed: int | None = None
+    tags: tuple[str, ...] = ()
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    optimizer: Optim = dataclasses.field(default_factory=Optim)
+    warm_start: Optim | None = None
+
+
+def test_overrides_set_nested_and_typed_fields_and_leave_the_original_alone():
+    base = Run()
+    new = apply_overrides(
+        base,
+        [
+            "num_train_steps=3",
+            "optimizer.learning_rate=1e-2",
+            "optimizer.schedule=linear",
+            "optimizer.betas=[0.8, 0.9]",
+            "use_scan=true",
+            "seed=7",
+            "tags=[a, b]",
+            "name=123",
+            "dtype=bfloat16",
+        ],
+    )
+    assert new == Run(
+        num_train_steps=3,
+        name="123",
+        use_scan=True,
+        seed=7,
+        tags=("a", "b"),
+        dtype="bfloat16",
+        optimizer=Optim(learning_rate=0.01, schedule=Schedule.LINEAR, betas=(0.8, 0.9)),
+    )
+    assert isinstance(new.optimizer.learning_rate, float) and isinstance(new.optimizer.betas, tuple)
+    assert base == Run()
+    assert apply_overrides(new, ["seed=null"]).seed is None
+    assert apply_overrides(base, ["warm_start={learning_rate: 0.5}"]).warm_start == Optim(learning_rate=0.5)
+    assert apply_overrides(base, ["optimizer.learning_rate=2"]).optimizer.learning_rate == 2.0
+
+
+def test_unknown_key_is_refused_with_the_closest_field_names():
+    with pytest.raises(ConfigError, match=r"optimizer\.learnin_rate.*Did you mean 'learning_rate'"):
+        apply_overrides(Run(), ["optimizer.learnin_rate=0.1"])
+    with pytest.raises(ConfigError, match=r"num_train_step.*Did you mean 'num_train_steps'"):
+        apply_overrides(Run(), ["num_train_step=3"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        apply_overrides(Run(), ["num_train_steps"])
+    with pytest.raises(ConfigError, match=r"warm_start\.learning_rate.*is None"):
+        apply_overrides(Run(), ["warm_start.learning_rate=0.1"])
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("num_train_steps=abc", r"'num_train_steps': expected int, got abc"),
+        ("num_train_steps=1.5", r"'num_train_steps': expected int"),
+        ("use_scan=maybe", r"'use_scan': expected bool"),
+        ("optimizer.schedule=step", r"'optimizer.schedule': expected Schedule"),
+        ("optimizer.betas=[0.9]", r"'optimizer.betas': expected tuple\[float, float\]"),
+        ("tags=[1, [2]]", r"'tags\[1\]': expected str"),
+        ("dtype=float16", r"'dtype': expected Literal"),
+    ],
+)
+def test_a_bad_value_names_the_field_and_its_type(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        apply_overrides(Run(), [override])
+
+
+def test_yaml_round_trip_and_unknown_keys_in_files(tmp_path):
+    config = apply_overrides(Run(), ["optimizer.schedule=linear", "tags=[x]", "seed=3", "warm_start={learning_rate: 1e-5}"])
+    path = tmp_path / "run.yaml"
+    path.write_text(dump_config(config))
+    assert "schedule: linear" in path.read_text()
+    assert load_config(Run, str(path)) == config
+
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("optimizer:\n  learning_rate: 0.5\n")
+    assert load_config(Run, str(partial)) == Run(optimizer=Optim(learning_rate=0.5))
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optimizer:\n  lr: 0.5\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: optimizer\.lr.*Optim has no field 'lr'"):
+        load_config(Run, str(bad))
+
+
+def test_script_config_under_plain_python_returns_the_defaults():
+    assert script_config(Run, "train") == Run()
+    assert script_config(Run, "train", Run(num_train_steps=4)) == Run(num_train_steps=4)
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import dataclasses, json, os
+    from marin.execution.step_spec import StepSpec
+    from marin.execution.step_runner import StepRunner
+    from marin.experiment.config import script_config
+
+    @dataclasses.dataclass(frozen=True)
+    class TrainSettings:
+        num_train_steps: int = 10
+        learning_rate: float = 1e-3
+        seed: int = 0
+
+    settings = script_config(TrainSettings, "train")
+    step = StepSpec("train/model", fn=lambda: None, hash_attrs={"train": settings})
+    report = StepRunner().run([step])
+    with open(os.environ["SETTINGS_LOG"], "a") as handle:
+        handle.write(json.dumps({"settings": dataclasses.asdict(settings), "hash": step.short_hash,
+                                 "ran": report.ran, "cached": report.cached}) + "\\n")
+    """
+)
+
+
+@pytest.fixture
+def settings_script(tmp_path, monkeypatch):
+    script = tmp_path / "train_script.py"
+    script.write_text(SCRIPT)
+    log = tmp_path / "settings.jsonl"
+    monkeypatch.setenv("SETTINGS_LOG", str(log))
+    monkeypatch.delenv("MARIN_PREFIX", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def runs():
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    return script, str(tmp_path / "prefix"), runs
+
+
+def test_marin_run_set_reaches_the_script_and_moves_only_the_changed_values(settings_script, capsys):
+    script, prefix, runs = settings_script
+    overrides = ["--set", "train.num_train_steps=3", "--set", "train.learning_rate=0.01"]
+    assert cli.main(["run", str(script), "--prefix", prefix]) == 0
+    assert cli.main(["run", str(script), "--prefix", prefix, *overrides]) == 0
+    assert cli.main(["run", str(script), "--prefix", prefix, *overrides]) == 0
+    default, changed, again = runs()
+    assert default["settings"] == {"num_train_steps": 10, "learning_rate": 0.001, "seed": 0}
+    assert changed["settings"] == {"num_train_steps": 3, "learning_rate": 0.01, "seed": 0}
+    assert changed["hash"] != default["hash"] and changed["ran"] == ["train/model"]
+    assert again["hash"] == changed["hash"] and again["ran"] == [] and again["cached"] == ["train/model"]
+
+    capsys.readouterr()
+    assert cli.main(["explain", "train/model", "train/model", "--prefix", prefix, "--json"]) == 0
+    differences = json.loads(capsys.readouterr().out)["differences"]
+    assert any("num_train_steps" in line and "10" in line and "3" in line for line in differences), differences
+    assert any("learning_rate" in line and "0.001" in line and "0.01" in line for line in differences), differences
+    assert not any("seed" in line for line in differences)
+
+
+def test_marin_run_config_file_then_set(settings_script, tmp_path):
+    script, prefix, runs = settings_script
+    (tmp_path / "train.yaml").write_text("num_train_steps: 5\nlearning_rate: 0.2\n")
+    args = ["run", str(script), "--prefix", prefix, "--config", "train=train.yaml", "--set", "train.learning_rate=0.3"]
+    assert cli.main(args) == 0
+    assert runs()[-1]["settings"] == {"num_train_steps": 5, "learning_rate": 0.3, "seed": 0}
+
+
+def test_marin_run_refuses_settings_the_script_never_read_or_cannot_apply(settings_script, capsys):
+    script, prefix, _ = settings_script
+    assert cli.main(["run", str(script), "--prefix", prefix, "--set", "trian.learning_rate=0.1"]) == 2
+    assert "settings were given for trian" in capsys.readouterr().err
+
+    assert cli.main(["run", str(script), "--prefix", prefix, "--set", "train.learning_rat=0.1"]) == 2
+    assert "Did you mean 'learning_rate'" in capsys.readouterr().err
+
+    assert cli.main(["run", str(script), "--prefix", prefix, "--set", "train.num_train_steps=many"]) == 2
+    assert "expected int" in capsys.readouterr().err
+
+    assert cli.main(["run", str(script), "--prefix", prefix, "--set", "learning_rate=0.1"]) == 2
+    assert "NAME.KEY=VALUE" in capsys.readouterr().err
