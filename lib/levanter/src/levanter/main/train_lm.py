@@ -39,7 +39,16 @@ import jax.numpy as jnp
 from rigging import filesystem as fsx
 
 from levanter.errors import LevanterError
-from levanter.lora import LoraConfig, LoraError, LoraLinear, apply_lora, export_peft_adapter, lora_trainable_filter, merge_lora
+from levanter.lora import (
+    LoraConfig,
+    LoraError,
+    LoraLinear,
+    apply_lora,
+    export_peft_adapter,
+    lora_trainable_filter,
+    merge_lora,
+    with_lora_dropout,
+)
 from levanter.optim import OptimizerConfig
 from levanter.trainer import EvalSources, Trainer, TrainerConfig, TrainState
 from levanter.trainer.checkpoint import CheckpointMismatchError, flatten_state, read_state_fields
@@ -105,8 +114,6 @@ class TrainLmConfig:
     dpo: DpoConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.lora is not None and self.lora.dropout > 0:
-            raise LoraError("LoRA dropout is not supported by train_lm yet; use LoraConfig(dropout=0.0).")
         if self.lora is not None and self.initialize_from is not None and self.initialize_from.load_optimizer_state:
             raise LoraError("A LoRA run trains new adapters, so it has no optimizer state to take from the initial "
                             "checkpoint; leave load_optimizer_state off.")
@@ -226,6 +233,8 @@ def train_lm(
         trainable=lora_trainable_filter if config.lora is not None else None,
         keep_reference=config.dpo is not None,
         objective=DpoObjective(beta=config.dpo.beta) if config.dpo is not None else None,
+        # LoRA dropout: the adapters drop their inputs with a key fresh each step, in training only.
+        train_model_transform=with_lora_dropout if config.lora is not None and config.lora.dropout > 0 else None,
     )
     initialize = None
     if config.initialize_from is not None:

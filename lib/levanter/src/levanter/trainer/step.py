@@ -207,6 +207,7 @@ def build_step_functions(
     fused_loss: bool | None = None,
     learning_rate_input: bool = False,
     objective: Objective | None = None,
+    train_model_transform: Callable[[Any, jax.Array], Any] | None = None,
 ) -> StepFunctions:
     """``static_model`` is the model's part that is neither trained nor frozen arrays
     (``eqx.partition``'s second half); the step builds the model from it, the state's ``params``
@@ -221,6 +222,10 @@ def build_step_functions(
     with ``z_loss_weight`` and ``fused_loss``. Whatever the objective precomputes from the batch
     (a reference model's log-probabilities, say) is computed once per batch, before the
     microbatch loop.
+
+    ``train_model_transform(model, key)``: applied to the model in the train step only (never in
+    evaluation), with a key fresh for every step and microbatch: LoRA dropout
+    (``levanter.lora.with_lora_dropout``). Without it the step is the same program as before.
 
     ``learning_rate_input``: the train step is ``train_step(state, batch, learning_rate)``, the
     rate of this step computed by the caller and handed to ``optimizer.update(...,
@@ -240,8 +245,11 @@ def build_step_functions(
             return eqx.combine(cast_floating(params, compute_dtype), static_model)
         return eqx.combine(cast_floating(params, compute_dtype), cast_floating(frozen_model, compute_dtype), static_model)
 
-    def objective_value(params, frozen, batch: DeviceBatch, context, normaliser):
-        return objective.loss(build_model(params, frozen), batch, context, normaliser, num_microbatches)
+    def objective_value(params, frozen, batch: DeviceBatch, context, normaliser, key=None):
+        model = build_model(params, frozen)
+        if train_model_transform is not None:
+            model = train_model_transform(model, key)
+        return objective.loss(model, batch, context, normaliser, num_microbatches)
 
     grad_fn = jax.grad(objective_value, has_aux=True)
 
@@ -249,23 +257,30 @@ def build_step_functions(
         normaliser = objective.normaliser(batch)
         # Once per batch, before the microbatch loop; the objective keeps it out of the gradient.
         context = objective.precompute(build_model, state.params, state.frozen, batch)
+        # The state's key advances as it always has; its second half feeds the model transform.
+        key, transform_key = jax.random.split(state.key)
         if num_microbatches == 1:
-            grads, sums = grad_fn(state.params, state.frozen, batch, context, normaliser)
+            extra = (transform_key,) if train_model_transform is not None else ()
+            grads, sums = grad_fn(state.params, state.frozen, batch, context, normaliser, *extra)
         else:
             micro = objective.split(batch, context, num_microbatches)
+            if train_model_transform is not None:
+                micro = (micro, jax.random.split(transform_key, num_microbatches))
 
             def accumulate(carry, mb):
                 grads_acc, sums_acc = carry
-                mb_batch, mb_context = mb
+                (mb_batch, mb_context), extra = (mb[0], (mb[1],)) if train_model_transform is not None else (mb, ())
                 if batch_sharding is not None:
                     mb_batch = jax.lax.with_sharding_constraint(mb_batch, jax.tree.map(lambda _: batch_sharding, mb_batch))
-                g, s = grad_fn(state.params, state.frozen, mb_batch, mb_context, normaliser)
+                g, s = grad_fn(state.params, state.frozen, mb_batch, mb_context, normaliser, *extra)
                 grads_acc = jax.tree.map(jnp.add, grads_acc, g)
                 return (grads_acc, tuple(a + b for a, b in zip(sums_acc, s))), None
 
             zeros = jax.tree.map(jnp.zeros_like, state.params)
-            first_batch, first_context = jax.tree.map(lambda x: x[0], micro)
-            sums_shape = jax.eval_shape(lambda: grad_fn(state.params, state.frozen, first_batch, first_context, normaliser)[1])
+            first = jax.tree.map(lambda x: x[0], micro)
+            (first_batch, first_context), first_extra = (first[0], (first[1],)) if train_model_transform is not None else (first, ())
+            sums_shape = jax.eval_shape(lambda: grad_fn(state.params, state.frozen, first_batch, first_context, normaliser,
+                                                        *first_extra)[1])
             init = (zeros, tuple(jnp.zeros(s.shape, s.dtype) for s in sums_shape))
             (grads, sums), _ = jax.lax.scan(accumulate, init, micro)
 
@@ -273,7 +288,6 @@ def build_step_functions(
         given_rate = {} if learning_rate is None else {"learning_rate": learning_rate}
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **given_rate)
         params = optax.apply_updates(state.params, updates)
-        key, _ = jax.random.split(state.key)
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key, frozen=state.frozen)
         metrics = dict(objective.metrics(sums, normaliser, num_microbatches))
         metrics["grad_norm"] = grad_norm

@@ -125,11 +125,13 @@ class Trainer:
         trainable: Callable[[Any], Any] | None = None,
         keep_reference: bool = False,
         objective: Objective | None = None,
+        train_model_transform: Callable[[Any, jax.Array], Any] | None = None,
     ):
         self.config = config
         self.trainable = trainable
         self.keep_reference = keep_reference
         self.objective = objective
+        self.train_model_transform = train_model_transform  # e.g. LoRA dropout: see build_step_functions
         self.optimizer_config = optimizer
         self.output_dir = fsx.absolute(output_dir)
         self.flops_per_token = flops_per_token
@@ -345,6 +347,7 @@ class Trainer:
             # length or schedule, so a rerun with other ones reuses it from the compilation cache.
             learning_rate_input=True,
             objective=self.objective,
+            train_model_transform=self.train_model_transform,
         )
         self._steps = steps
         self._static = static
