@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.cluster import DistributedClient, ResourceConfig, client_for
+from rigging.progress import terminal_bar
 
 from zephyr.plan import ShardResult, StageRunner, compile_plan
 from zephyr.sinks import Sink
@@ -46,10 +47,15 @@ class _Progress:
         self.done = 0
         self.items = 0
         self.started = time.perf_counter()
+        self.bar = terminal_bar(total, stage_label, unit="shard")  # on a terminal; else the log lines below
 
     def shard_finished(self, result: ShardResult) -> None:
         self.done += 1
         self.items += result.items
+        if self.bar is not None:
+            self.bar.set_postfix(items=self.items, refresh=False)
+            self.bar.update(1)
+            return
         elapsed = time.perf_counter() - self.started
         shard_rate = result.items / result.seconds if result.seconds > 0 else 0.0
         eta = elapsed / self.done * (self.total - self.done)
@@ -83,7 +89,11 @@ def _run_stage(client: DistributedClient, task: _ShardTask, shard_indices: list[
         counters.update(result.counters)
         progress.shard_finished(result)
 
-    return client.map(task, shard_indices, resources=resources, on_result=shard_finished)
+    try:
+        return client.map(task, shard_indices, resources=resources, on_result=shard_finished)
+    finally:
+        if progress.bar is not None:
+            progress.bar.close()
 
 
 def execute(

@@ -29,6 +29,7 @@ from levanter.eval.byte_counts import check_tokenizer_matches, document_byte_cou
 from levanter.eval.scoring_windows import ScoringWindows
 from levanter.models.loss import fused_next_token_loss, next_token_loss
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
+from rigging.progress import terminal_bar
 from zephyr.token_cache import TokenCache
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class LmEvaluator:
         nats, weight = 0.0, 0.0
         pending = None
         started = last_log = time.perf_counter()
+        bar = terminal_bar(total, f"eval {name or 'cache'}", unit="batch")  # on a terminal; else log lines
         for i, batch in enumerate(windows.batches(self.batch_size)):
             out = self._loss_sums(self._params, jnp.asarray(batch.tokens), jnp.asarray(batch.loss_mask), jnp.asarray(batch.segment_ids))
             # Fetch the previous batch's sums while this one runs, so the device always has work queued.
@@ -139,11 +141,15 @@ class LmEvaluator:
                 nats, weight = nats + _total(pending[0]), weight + _total(pending[1])
             pending = out
             now = time.perf_counter()
-            if now - last_log >= _PROGRESS_EVERY_SECONDS:
+            if bar is not None:
+                bar.update(1)
+            elif now - last_log >= _PROGRESS_EVERY_SECONDS:
                 last_log = now
                 rate = (i + 1) / (now - started)
                 logger.info("eval %s: batch %d/%d, %.0f tokens/s, ETA %.0fs", label, i + 1, total,
                             rate * self.batch_size * self.seq_len, (total - i - 1) / rate)
+        if bar is not None:
+            bar.close()
         if pending is not None:
             nats, weight = nats + _total(pending[0]), weight + _total(pending[1])
         if int(round(weight)) != windows.scored_tokens:

@@ -55,6 +55,7 @@ from levanter.trainer.stopping import (
 from levanter.trainer.throughput import ThroughputMeter, WindowThroughput
 from levanter.trainer.tracker import build_trackers
 from rigging import filesystem as fsx
+from rigging.progress import terminal_bar
 
 logger = logging.getLogger("levanter.trainer")
 
@@ -84,6 +85,12 @@ class TrainResult:
     metrics_path: str
     resumed_from: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _advance(bar: Any, info: StepInfo) -> None:
+    m = info.metrics
+    bar.set_postfix(loss=f"{m['loss']:.4f}", lr=f"{m['lr']:.3g}", refresh=False)
+    bar.update(1)  # the hook runs once for every step whose scalars are read
 
 
 def _format_duration(seconds: float) -> str:
@@ -441,7 +448,8 @@ class Trainer:
         meter = ThroughputMeter(
             time.monotonic(), num_devices=self.mesh.devices.size, peak_flops_per_device=self._peak_flops
         )
-        record = functools.partial(self._record, meter=meter, log_hooks=self._log_hooks(trackers, history, meter))
+        bar = terminal_bar(last_step - start_step, "training", unit="step")  # on a terminal; else console lines
+        record = functools.partial(self._record, meter=meter, log_hooks=self._log_hooks(trackers, history, meter, bar))
         eval_losses: dict[str, float] = {}
         save = self._checkpoint_hook(trackers)
         step_hooks = [save, *([self._eval_hook(eval_sources, trackers, history, eval_losses)] if eval_sources else [])]
@@ -486,6 +494,8 @@ class Trainer:
         finally:
             prefetch.close()
             self._profiler.stop()  # a window that reaches past the last step ends with the loop
+            if bar is not None:
+                bar.close()
         return state, line["loss"], eval_losses
 
     def _next_batch(self, prefetch: Prefetcher, index: int, start_step: int):
@@ -543,8 +553,9 @@ class Trainer:
 
     # -- hooks -----------------------------------------------------------------------------------
 
-    def _log_hooks(self, trackers, history: list[dict[str, Any]], meter: ThroughputMeter) -> list[Hook]:
-        """Run as each step's scalars are read, usually one step late."""
+    def _log_hooks(self, trackers, history: list[dict[str, Any]], meter: ThroughputMeter, bar: Any = None) -> list[Hook]:
+        """Run as each step's scalars are read, usually one step late. ``bar``: a terminal's progress
+        bar, which then takes the console lines' place."""
         log_every, last = self.config.log_every, AtLastStep.ALWAYS
         jsonl, *others = trackers.trackers
 
@@ -560,7 +571,8 @@ class Trainer:
             Hook("metrics.jsonl", lambda info: jsonl.log(info.step, info.metrics)),
             *([Hook("trackers", write_others, every=log_every, at_last=last)] if others else []),
             Hook("history", lambda info: history.append({"step": info.step, **info.metrics})),
-            Hook("console", lambda info: self._log_progress(info, meter.window()), every=log_every, at_last=last),
+            (Hook("console", lambda info: self._log_progress(info, meter.window()), every=log_every, at_last=last)
+             if bar is None else Hook("progress bar", lambda info: _advance(bar, info))),
             Hook("hooks", call_callers_hooks),  # the ``hooks`` given to the constructor
         ]
 
