@@ -131,6 +131,15 @@ def test_step_list_then_the_training_step_then_its_loss_chart(server, browser, t
     assert "checkpoints/tiny" in names and "tokenized/stories" in names
     _screenshot(browser, tmp_path, "steps")
 
+    # The page's own script: typing in the filter box hides the rows that do not match.
+    browser.find_element(By.ID, "filter").send_keys("tokenized")
+    _wait(browser, lambda driver: not any(row.is_displayed() for row in driver.find_elements(
+        By.CSS_SELECTOR, 'tr[data-name="checkpoints/tiny"]')))
+    assert browser.find_element(By.CSS_SELECTOR, 'tr[data-name="tokenized/stories"]').is_displayed()
+    browser.find_element(By.ID, "filter").clear()
+    browser.get(server + "/")
+    _wait(browser, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "tr[data-name]")))
+
     browser.find_element(By.LINK_TEXT, "checkpoints/tiny").click()
     _wait(browser, expected_conditions.presence_of_element_located((By.ID, "hash-attrs")))
     assert "num_train_steps" in browser.find_element(By.ID, "hash-attrs").text
