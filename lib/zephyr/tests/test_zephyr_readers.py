@@ -201,3 +201,15 @@ def test_field_reader_names_each_record_it_yields(tmp_path):
     (tmp_path / "c.txt").write_text("text")
     with pytest.raises(InputFileError, match="is a text file"):
         list(reader(str(tmp_path / "c.txt")))
+
+
+def test_documents_a_curation_step_marked_not_kept_are_skipped(tmp_path):
+    import json
+
+    from zephyr.readers import DocumentReader
+
+    path = tmp_path / "marked.jsonl"
+    records = [{"text": "first", "kept": True}, {"text": "duplicate", "kept": False, "reason": "exact-duplicate-of:a"},
+               {"text": "plain"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert list(DocumentReader()(str(path))) == ["first", "plain"]

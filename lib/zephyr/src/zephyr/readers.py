@@ -216,7 +216,9 @@ class DocumentReader:
 
     ``text_field``: the field of a jsonl record or Parquet column holding the text.
     ``separator``: for text files, split into documents on this string (e.g. ``"<|endoftext|>"``);
-    None reads each text file as one document.
+    None reads each text file as one document. A jsonl record with ``"kept": false`` is skipped:
+    curation steps that mark rather than remove (deduplication, ``mode="mark"``) pass such
+    documents on so every decision stays explainable, and they are not to be trained on.
     """
 
     text_field: str = "text"
@@ -243,7 +245,8 @@ class DocumentReader:
         for line_number, record in _read_jsonl_numbered(path, self.on_error):
             text = record.get(self.text_field) if isinstance(record, dict) else None
             if isinstance(text, str):
-                yield text
+                if record.get("kept", True) is not False:
+                    yield text
                 continue
             if not isinstance(record, dict):
                 problem = f"expected a JSON object, got {type(record).__name__}"

@@ -1,0 +1,52 @@
+"""The curation tutorial (experiments/tutorials/curate_tiny_corpus.py): its chain removes exactly what
+the raw corpus plants, the tokenize step reads only what was kept, a rerun is cached, and changing
+one threshold invalidates only that step and what depends on it. Training is left out here (the
+graph's last step); docs/data-curation.md quotes a full run."""
+
+from experiments.tiny_corpus import PLANTED, STORIES, documents, pages
+
+
+def test_the_raw_corpus_is_deterministic_and_plants_what_it_says():
+    docs = documents()
+    assert docs == documents() and len(pages()) == PLANTED["pages"]
+    kinds = {}
+    for doc in docs:
+        kind = doc["id"].split("-")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    assert kinds == {"story": STORIES, "copy": PLANTED["exact_copies"], "near": PLANTED["near_copies"],
+                     "lang": PLANTED["other_language"], "spam": PLANTED["spam"], "leak": PLANTED["leaks"]}
+
+
+def test_the_chain_removes_exactly_the_planted_documents_and_rechecks_only_what_changed(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
+    from marin.curation.dedup_steps import FuzzyDedupConfig, fuzzy_deduplicated
+    from marin.execution.artifact import load_artifact
+    from marin.execution.step_runner import StepRunner
+
+    from experiments.tutorials import curate_tiny_corpus as tutorial
+
+    runner = StepRunner(prefix=str(tmp_path / "prefix"))
+    report = runner.run([tutorial.curated_tokenized, tutorial.pages_tokenized])
+    assert not report.failed
+
+    def summary(handle):
+        return load_artifact(runner.output_path_for(handle)).result["summary"]
+
+    removed = lambda handle: {k: v["documents"] for k, v in summary(handle)["removed"].items()}  # noqa: E731
+    assert sum(removed(tutorial.english).values()) == PLANTED["other_language"]
+    assert removed(tutorial.quality) == {"c4_too_few_sentences": PLANTED["spam"]}
+    assert removed(tutorial.clean) == {"decontaminate": PLANTED["leaks"]}
+    fuzzy = load_artifact(runner.output_path_for(tutorial.distinct)).result
+    assert fuzzy["removed"] == {"exact-duplicate-of": PLANTED["exact_copies"], "near-duplicate-of": PLANTED["near_copies"]}
+    tokens = load_artifact(runner.output_path_for(tutorial.curated_tokenized)).result
+    assert tokens["splits"]["train"]["documents"] == STORIES  # the marked duplicates are not tokenized
+
+    assert runner.run([tutorial.curated_tokenized, tutorial.pages_tokenized]).ran == []  # fully cached
+    # A stricter near-duplicate threshold: only that step and the tokenize step after it are to run.
+    stricter = fuzzy_deduplicated("curated/fuzzy-dedup", tutorial.unique, config=FuzzyDedupConfig(threshold=0.9))
+    from marin.experiment.data import tokenized
+
+    retokenized = tokenized(name="tokenized/curated-stories", source=stricter, tokenizer=tutorial.marin_tokenizer)
+    to_run = [p.spec.name for p in runner.plan([retokenized]) if not p.cached]
+    assert to_run == ["curated/fuzzy-dedup", "tokenized/curated-stories"]
