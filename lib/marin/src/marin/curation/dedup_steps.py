@@ -1,4 +1,4 @@
-"""``exact_deduplicated(...)`` and ``fuzzy_deduplicated(...)``: dedup as lazy, cached steps.
+"""``exact_deduplicated(...)``, ``fuzzy_deduplicated(...)``, ``line_deduplicated(...)``: dedup as lazy, cached steps.
 
 A handle's identity covers what the output *is*: the input's identity (content digests of files, or
 the identity of the curation step that produced them), and the dedup config. ``backend`` and
@@ -7,20 +7,23 @@ neither enters the hash.
 
 Every input document is written out (``part-NNNNN.jsonl.zst``) with ``kept``, ``reason`` (None, or
 ``exact-duplicate-of:<id>`` / ``near-duplicate-of:<id>``) and ``cluster`` (the kept representative's
-id); the result (:class:`DedupResult`) counts documents and bytes in and out, by reason.
+id); the result (:class:`DedupResult`) counts documents and bytes in and out, by reason. Line dedup
+instead cuts boilerplate lines from the text (``lines_removed``, ``reason`` ``duplicate-lines:<n>``,
+or ``all-lines-duplicated`` with ``kept: false`` when nothing is left).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rigging.filesystem import filesystem
 from rigging.filesystem import join as join_url
 from zephyr.readers import expand_input_files
 
+from marin.curation.dedup.lines import AnnotateLines, line_decisions
 from marin.curation.dedup.minhash import (
     MinHashConfig,
     candidate_probability,
@@ -62,6 +65,25 @@ class FuzzyDedupConfig:
 
     def minhash(self) -> MinHashConfig:
         return MinHashConfig(num_perm=self.num_perm, ngram=self.ngram, shingle=self.shingle, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class LineDedupConfig:
+    """A stripped line of at least ``min_chars`` characters found in ``min_documents`` documents is boilerplate.
+
+    ``keep_first`` keeps it in the document with the smallest id and cuts it from the others; when
+    False it is cut from all of them.
+    """
+
+    min_documents: int = 2
+    min_chars: int = 20
+    keep_first: bool = True
+    text_field: str = "text"
+    id_field: str = "id"
+
+    def __post_init__(self):
+        if self.min_documents < 2:
+            raise ValueError(f"LineDedupConfig.min_documents must be at least 2, got {self.min_documents}")
 
 
 @dataclass(frozen=True)
@@ -127,6 +149,33 @@ def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = Fuz
     config_attrs = {**asdict(config), "bands": bands, "rows": rows}
     return lazy_step(name, run, deps=deps, version=version,
                      hash_attrs={"input": identity, "fuzzy": config_attrs, "format": DEDUP_STEP_VERSION})
+
+
+def line_deduplicated(name: str, source: Any, *, config: LineDedupConfig = LineDedupConfig(),
+                      num_shards: int | None = None, backend: Any = None, version: str | None = None) -> LazyStep:
+    """A lazy handle: ``source`` with lines repeated across ``config.min_documents`` documents cut from the text."""
+    identity, deps, files_at_run_time = _resolve_input(source)
+
+    def run(ctx) -> DedupResult:
+        sources = file_sources(files_at_run_time(ctx), config.text_field, config.id_field)
+        shards = num_shards or len(sources)
+        work = join_url(ctx.output_path, ".work")
+        output = join_url(ctx.output_path, "documents")
+        decisions = line_decisions(sources, config.min_documents, config.min_chars, config.keep_first, shards)
+        files, counters = run_pass(sources, decisions, join_url(work, "decisions"), output, backend, len(sources),
+                                   AnnotateLines(config.text_field, config.min_chars))
+        _clean(work)
+        result = _result(ctx.output_path, output, files, counters, {})
+        # Documents that lost some lines are still written out: they are not removed documents.
+        removed = {k: v for k, v in result.removed.items() if k != "duplicate-lines"}
+        removed_bytes = {k: v for k, v in result.removed_bytes.items() if k != "duplicate-lines"}
+        details = {"lines_removed": counters.get("lines/removed", 0),
+                   "boilerplate_lines": counters.get("lines/boilerplate", 0),
+                   "documents_with_lines_removed": result.removed.get("duplicate-lines", 0)}
+        return replace(result, removed=removed, removed_bytes=removed_bytes, details=details)
+
+    return lazy_step(name, run, deps=deps, version=version,
+                     hash_attrs={"input": identity, "lines": asdict(config), "format": DEDUP_STEP_VERSION})
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -82,10 +82,14 @@ def _write_items(dataset: Dataset, folder: str, backend: Any) -> tuple[list[str]
 
 
 def run_pass(sources: Sequence[FileDocs], decisions: Dataset, work: str, output: str, backend: Any,
-             num_shards: int) -> tuple[list[str], dict[str, int]]:
-    """Write ``decisions`` to ``work``, join them onto the documents and write ``output`` (jsonl.zst)."""
+             num_shards: int, annotate: Any = None) -> tuple[list[str], dict[str, int]]:
+    """Write ``decisions`` to ``work``, join them onto the documents and write ``output`` (jsonl.zst).
+
+    ``annotate`` is the per-file join reducer (see :func:`annotated_dataset`).
+    """
     decision_files, counters = _write_items(decisions.map(_decision_record), work, backend)
-    joined = annotated_dataset(sources, [JsonlItems(url, "decision") for url in decision_files], num_shards)
+    joined = annotated_dataset(sources, [JsonlItems(url, "decision") for url in decision_files], num_shards,
+                               annotate)
     result = joined.flat_map(_identity_list).write_jsonl(join_url(output, "part-{shard:05d}.jsonl.zst"),
                                                          backend=backend)
     return list(result.outputs), {**counters, **result.counters}

@@ -92,10 +92,14 @@ def considered(doc: Doc) -> bool:
     return doc.record.get("kept", True) is not False
 
 
-def annotated_dataset(sources: Sequence[FileDocs], decisions: Sequence[Any], num_decision_shards: int) -> Dataset:
-    """Input documents joined with decisions (callables yielding :class:`Decision`), grouped back per input file."""
+def annotated_dataset(sources: Sequence[FileDocs], decisions: Sequence[Any], num_decision_shards: int,
+                      annotate: Any = None) -> Dataset:
+    """Input documents joined with decisions (callables yielding :class:`Decision`), grouped back per input file.
+
+    ``annotate`` is the per-file reducer (default: merge each decision's attributes into its document).
+    """
     shards = list(sources) + list(decisions)
-    return Dataset.from_shards(shards).group_by(_file_of, _AnnotateFile(), num_shards=len(sources))
+    return Dataset.from_shards(shards).group_by(_file_of, annotate or _AnnotateFile(), num_shards=len(sources))
 
 
 def _file_of(item: Doc | Decision) -> int:
@@ -122,11 +126,12 @@ class _AnnotateFile:
                 record.update({"kept": True, "reason": None, "cluster": doc.id})
                 record.update(attributes)
             out.append(record)
-            _count_document(doc.text, record)
+            count_document(doc.text, record)
         return out
 
 
-def _count_document(original: str, record: Mapping[str, Any]) -> None:
+def count_document(original: str, record: Mapping[str, Any], written: str | None = None) -> None:
+    """Count a document in and (if kept) out; ``written`` is its text as written, when not ``record["text"]``."""
     size = len(original.encode("utf-8"))
     count("documents/in")
     count("bytes/in", size)
@@ -136,4 +141,5 @@ def _count_document(original: str, record: Mapping[str, Any]) -> None:
     count(f"bytes/{kind}", size)
     if record.get("kept", True) is not False:
         count("documents/out")
-        count("bytes/out", len(str(record.get("text", original)).encode("utf-8")))
+        text = written if written is not None else str(record.get("text", original))
+        count("bytes/out", len(text.encode("utf-8")))
