@@ -38,14 +38,12 @@ from levanter.tokenization import (
     resolve_chat_template,
 )
 from rigging import filesystem as fsx
-from zephyr.dataset import Dataset
 from zephyr.readers import FieldReader
 from zephyr.token_cache import TokenCache
 from zephyr.worker_context import count
 from zephyr.writers import write_token_cache
 
 from marin.processing.tokenize import (
-    FileGroup,
     MissingSplitError,
     RateMeter,
     TokenizedDataset,
@@ -54,7 +52,7 @@ from marin.processing.tokenize import (
     TokenizerChangedError,
     default_backend,
     describe_source,
-    plan_shards,
+    encoding_pipeline,
 )
 
 logger = logging.getLogger(__name__)
@@ -201,11 +199,8 @@ def _tokenize_split(
     cache_url: str,
     backend: Any,
 ) -> TokenizedSplit:
-    shards = plan_shards(files, config.num_shards, config.sample_count)
-    dataset = Dataset.from_shards([FileGroup(group) for group in shards]).flat_map(FieldReader(config.messages_field))
-    if config.sample_count is not None:
-        dataset = dataset.take_per_shard(config.sample_count)
-    dataset = dataset.map_shard(EncodeConversationShard(tokenizer, template))
+    dataset, shards = encoding_pipeline(files, config.num_shards, config.sample_count, FieldReader(config.messages_field),
+                                        EncodeConversationShard(tokenizer, template))
     metadata = {
         "split": split,
         "tokenizer": tokenizer.identity,

@@ -33,7 +33,6 @@ from levanter.tokenization import (
 )
 from levanter.tokenization.chat import ConversationFormatError
 from rigging import filesystem as fsx
-from zephyr.dataset import Dataset
 from zephyr.readers import input_format, read_jsonl, read_parquet
 from zephyr.token_cache import TokenCache
 from zephyr.worker_context import count
@@ -41,14 +40,13 @@ from zephyr.writers import write_token_cache
 
 from marin.processing.chat import describe_template
 from marin.processing.tokenize import (
-    FileGroup,
     MissingSplitError,
     TokenizedDataset,
     TokenizedSplit,
     TokenizeInputs,
     TokenizerChangedError,
     default_backend,
-    plan_shards,
+    encoding_pipeline,
 )
 
 logger = logging.getLogger(__name__)
@@ -162,11 +160,8 @@ def run_preference_tokenize(config: PreferenceTokenizeConfig, inputs: TokenizeIn
         if not files:
             raise MissingSplitError(f"split {split!r} has no input files (inputs have: {', '.join(inputs.split_files) or 'none'})")
         cache_url = fsx.join(output_path, split)
-        shards = plan_shards(files, config.num_shards, config.sample_count)
-        dataset = Dataset.from_shards([FileGroup(group) for group in shards]).flat_map(RecordReader())
-        if config.sample_count is not None:
-            dataset = dataset.take_per_shard(config.sample_count)
-        dataset = dataset.map_shard(EncodePairShard(tokenizer, chat_template, config.fields))
+        dataset, shards = encoding_pipeline(files, config.num_shards, config.sample_count, RecordReader(),
+                                            EncodePairShard(tokenizer, chat_template, config.fields))
         metadata = {
             "split": split,
             "tokenizer": tokenizer.identity,

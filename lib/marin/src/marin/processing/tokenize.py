@@ -253,11 +253,8 @@ def _tokenize_split(
     cache_url: str,
     backend: Any,
 ) -> TokenizedSplit:
-    shards = plan_shards(files, config.num_shards, config.sample_count)
-    dataset = Dataset.from_shards([FileGroup(group) for group in shards]).flat_map(DocumentReader(config.text_field))
-    if config.sample_count is not None:
-        dataset = dataset.take_per_shard(config.sample_count)
-    dataset = dataset.map_shard(EncodeShard(tokenizer, special))
+    dataset, shards = encoding_pipeline(files, config.num_shards, config.sample_count, DocumentReader(config.text_field),
+                                        EncodeShard(tokenizer, special))
     metadata = {
         "split": split,
         "tokenizer": tokenizer.identity,
@@ -288,6 +285,18 @@ def _tokenize_split(
         f"; {len(result.skipped_shards)} finished shards reused" if result.skipped_shards else "",
     )
     return TokenizedSplit(cache_path=cache_url, documents=documents, content_tokens=content, tokens=tokens)
+
+
+def encoding_pipeline(files: list[str], num_shards: int | None, sample_count: int | None, reader: Any,
+                      encoder: Any) -> tuple[Dataset, list[tuple[str, ...]]]:
+    """What every tokenize step writes: ``files`` in shards, each read with ``reader`` (a file to its
+    records), cut to ``sample_count`` records per shard, and encoded by ``encoder`` (records to token
+    ids, or ids and masks); with the shards, which choose the default backend."""
+    shards = plan_shards(files, num_shards, sample_count)
+    dataset = Dataset.from_shards([FileGroup(group) for group in shards]).flat_map(reader)
+    if sample_count is not None:
+        dataset = dataset.take_per_shard(sample_count)
+    return dataset.map_shard(encoder), shards
 
 
 def default_backend(shards: list[tuple[str, ...]]) -> str:
