@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from marin.curation.steps import Mode, OutputFormat, Verdict, curation_step
+from marin.curation.steps import FieldRule, Mode, OutputFormat, Verdict, curation_step
 from marin.execution.lazy import LazyStep
 
 _identifier = None
@@ -51,15 +51,6 @@ class LanguageFilter:
         return Verdict(True, None, confidence, attributes)
 
 
-@dataclass(frozen=True)
-class _LanguageAnnotator:
-    rule: LanguageFilter
-    text_field: str
-
-    def __call__(self, record: dict) -> Verdict:
-        return self.rule(record, self.text_field)
-
-
 def language_filtered(
     name: str,
     source: Any,
@@ -75,6 +66,6 @@ def language_filtered(
     """A lazy step writing ``language``/``language_score`` per document and keeping the wanted ones."""
     rule = LanguageFilter(tuple(sorted(languages)), float(threshold))
     return curation_step(
-        name, "language", source, rule, lambda ctx: _LanguageAnnotator(rule, text_field),
+        name, "language", source, rule, lambda ctx: FieldRule(rule, text_field),
         text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend,
     )

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from marin.curation.steps import Mode, OutputFormat, Verdict, curation_step
+from marin.curation.steps import FieldRule, Mode, OutputFormat, Verdict, curation_step
 from marin.execution.lazy import LazyStep
 
 _WORD = re.compile(r"\S+")
@@ -201,15 +201,6 @@ class QualityRules:
         return Verdict(not failed, failed[0] if failed else None, None, attributes)
 
 
-@dataclass(frozen=True)
-class _QualityAnnotator:
-    rules: QualityRules
-    text_field: str
-
-    def __call__(self, record: dict) -> Verdict:
-        return self.rules(record, self.text_field)
-
-
 def quality_filtered(
     name: str,
     source: Any,
@@ -226,6 +217,6 @@ def quality_filtered(
     """A lazy step applying the C4 and Gopher rules (either may be ``None``); reasons name the rule."""
     rules = QualityRules(gopher, c4, rewrite)
     return curation_step(
-        name, "quality_heuristics", source, rules, lambda ctx: _QualityAnnotator(rules, text_field),
+        name, "quality_heuristics", source, rules, lambda ctx: FieldRule(rules, text_field),
         text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend,
     )

@@ -64,6 +64,17 @@ class Verdict:
     hits: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class FieldRule:
+    """An annotator from a rule of ``(record, text_field) -> Verdict`` and the field it reads (picklable)."""
+
+    rule: Any
+    text_field: str
+
+    def __call__(self, record: dict) -> Verdict:
+        return self.rule(record, self.text_field)
+
+
 @register_result_type
 @dataclass(frozen=True)
 class CuratedDataset:

@@ -7,6 +7,8 @@ digest (or the identity of the step that trains it), and the tokenize settings. 
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -96,22 +98,7 @@ def tokenized(
     deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
 
     def run(ctx) -> TokenizedDataset:
-        tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
-        location = tokenizer_location if tokenizer_result is None else tokenizer_folder(tokenizer_result)
-        split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
-        # A hub dataset may lack a validation split; the loader then holds out a slice of train.
-        present = tuple(split for split in config.splits if split in split_files)
-        if "train" not in present:
-            raise MissingSplitError(f"source {resolved.description} has no train files (found: {sorted(split_files)})")
-        run_config = config if present == config.splits else TokenizeConfig(**{**_fields(config), "splits": present})
-        inputs = TokenizeInputs(
-            split_files,
-            location,
-            tokenizer_revision,
-            # What the steps that built the inputs recorded: the result carries it on to training.
-            builtin_source=resolved.builtin or any(says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
-            builtin_tokenizer=says_builtin(tokenizer_result),
-        )
+        inputs, run_config = inputs_at_run_time(ctx, resolved, config, tokenizer_dep, tokenizer_location, tokenizer_revision)
         return run_tokenize(run_config, inputs, ctx.output_path, backend=backend)
 
     return lazy_step(
@@ -123,6 +110,28 @@ def tokenized(
         resources=resources,
         output_path=output_path,
     )
+
+
+def inputs_at_run_time(ctx: Any, resolved: DatasetSource, config: Any, tokenizer_dep: LazyStep | None,
+                       tokenizer_location: str | None, tokenizer_revision: str | None) -> tuple[TokenizeInputs, Any]:
+    """What a tokenize step (plain, chat or preference) reads when it runs, and its ``config`` cut to
+    the splits the source has: a hub dataset may lack a validation split (the loader then holds out
+    a slice of train), but never train."""
+    tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
+    location = tokenizer_location if tokenizer_result is None else tokenizer_folder(tokenizer_result)
+    split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
+    present = tuple(split for split in config.splits if split in split_files)
+    if "train" not in present:
+        raise MissingSplitError(f"source {resolved.description} has no train files (found: {sorted(split_files)})")
+    inputs = TokenizeInputs(
+        split_files,
+        location,
+        tokenizer_revision,
+        # What the steps that built the inputs recorded: the result carries it on to training.
+        builtin_source=resolved.builtin or any(says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
+        builtin_tokenizer=says_builtin(tokenizer_result),
+    )
+    return inputs, (config if present == config.splits else dataclasses.replace(config, splits=present))
 
 
 def cache_sources(ctx: Any, datasets: Mapping[LazyStep, float]) -> list[CacheSource]:
@@ -144,10 +153,6 @@ def cache_source(name: str, result: TokenizedDataset, weight: float) -> CacheSou
         validation=validation.cache_path if validation is not None else None,
         weight=float(weight),
     )
-
-
-def _fields(config: TokenizeConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
 # -- sources ----------------------------------------------------------------------------------------

@@ -23,21 +23,13 @@ from marin.execution.lazy import LazyStep, lazy_step
 from marin.experiment.data import (
     resolve_dataset_source,
     resolve_tokenizer,
-    says_builtin,
-    tokenizer_folder,
+    inputs_at_run_time,
 )
-from marin.experiment.sft import _requested
+from marin.experiment.sft import template_request
 from marin.experiment.train import train_lm
 from marin.experiment.train_step import TrainConfigError
-from marin.processing.preference import (
-    PreferenceTokenizeConfig,
-    run_preference_tokenize,
-)
-from marin.processing.tokenize import (
-    MissingSplitError,
-    TokenizedDataset,
-    TokenizeInputs,
-)
+from marin.processing.preference import PreferenceTokenizeConfig, run_preference_tokenize
+from marin.processing.tokenize import TokenizedDataset
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +65,7 @@ def preference_dataset(
     if tokenizer_dep is None:
         template_identity: dict[str, Any] = resolve_chat_template(load_tokenizer(location, revision=revision), template).identity()
     else:
-        template_identity = {"requested": _requested(template)}
+        template_identity = {"requested": template_request(template)}
     config = PreferenceTokenizeConfig(
         source=resolved.identity,
         tokenizer=identity,
@@ -87,19 +79,7 @@ def preference_dataset(
     deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
 
     def run(ctx) -> TokenizedDataset:
-        tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
-        folder = location if tokenizer_result is None else tokenizer_folder(tokenizer_result)
-        split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
-        if "train" not in split_files:
-            raise MissingSplitError(f"source {resolved.description} has no train files (found: {sorted(split_files)})")
-        present = tuple(split for split in config.splits if split in split_files)
-        run_config = config if present == config.splits else PreferenceTokenizeConfig(
-            **{**{f: getattr(config, f) for f in config.__dataclass_fields__}, "splits": present})
-        inputs = TokenizeInputs(
-            split_files, folder, revision,
-            builtin_source=resolved.builtin or any(says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
-            builtin_tokenizer=says_builtin(tokenizer_result),
-        )
+        inputs, run_config = inputs_at_run_time(ctx, resolved, config, tokenizer_dep, location, revision)
         return run_preference_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
 
     return lazy_step(name, run, deps=deps, hash_attrs={_PREFERENCE_ATTRIBUTE: config, "format": PREFERENCE_STEP_VERSION},

@@ -22,13 +22,12 @@ from marin.execution.lazy import LazyStep, lazy_step
 from marin.experiment.data import (
     resolve_dataset_source,
     resolve_tokenizer,
-    says_builtin,
-    tokenizer_folder,
+    inputs_at_run_time,
 )
 from marin.experiment.train import train_lm
 from marin.experiment.train_step import TrainConfigError
 from marin.processing.chat import ChatTokenizeConfig, describe_template, run_chat_tokenize
-from marin.processing.tokenize import MissingSplitError, TokenizedDataset, TokenizeInputs
+from marin.processing.tokenize import TokenizedDataset
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def chat_dataset(
         template_identity: dict[str, Any] = chat_template.identity()
         template_note = describe_template(loaded, chat_template)
     else:
-        template_identity = {"requested": _requested(template)}
+        template_identity = {"requested": template_request(template)}
         template_note = f"chat template {template or 'of the tokenizer, else chatml'} (resolved when the tokenizer is built)"
     config = ChatTokenizeConfig(
         source=resolved.identity,
@@ -86,20 +85,7 @@ def chat_dataset(
     deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
 
     def run(ctx) -> TokenizedDataset:
-        tokenizer_result = None if tokenizer_dep is None else ctx.load_artifact(tokenizer_dep).result
-        folder = location if tokenizer_result is None else tokenizer_folder(tokenizer_result)
-        split_files = {split: tuple(files) for split, files in resolved.files_at_run_time(ctx).items() if files}
-        present = tuple(split for split in config.splits if split in split_files)
-        if "train" not in present:
-            raise MissingSplitError(f"source {resolved.description} has no train files (found: {sorted(split_files)})")
-        run_config = config if present == config.splits else _with_splits(config, present)
-        inputs = TokenizeInputs(
-            split_files,
-            folder,
-            revision,
-            builtin_source=resolved.builtin or any(says_builtin(ctx.load_artifact(dep).result) for dep in resolved.deps),
-            builtin_tokenizer=says_builtin(tokenizer_result),
-        )
+        inputs, run_config = inputs_at_run_time(ctx, resolved, config, tokenizer_dep, location, revision)
         return run_chat_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
 
     return lazy_step(
@@ -144,16 +130,11 @@ def sft(
     return train_lm(name, model=model, datasets=datasets, num_samples=num_samples, **train_options)
 
 
-def _requested(template: str | None) -> str | None:
+def template_request(template: str | None) -> str | None:
     """A template request as hashed: a name as given, a Jinja text by its digest."""
     if template is None or ("{{" not in template and "{%" not in template):
         return template
     return "sha256:" + hashlib.sha256(template.encode("utf-8")).hexdigest()
-
-
-def _with_splits(config: ChatTokenizeConfig, splits: tuple[str, ...]) -> ChatTokenizeConfig:
-    fields = {name: getattr(config, name) for name in config.__dataclass_fields__}
-    return ChatTokenizeConfig(**{**fields, "splits": splits})
 
 
 __all__ = ["CHAT_STEP_VERSION", "chat_dataset", "is_chat_dataset", "sft"]
