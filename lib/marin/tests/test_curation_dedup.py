@@ -6,12 +6,15 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zstandard
 from marin.curation.dedup.minhash import (
     MinHashConfig,
+    WordShingleHasher,
     batch_shingle_hashes,
     candidate_probability,
+    fold32,
     lsh_params,
     permutations,
     signatures,
@@ -94,6 +97,23 @@ def test_signature_agreement_estimates_jaccard():
         assert abs((sigs[i] == sigs[j]).mean() - true_jaccard(texts[i], texts[j])) < 0.1
     # Batching does not change a document's signature.
     assert (signatures(batch_shingle_hashes(texts[1:2], config), a, b)[0] == sigs[1]).all()
+
+
+def test_signatures_equal_datasketch_given_the_same_shingle_hashes_and_coefficients():
+    """Our vectorised batch against datasketch's own MinHash (its affine32 family), one document at a time."""
+    from datasketch import MinHash
+
+    config = MinHashConfig(num_perm=64, ngram=NGRAM, seed=3)
+    a, b = permutations(config)
+    assert (a % 2 == 1).all()  # odd multipliers: each function is a bijection of 32-bit values
+    texts = generate_stories(12, seed=2) + ["one two", "x"]  # short texts are a single shingle
+    hashes = WordShingleHasher(NGRAM, config.seed)(texts)
+    ours = signatures(hashes, a, b)
+    for doc_hashes, signature in zip(hashes, ours):
+        reference = MinHash(num_perm=config.num_perm, scheme="affine32", permutations=(a, b),
+                            hashfunc=lambda value: int(fold32(np.uint64(value))))
+        reference.update_batch([int(v) for v in doc_hashes])
+        assert reference.hashvalues.tolist() == signature.tolist()
 
 
 def test_lsh_params_put_the_s_curve_around_the_threshold():

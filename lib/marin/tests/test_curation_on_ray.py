@@ -20,7 +20,12 @@ from fray.cluster import ship_by_value  # noqa: E402
 from fray.cluster.ray_client import RayClient  # noqa: E402
 from marin.curation.classifier import classifier_filtered, quality_classifier  # noqa: E402
 from marin.curation.decontaminate import decontaminated  # noqa: E402
-from marin.curation.dedup_steps import exact_deduplicated, fuzzy_deduplicated  # noqa: E402
+from marin.curation.dedup_steps import (  # noqa: E402
+    LineDedupConfig,
+    exact_deduplicated,
+    fuzzy_deduplicated,
+    line_deduplicated,
+)
 from marin.curation.extract import extracted  # noqa: E402
 from marin.curation.language import language_filtered  # noqa: E402
 from marin.curation.quality import quality_filtered  # noqa: E402
@@ -76,7 +81,9 @@ def _chain(inputs: dict[str, str], backend):
     unleaked = decontaminated("curated/decontaminated", scored, inputs["eval"], backend=backend)
     unique = exact_deduplicated("curated/exact", unleaked, backend=backend)
     near = fuzzy_deduplicated("curated/fuzzy", unique, backend=backend)
-    return [pages, near]
+    # min_chars=10 so that the pages' repeated navigation and footer lines count as boilerplate.
+    lines = line_deduplicated("curated/lines", pages, config=LineDedupConfig(min_chars=10), backend=backend)
+    return [lines, near]
 
 
 def _data_files(prefix: Path) -> dict[str, bytes]:
@@ -95,6 +102,6 @@ def test_every_curation_step_writes_the_same_bytes_on_ray_as_inline(tmp_path, ra
         written[label] = _data_files(prefix)
     assert len(written["inline"]) >= 8
     steps = {name.split("/")[1].rsplit("-", 1)[0] for name in written["inline"]}
-    assert steps >= {"pages", "english", "quality", "scored", "decontaminated", "exact", "fuzzy"}
+    assert steps >= {"pages", "english", "quality", "scored", "decontaminated", "exact", "fuzzy", "lines"}
     different = sorted(k for k in written["inline"] if written["inline"][k] != written["ray"].get(k))
     assert set(written["inline"]) == set(written["ray"]) and different == []

@@ -213,3 +213,13 @@ def test_documents_a_curation_step_marked_not_kept_are_skipped(tmp_path):
                {"text": "plain"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert list(DocumentReader()(str(path))) == ["first", "plain"]
+    # The same in Parquet (a null "kept" counts as kept), and a file without the column reads every row.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    marked = tmp_path / "marked.parquet"
+    pq.write_table(pa.Table.from_pylist(records), marked)
+    assert list(DocumentReader()(str(marked))) == ["first", "plain"]
+    unmarked = tmp_path / "unmarked.parquet"
+    pq.write_table(pa.Table.from_pylist([{"text": "a"}, {"text": "b"}]), unmarked)
+    assert list(DocumentReader()(str(unmarked))) == ["a", "b"]

@@ -183,8 +183,12 @@ def read_text(path: str, *, separator: str | None = None, on_error: OnError = "r
             yield piece
 
 
-def read_parquet(path: str, *, columns: Sequence[str] | None = None, on_error: OnError = "raise") -> Iterator[dict]:
-    """Rows of a Parquet file as dicts, read one row group batch at a time."""
+def read_parquet(path: str, *, columns: Sequence[str] | None = None, optional_columns: Sequence[str] = (),
+                 on_error: OnError = "raise") -> Iterator[dict]:
+    """Rows of a Parquet file as dicts, read one row group batch at a time.
+
+    ``columns``: read only these (each must exist); ``optional_columns`` are read too where the file has them.
+    """
     _check_on_error(on_error)
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -206,6 +210,7 @@ def read_parquet(path: str, *, columns: Sequence[str] | None = None, on_error: O
             if missing:
                 # A missing column is missing in every row: skipping would silently drop the whole file.
                 raise InputFileError(path, f"has no column {missing[0]!r} (columns: {', '.join(parquet.schema_arrow.names)})")
+            columns = [*columns, *(c for c in optional_columns if c in parquet.schema_arrow.names and c not in columns)]
         for batch in parquet.iter_batches(columns=list(columns) if columns is not None else None):
             yield from batch.to_pylist()
 
@@ -216,7 +221,7 @@ class DocumentReader:
 
     ``text_field``: the field of a jsonl record or Parquet column holding the text.
     ``separator``: for text files, split into documents on this string (e.g. ``"<|endoftext|>"``);
-    None reads each text file as one document. A jsonl record with ``"kept": false`` is skipped:
+    None reads each text file as one document. A jsonl record or Parquet row with ``"kept": false`` is skipped:
     curation steps that mark rather than remove (deduplication, ``mode="mark"``) pass such
     documents on so every decision stays explainable, and they are not to be trained on.
     """
@@ -231,10 +236,11 @@ class DocumentReader:
         if kind == "text":
             yield from read_text(path, separator=self.separator, on_error=self.on_error)
         elif kind == "parquet":
-            for row in read_parquet(path, columns=[self.text_field], on_error=self.on_error):
+            for row in read_parquet(path, columns=[self.text_field], optional_columns=["kept"], on_error=self.on_error):
                 text = row[self.text_field]
                 if isinstance(text, str):
-                    yield text
+                    if row.get("kept", True) is not False:
+                        yield text
                 else:
                     _problem(path, f"field {self.text_field!r} is {type(text).__name__}, not text", "missing_field",
                              self.on_error)

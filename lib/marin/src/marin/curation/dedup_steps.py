@@ -25,6 +25,7 @@ from zephyr.readers import expand_input_files
 
 from marin.curation.dedup.lines import AnnotateLines, line_decisions
 from marin.curation.dedup.minhash import (
+    SIGNATURE_SCHEME,
     MinHashConfig,
     candidate_probability,
     lsh_params,
@@ -33,6 +34,7 @@ from marin.curation.dedup.passes import exact_decisions, fuzzy_decisions, run_pa
 from marin.curation.dedup.records import file_sources
 from marin.datasets.sources import resolve_source
 from marin.execution.lazy import LazyStep, lazy_step
+from marin.execution.shard_backend import default_backend
 
 DEDUP_STEP_VERSION = "1"
 
@@ -106,20 +108,37 @@ class DedupResult:
                 f"({self.bytes_in} -> {self.bytes_out} bytes); removed: {reasons}")
 
 
+@dataclass(frozen=True)
+class _PassSetup:
+    """What every dedup step's run starts from: its input files, shard count, folders and backend."""
+
+    sources: list
+    shards: int
+    work: str
+    output: str
+    backend: Any
+
+    @classmethod
+    def of(cls, ctx: Any, files_at_run_time: Any, config: Any, num_shards: int | None, backend: Any) -> _PassSetup:
+        files = files_at_run_time(ctx)
+        sources = file_sources(files, config.text_field, config.id_field)
+        shards = num_shards or len(sources)
+        if backend is None:
+            backend = default_backend(max(shards, len(sources)), files, "dedup shards")
+        return cls(sources, shards, join_url(ctx.output_path, ".work"), join_url(ctx.output_path, "documents"), backend)
+
+
 def exact_deduplicated(name: str, source: Any, *, config: ExactDedupConfig = ExactDedupConfig(),
                        num_shards: int | None = None, backend: Any = None, version: str | None = None) -> LazyStep:
     """A lazy handle: ``source`` with documents whose normalised text repeats marked removed (smallest id kept)."""
     identity, deps, files_at_run_time = _resolve_input(source)
 
     def run(ctx) -> DedupResult:
-        sources = file_sources(files_at_run_time(ctx), config.text_field, config.id_field)
-        shards = num_shards or len(sources)
-        work = join_url(ctx.output_path, ".work")
-        output = join_url(ctx.output_path, "documents")
-        files, counters = run_pass(sources, exact_decisions(sources, shards), join_url(work, "decisions"),
-                                   output, backend, len(sources))
-        _clean(work)
-        return _result(ctx.output_path, output, files, counters, {})
+        at = _PassSetup.of(ctx, files_at_run_time, config, num_shards, backend)
+        files, counters = run_pass(at.sources, exact_decisions(at.sources, at.shards), join_url(at.work, "decisions"),
+                                   at.output, at.backend, len(at.sources))
+        _clean(at.work)
+        return _result(ctx.output_path, at.output, files, counters, {})
 
     return lazy_step(name, run, deps=deps, version=version,
                      hash_attrs={"input": identity, "exact": asdict(config), "format": DEDUP_STEP_VERSION})
@@ -132,21 +151,19 @@ def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = Fuz
     bands, rows = config.lsh()
 
     def run(ctx) -> DedupResult:
-        sources = file_sources(files_at_run_time(ctx), config.text_field, config.id_field)
-        shards = num_shards or len(sources)
-        work = join_url(ctx.output_path, ".work")
-        decisions, counters = fuzzy_decisions(sources, config.minhash(), bands, rows, config.threshold, work,
-                                              backend, shards)
-        output = join_url(ctx.output_path, "documents")
-        files, written = run_pass(sources, decisions, join_url(work, "decisions"), output, backend, len(sources))
-        _clean(work)
+        at = _PassSetup.of(ctx, files_at_run_time, config, num_shards, backend)
+        decisions, counters = fuzzy_decisions(at.sources, config.minhash(), bands, rows, config.threshold, at.work,
+                                              at.backend, at.shards)
+        files, written = run_pass(at.sources, decisions, join_url(at.work, "decisions"), at.output, at.backend,
+                                  len(at.sources))
+        _clean(at.work)
         curve = {f"{s:.1f}": round(float(candidate_probability(s, bands, rows)), 4) for s in (0.5, 0.6, 0.7, 0.8, 0.9)}
         details = {"bands": bands, "rows": rows, "candidate_probability": curve,
                    "rounds": counters.get("components/rounds"),
                    "candidate_buckets": counters.get("fuzzy/candidate_buckets", 0)}
-        return _result(ctx.output_path, output, files, written, details)
+        return _result(ctx.output_path, at.output, files, written, details)
 
-    config_attrs = {**asdict(config), "bands": bands, "rows": rows}
+    config_attrs = {**asdict(config), "bands": bands, "rows": rows, "signature": SIGNATURE_SCHEME}
     return lazy_step(name, run, deps=deps, version=version,
                      hash_attrs={"input": identity, "fuzzy": config_attrs, "format": DEDUP_STEP_VERSION})
 
@@ -157,15 +174,12 @@ def line_deduplicated(name: str, source: Any, *, config: LineDedupConfig = LineD
     identity, deps, files_at_run_time = _resolve_input(source)
 
     def run(ctx) -> DedupResult:
-        sources = file_sources(files_at_run_time(ctx), config.text_field, config.id_field)
-        shards = num_shards or len(sources)
-        work = join_url(ctx.output_path, ".work")
-        output = join_url(ctx.output_path, "documents")
-        decisions = line_decisions(sources, config.min_documents, config.min_chars, config.keep_first, shards)
-        files, counters = run_pass(sources, decisions, join_url(work, "decisions"), output, backend, len(sources),
-                                   AnnotateLines(config.text_field, config.min_chars))
-        _clean(work)
-        result = _result(ctx.output_path, output, files, counters, {})
+        at = _PassSetup.of(ctx, files_at_run_time, config, num_shards, backend)
+        decisions = line_decisions(at.sources, config.min_documents, config.min_chars, config.keep_first, at.shards)
+        files, counters = run_pass(at.sources, decisions, join_url(at.work, "decisions"), at.output, at.backend,
+                                   len(at.sources), AnnotateLines(config.text_field, config.min_chars))
+        _clean(at.work)
+        result = _result(ctx.output_path, at.output, files, counters, {})
         # Documents that lost some lines are still written out: they are not removed documents.
         removed = {k: v for k, v in result.removed.items() if k != "duplicate-lines"}
         removed_bytes = {k: v for k, v in result.removed_bytes.items() if k != "duplicate-lines"}

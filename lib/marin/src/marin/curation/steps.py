@@ -36,6 +36,7 @@ from marin.datasets.sources import _file_identity
 from marin.errors import MarinError
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
+from marin.execution.shard_backend import default_backend
 
 Mode = Literal["remove", "mark"]
 OutputFormat = Literal["jsonl", "parquet"]
@@ -365,7 +366,9 @@ def run_curation(
     files = list(files)
     dataset = Dataset.from_list(files, num_shards=len(files)).flat_map(reader).map(Annotate(annotator, text_field))
     sink = CurationSink(output_path, output_format, mode, text_field)
-    result = execute(dataset, sink, backend="inline" if backend is None else backend, skip_existing=True)
+    if backend is None:
+        backend = default_backend(len(files), files, "curation shards")
+    result = execute(dataset, sink, backend=backend, skip_existing=True)
     # Readers refuse empty files, so the result lists only the shards that hold documents.
     paths = [sink.paths(i, len(files)) for i in range(len(files))]
     data = [p["data"] for p, stats in zip(paths, result.outputs) if stats["documents_out"] + _count(stats["marked"])]

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from levanter.tokenization import (
     ChatRenderer,
     ChatTemplate,
@@ -50,9 +49,9 @@ from marin.processing.tokenize import (
     TokenizedSplit,
     TokenizeInputs,
     TokenizerChangedError,
-    default_backend,
     describe_source,
     encoding_pipeline,
+    shard_files_backend,
 )
 
 logger = logging.getLogger(__name__)
@@ -220,7 +219,7 @@ def _tokenize_split(
         metadata=metadata,
         loss_mask=True,
         skip_existing=True,
-        backend=backend if backend is not None else default_backend(shards),
+        backend=backend if backend is not None else shard_files_backend(shards),
     )
     elapsed = max(time.perf_counter() - started, 1e-9)
     cache = TokenCache.open(cache_url)

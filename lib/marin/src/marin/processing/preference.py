@@ -45,8 +45,8 @@ from marin.processing.tokenize import (
     TokenizedSplit,
     TokenizeInputs,
     TokenizerChangedError,
-    default_backend,
     encoding_pipeline,
+    shard_files_backend,
 )
 
 logger = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def run_preference_tokenize(config: PreferenceTokenizeConfig, inputs: TokenizeIn
             "eos_id": None,
         }
         write_token_cache(dataset, cache_url, vocab_size=tokenizer.vocab_size, metadata=metadata, loss_mask=True,
-                          skip_existing=True, backend=backend if backend is not None else default_backend(shards))
+                          skip_existing=True, backend=backend if backend is not None else shard_files_backend(shards))
         cache = TokenCache.open(cache_url)
         logger.info("preference tokenize %s: %d pairs, %d tokens -> %s", split, cache.num_documents // 2, cache.num_tokens, cache_url)
         splits[split] = TokenizedSplit(cache_path=cache_url, documents=cache.num_documents, content_tokens=cache.num_tokens,

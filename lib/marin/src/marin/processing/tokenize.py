@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from fray.cluster.main_guard import unguarded_top_level_line
-from levanter.tokenization import HfTokenizer, SpecialTokenPolicy, encode_documents, load_tokenizer
+from levanter.tokenization import (
+    HfTokenizer,
+    SpecialTokenPolicy,
+    encode_documents,
+    load_tokenizer,
+)
 from rigging import filesystem as fsx
 from zephyr.dataset import Dataset
 from zephyr.readers import DocumentReader
@@ -37,12 +40,11 @@ from zephyr.worker_context import count
 from zephyr.writers import write_token_cache
 
 from marin.errors import MarinError
+from marin.execution.shard_backend import default_backend
 
 logger = logging.getLogger(__name__)
 
 MAX_DEFAULT_SHARDS = 256
-# Below this much input, starting worker processes costs more than it saves.
-PROCESS_POOL_MIN_BYTES = 64 << 20
 # Documents are handed to the tokenizer in batches of about this many characters: large enough for
 # encode_batch to keep every core busy, small enough to bound memory per worker.
 ENCODE_BATCH_CHARS = 2_000_000
@@ -209,7 +211,7 @@ def run_tokenize(
 
     ``backend``: where shards run: ``"inline"``, ``"threads"``, ``"processes"``, ``"ray"`` or a fray
     client (see :func:`fray.cluster.client_for`). By default the local process pool, one shard per
-    worker, when a split has several shards and at least ``PROCESS_POOL_MIN_BYTES`` of input; else
+    worker, when a split has several shards and at least ``marin.execution.shard_backend.PROCESS_POOL_MIN_BYTES`` of input; else
     in-process, where encode_batch still uses every core and no worker start-up is paid.
     """
     tokenizer = load_tokenizer(inputs.tokenizer, revision=inputs.tokenizer_revision)
@@ -266,7 +268,7 @@ def _tokenize_split(
         "bos_id": special.bos_id,
         "eos_id": special.eos_id,
     }
-    chosen_backend = backend if backend is not None else default_backend(shards)
+    chosen_backend = backend if backend is not None else shard_files_backend(shards)
     started = time.perf_counter()
     result = write_token_cache(
         dataset, cache_url, vocab_size=tokenizer.vocab_size, metadata=metadata, skip_existing=True, backend=chosen_backend
@@ -299,29 +301,9 @@ def encoding_pipeline(files: list[str], num_shards: int | None, sample_count: in
     return dataset.map_shard(encoder), shards
 
 
-def default_backend(shards: list[tuple[str, ...]]) -> str:
-    if len(shards) < 2:
-        return "inline"
-    total = 0
-    for group in shards:
-        for url in group:
-            fs, path = fsx.filesystem(url)
-            total += int(fs.size(path) or 0)
-    if total < PROCESS_POOL_MIN_BYTES:
-        return "inline"
-    unguarded = unguarded_top_level_line()
-    if unguarded is not None:
-        # Worker processes would re-run the script (and this run): tokenize here instead, and say
-        # how to get the parallel version.
-        script, line = unguarded
-        logger.warning(
-            "Tokenizing %d shards in this process: %s, line %d runs outside 'if __name__ == \"__main__\":', so "
-            "worker processes cannot be started (each would run the script again). Add that guard to tokenize "
-            "with one process per core.",
-            len(shards), script, line,
-        )
-        return "inline"
-    return "processes"
+def shard_files_backend(shards: list[tuple[str, ...]]) -> str:
+    """The default backend for these shards (see :mod:`marin.execution.shard_backend`)."""
+    return default_backend(len(shards), (url for group in shards for url in group), "tokenize shards")
 
 
 def describe_source(source: Mapping[str, Any]) -> str:

@@ -25,8 +25,8 @@ from marin.curation.dedup.records import (
     Decision,
     Doc,
     FileDocs,
-    count_document,
     considered,
+    count_document,
 )
 
 

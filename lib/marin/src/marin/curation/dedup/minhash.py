@@ -1,10 +1,16 @@
 """MinHash signatures and LSH banding, vectorised with numpy.
 
 A document becomes a set of shingles (word or character n-grams of its normalised text); each
-shingle is hashed to 64 bits with xxh3, folded to 31 bits, and put through ``num_perm`` universal
-hash functions h_i(x) = (a_i x + b_i) mod p, p the Mersenne prime 2^31 - 1 (so a x + b fits in 64
-bits and the reduction is a fold, not a division). A signature holds, per function, the minimum over its shingles. Two signatures agree
-in one position with probability equal to the documents' Jaccard similarity (Broder 1997).
+shingle is hashed to 64 bits with xxh3 and folded to 32 (high half xor low half). A signature holds,
+for each of ``num_perm`` hash functions, the minimum over the document's shingles; two signatures
+agree in one position with probability (close to) the documents' Jaccard similarity (Broder 1997).
+
+The functions are random affine permutations of 32-bit values, h_i(x) = a_i m(x) + b_i mod 2^32
+with odd a_i (so h_i is a bijection) and m the MurmurHash3 32-bit finaliser, an avalanching
+bijection that spreads every input bit before the multiply. Arithmetic mod 2^32 is numpy's
+wrapping uint32 multiply and add: two passes over a (shingles x functions) matrix of 32-bit
+values. It is also datasketch's default ("affine32") family since its 2.0, so given the same
+shingle hashes and coefficients both produce the same signatures, which the tests check.
 
 LSH cuts a signature into ``b`` bands of ``r`` rows; documents that agree on every row of some band
 share a bucket and become candidates. A pair with Jaccard ``s`` becomes a candidate with probability
@@ -21,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-MERSENNE_31 = (1 << 31) - 1
-_MASK_32 = np.uint64((1 << 32) - 1)
-_P = np.uint64(MERSENNE_31)
+# Names the shingle hash and function family; part of the fuzzy step's identity, so outputs made
+# with another family are never reused.
+SIGNATURE_SCHEME = "xxh3-fold32-fmix32-affine32"
+_LOW_32 = np.uint64((1 << 32) - 1)
 _WORD = re.compile(r"\w+")
 # Rows of the (shingles x permutations) matrix computed at once: bounds the working memory.
 _ROWS_PER_CHUNK = 1024
@@ -84,23 +91,20 @@ class WordShingleHasher:
         self.ngram, self.seed, self.cache_limit = ngram, seed, cache_limit
         self.cache: dict[str, int] = {}
 
-    def _word_hashes(self, words: list[str]) -> list[int]:
+    def _word_hashes(self, words: list[str]) -> np.ndarray:
         cache, digest, seed = self.cache, xxhash.xxh3_64_intdigest, self.seed
         if len(cache) > self.cache_limit:
             cache.clear()
-        out = []
-        for word in words:
-            value = cache.get(word)
-            if value is None:
-                value = cache[word] = digest(word.encode("utf-8"), seed)
-            out.append(value)
-        return out
+        # Only a batch's distinct new words reach Python-level code; the lookups run in C.
+        for word in dict.fromkeys(words).keys() - cache.keys():
+            cache[word] = digest(word.encode("utf-8"), seed)
+        return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
 
     def __call__(self, texts: Sequence[str]) -> list[np.ndarray]:
         n = self.ngram
         tokenised = [_WORD.findall(unicodedata.normalize("NFKC", text).lower()) for text in texts]
         lengths = np.array([len(words) for words in tokenised], dtype=np.int64)
-        flat = np.array(self._word_hashes([w for words in tokenised for w in words]), dtype=np.uint64)
+        flat = self._word_hashes([w for words in tokenised for w in words])
         combined = flat[: max(len(flat) - n + 1, 0)].copy()
         for k in range(1, n):
             combined = (combined * _KEY_MULTIPLIER) ^ flat[k: k + len(combined)]
@@ -133,37 +137,36 @@ def _mix64(key: np.ndarray) -> np.ndarray:
 
 
 def permutations(config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The universal hash coefficients a in [1, p), b in [0, p), fixed by ``seed``."""
+    """The coefficients (uint32) of the ``num_perm`` functions: odd a, any b, fixed by ``seed``."""
     rng = np.random.Generator(np.random.PCG64(config.seed))
-    a = rng.integers(1, MERSENNE_31, size=config.num_perm, dtype=np.uint64)
-    b = rng.integers(0, MERSENNE_31, size=config.num_perm, dtype=np.uint64)
+    a = rng.integers(0, 1 << 31, size=config.num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = rng.integers(0, 1 << 32, size=config.num_perm, dtype=np.uint64).astype(np.uint32)
     return a, b
 
 
-def _universal(x: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """(a x + b) mod p for x, a, b below p = 2^31 - 1, exactly, into ``out`` (rows of x by entries of a).
+def fold32(hashes: np.ndarray) -> np.ndarray:
+    """64-bit shingle hashes to 32 bits: the high half xor the low half."""
+    hashes = np.asarray(hashes, dtype=np.uint64)
+    return ((hashes >> np.uint64(32)) ^ (hashes & _LOW_32)).astype(np.uint32)
 
-    a x + b < 2^62, so 64-bit arithmetic never overflows; 2^31 = 1 (mod p) reduces it with one fold
-    (to below 2^32) and one conditional subtraction, written as a minimum: v - p wraps around to a
-    huge value unless v >= p. Every operation writes into preallocated buffers small enough to stay
-    in cache.
-    """
-    np.multiply(x[:, None], a[None, :], out=out)
-    out += b
-    np.bitwise_and(out, _P, out=scratch)
-    out >>= np.uint64(31)
-    out += scratch
-    np.subtract(out, _P, out=scratch)
-    np.minimum(out, scratch, out=out)
-    return out
+
+def fmix32(values: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finaliser (a bijection): every input bit reaches every output bit."""
+    values = values ^ (values >> np.uint32(16))
+    values = values * np.uint32(0x85EBCA6B)
+    values = values ^ (values >> np.uint32(13))
+    values = values * np.uint32(0xC2B2AE35)
+    return values ^ (values >> np.uint32(16))
 
 
 def signatures(hash_lists: Sequence[np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """MinHash signatures (``len(hash_lists)`` x ``num_perm``, uint32) of documents given their shingle hashes.
 
-    A 64-bit shingle hash is folded to 31 bits and hashed by h(x) = (a x + b) mod p, p = 2^31 - 1.
-    All shingles of a batch of documents go through the permutations as one matrix, a block of rows
-    at a time, so the work is a few numpy operations per block rather than per document.
+    Each 64-bit shingle hash is folded to 32 bits, mixed by :func:`fmix32` and put through
+    h(x) = a x + b mod 2^32 for every (a, b). All shingles of a batch of documents go through the
+    functions as one matrix, a block of rows at a time (the block stays in cache), and
+    ``minimum.reduceat`` takes each document's minima: a few numpy operations per block rather than
+    per document.
     """
     num_perm = len(a)
     out = np.empty((len(hash_lists), num_perm), dtype=np.uint32)
@@ -172,20 +175,18 @@ def signatures(hash_lists: Sequence[np.ndarray], a: np.ndarray, b: np.ndarray) -
     lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
     if (lengths == 0).any():
         raise ValueError("every document needs at least one shingle")
-    values = np.concatenate(hash_lists)
-    values = (values >> np.uint64(33)) ^ (values & _P)  # 31 bits, then below p (one value maps to 0)
-    values = np.minimum(values, values - _P)
+    values = fmix32(fold32(np.concatenate(hash_lists)))
+    a, b = np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
     starts = np.concatenate(([0], np.cumsum(lengths)))
-    rows = max(_ROWS_PER_CHUNK, int(lengths.max()))
-    buffer = np.empty((rows, num_perm), dtype=np.uint64)
-    scratch = np.empty_like(buffer)
+    buffer = np.empty((max(_ROWS_PER_CHUNK, int(lengths.max())), num_perm), dtype=np.uint32)
     doc = 0
     while doc < len(hash_lists):
         # Whole documents per block, at least one.
         end = max(int(np.searchsorted(starts, starts[doc] + _ROWS_PER_CHUNK, side="right")) - 1, doc + 1)
-        size = int(starts[end] - starts[doc])
-        hashed = _universal(values[starts[doc]:starts[end]], a, b, buffer[:size], scratch[:size])
-        out[doc:end] = np.minimum.reduceat(hashed, starts[doc:end] - starts[doc], axis=0)
+        block = buffer[: int(starts[end] - starts[doc])]
+        np.multiply(values[starts[doc]:starts[end], None], a[None, :], out=block)  # wraps: mod 2^32
+        block += b
+        out[doc:end] = np.minimum.reduceat(block, starts[doc:end] - starts[doc], axis=0)
         doc = end
     return out
 
