@@ -16,19 +16,19 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from levanter.tokenization import load_tokenizer, resolve_chat_template
 from levanter.trainer.dpo import DpoConfig
 
 from marin.execution.lazy import LazyStep, lazy_step
+from marin.experiment.chat_inputs import resolve_chat_inputs
 from marin.experiment.data import (
-    resolve_dataset_source,
-    resolve_tokenizer,
     inputs_at_run_time,
 )
-from marin.experiment.sft import template_request
 from marin.experiment.train import train_lm
 from marin.experiment.train_step import TrainConfigError
-from marin.processing.preference import PreferenceTokenizeConfig, run_preference_tokenize
+from marin.processing.preference import (
+    PreferenceTokenizeConfig,
+    run_preference_tokenize,
+)
 from marin.processing.tokenize import TokenizedDataset
 
 logger = logging.getLogger(__name__)
@@ -60,29 +60,25 @@ def preference_dataset(
     messages), ``chosen`` and ``rejected`` (a string: the assistant's reply; or a list of messages).
     ``source``, ``tokenizer`` and ``template`` are as for ``chat_dataset(...)``.
     """
-    resolved = resolve_dataset_source(source, sample_count, validation)
-    location, revision, identity, tokenizer_dep = resolve_tokenizer(tokenizer)
-    if tokenizer_dep is None:
-        template_identity: dict[str, Any] = resolve_chat_template(load_tokenizer(location, revision=revision), template).identity()
-    else:
-        template_identity = {"requested": template_request(template)}
+    chat = resolve_chat_inputs(source, tokenizer, template, sample_count, validation)
     config = PreferenceTokenizeConfig(
-        source=resolved.identity,
-        tokenizer=identity,
-        template=template_identity,
-        splits=resolved.splits,
+        source=chat.source.identity,
+        tokenizer=chat.tokenizer_identity,
+        template=chat.template_identity,
+        splits=chat.source.splits,
         sample_count=sample_count,
         fields=(prompt_field, chosen_field, rejected_field),
         num_shards=num_shards,
     )
-    logger.info("preference_dataset(%r): %s Tokenizer: %s", name, resolved.description, location or tokenizer_dep.name)
-    deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
+    logger.info("preference_dataset(%r): %s Tokenizer: %s; %s", name, chat.source.description, chat.tokenizer_name,
+                chat.template_note)
 
     def run(ctx) -> TokenizedDataset:
-        inputs, run_config = inputs_at_run_time(ctx, resolved, config, tokenizer_dep, location, revision)
+        inputs, run_config = inputs_at_run_time(ctx, chat.source, config, chat.tokenizer_dep, chat.tokenizer_location,
+                                                chat.tokenizer_revision)
         return run_preference_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
 
-    return lazy_step(name, run, deps=deps, hash_attrs={_PREFERENCE_ATTRIBUTE: config, "format": PREFERENCE_STEP_VERSION},
+    return lazy_step(name, run, deps=chat.deps, hash_attrs={_PREFERENCE_ATTRIBUTE: config, "format": PREFERENCE_STEP_VERSION},
                      version=version, resources=resources, output_path=output_path)
 
 

@@ -10,23 +10,22 @@ digest) and the settings; never where anything lives.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from levanter.tokenization import load_tokenizer, resolve_chat_template
-
 from marin.execution.lazy import LazyStep, lazy_step
+from marin.experiment.chat_inputs import resolve_chat_inputs
 from marin.experiment.data import (
-    resolve_dataset_source,
-    resolve_tokenizer,
     inputs_at_run_time,
 )
 from marin.experiment.train import train_lm
 from marin.experiment.train_step import TrainConfigError
-from marin.processing.chat import ChatTokenizeConfig, describe_template, run_chat_tokenize
+from marin.processing.chat import (
+    ChatTokenizeConfig,
+    run_chat_tokenize,
+)
 from marin.processing.tokenize import TokenizedDataset
 
 logger = logging.getLogger(__name__)
@@ -61,37 +60,28 @@ def chat_dataset(
     to require the tokenizer's own; or a Jinja template text. The artifact is a
     :class:`TokenizedDataset` whose caches carry the loss mask.
     """
-    resolved = resolve_dataset_source(source, sample_count, validation)
-    location, revision, identity, tokenizer_dep = resolve_tokenizer(tokenizer)
-    if tokenizer_dep is None:
-        loaded = load_tokenizer(location, revision=revision)
-        chat_template = resolve_chat_template(loaded, template)  # refuses an unknown name now, not at run time
-        template_identity: dict[str, Any] = chat_template.identity()
-        template_note = describe_template(loaded, chat_template)
-    else:
-        template_identity = {"requested": template_request(template)}
-        template_note = f"chat template {template or 'of the tokenizer, else chatml'} (resolved when the tokenizer is built)"
+    chat = resolve_chat_inputs(source, tokenizer, template, sample_count, validation)
     config = ChatTokenizeConfig(
-        source=resolved.identity,
-        tokenizer=identity,
-        template=template_identity,
-        splits=resolved.splits,
+        source=chat.source.identity,
+        tokenizer=chat.tokenizer_identity,
+        template=chat.template_identity,
+        splits=chat.source.splits,
         sample_count=sample_count,
         messages_field=messages_field,
         num_shards=num_shards,
     )
-    logger.info("chat_dataset(%r): %s Tokenizer: %s; %s", name, resolved.description, location or tokenizer_dep.name,
-                template_note)
-    deps = resolved.deps + ((tokenizer_dep,) if tokenizer_dep is not None else ())
+    logger.info("chat_dataset(%r): %s Tokenizer: %s; %s", name, chat.source.description, chat.tokenizer_name,
+                chat.template_note)
 
     def run(ctx) -> TokenizedDataset:
-        inputs, run_config = inputs_at_run_time(ctx, resolved, config, tokenizer_dep, location, revision)
+        inputs, run_config = inputs_at_run_time(ctx, chat.source, config, chat.tokenizer_dep, chat.tokenizer_location,
+                                                chat.tokenizer_revision)
         return run_chat_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
 
     return lazy_step(
         name,
         run,
-        deps=deps,
+        deps=chat.deps,
         hash_attrs={_CHAT_ATTRIBUTE: config, "format": CHAT_STEP_VERSION},
         version=version,
         resources=resources,
@@ -128,13 +118,6 @@ def sft(
             "chat_dataset(name, source=..., tokenizer=...), or use train_lm to train on every token."
         )
     return train_lm(name, model=model, datasets=datasets, num_samples=num_samples, **train_options)
-
-
-def template_request(template: str | None) -> str | None:
-    """A template request as hashed: a name as given, a Jinja text by its digest."""
-    if template is None or ("{{" not in template and "{%" not in template):
-        return template
-    return "sha256:" + hashlib.sha256(template.encode("utf-8")).hexdigest()
 
 
 __all__ = ["CHAT_STEP_VERSION", "chat_dataset", "is_chat_dataset", "sft"]

@@ -49,6 +49,7 @@ from marin.processing.tokenize import (
     TokenizedSplit,
     TokenizeInputs,
     TokenizerChangedError,
+    check_split_settings,
     describe_source,
     encoding_pipeline,
     shard_files_backend,
@@ -84,12 +85,7 @@ class ChatTokenizeConfig:
     mask_rule: str = MASK_RULE
 
     def __post_init__(self) -> None:
-        if not self.splits:
-            raise ValueError("ChatTokenizeConfig needs at least one split")
-        if self.sample_count is not None and self.sample_count < 1:
-            raise ValueError(f"sample_count must be a positive number of conversations or None, got {self.sample_count}")
-        if self.num_shards is not None and self.num_shards < 1:
-            raise ValueError(f"num_shards must be >= 1 or None, got {self.num_shards}")
+        check_split_settings(self, "conversations")
 
 
 @dataclass(frozen=True)

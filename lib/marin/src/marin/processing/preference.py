@@ -45,6 +45,7 @@ from marin.processing.tokenize import (
     TokenizedSplit,
     TokenizeInputs,
     TokenizerChangedError,
+    check_split_settings,
     encoding_pipeline,
     shard_files_backend,
 )
@@ -69,6 +70,9 @@ class PreferenceTokenizeConfig:
     num_shards: int | None = None
     mask_rule: str = PAIR_MASK_RULE
     layout: str = PAIR_LAYOUT
+
+    def __post_init__(self) -> None:
+        check_split_settings(self, "preference pairs")
 
 
 @dataclass(frozen=True)

@@ -79,12 +79,17 @@ class TokenizeConfig:
     num_shards: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.splits:
-            raise ValueError("TokenizeConfig needs at least one split")
-        if self.sample_count is not None and self.sample_count < 1:
-            raise ValueError(f"sample_count must be a positive number of documents or None, got {self.sample_count}")
-        if self.num_shards is not None and self.num_shards < 1:
-            raise ValueError(f"num_shards must be >= 1 or None, got {self.num_shards}")
+        check_split_settings(self, "documents")
+
+
+def check_split_settings(config: Any, unit: str) -> None:
+    """The checks every tokenize config shares: some split, and positive ``sample_count`` (counted in ``unit``) and ``num_shards``."""
+    if not config.splits:
+        raise ValueError(f"{type(config).__name__} needs at least one split")
+    if config.sample_count is not None and config.sample_count < 1:
+        raise ValueError(f"sample_count must be a positive number of {unit} or None, got {config.sample_count}")
+    if config.num_shards is not None and config.num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1 or None, got {config.num_shards}")
 
 
 @dataclass(frozen=True)
