@@ -73,6 +73,8 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("rigging.local_stores", "_serving", "the local server process writes its log to a local file"),
     # fray and iris: processes on this machine, their payloads and logs.
     Allowed("fray.cluster.job_worker", "main", "the payload file ProcessJob wrote into its local temporary folder"),
+    Allowed("fray.cluster.worker_pool", "load_shipped", "a worker reads the pickled function its parent wrote to a local temporary file"),
+    Allowed("fray.cluster.worker_pool", "shipped_function", "removes the local temporary file it wrote for the workers on this machine"),
     Allowed("fray.cluster.process_job", "ProcessJob.__init__", "payload and log file in a tempfile.mkdtemp folder of this job"),
     Allowed("fray.cluster.process_job", "ProcessJob.start", "the job's local log file, and its working directory on this machine"),
     Allowed("fray.cluster.process_job", "ProcessJob.read_log", "the log file in this job's local temporary folder"),

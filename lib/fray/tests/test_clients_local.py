@@ -163,3 +163,68 @@ def test_cluster_settings_name_their_backend():
     assert client_from_spec("ray:local").address is None
     with pytest.raises(ClusterConfigError, match="Unknown cluster setting 'slurm'.*ray:auto"):
         client_from_spec("slurm")
+
+
+# -- map on warm worker processes ----------------------------------------------------------------
+
+
+def _pid_after_marking(folder):
+    def task(index):
+        # A worker's first task for this folder dies; the retry, in a new pool, finds the mark.
+        mark = os.path.join(folder, "died-once")
+        if index == 0 and not os.path.exists(mark):
+            open(mark, "w").close()
+            os._exit(3)
+        return index, os.getpid()
+
+    return task
+
+
+def test_map_calls_share_warm_workers_that_stop_when_idle():
+    import time
+
+    client = LocalClient(processes=True, max_workers=2)
+    try:
+        client._map_pool.idle_s = 0.3
+        first = {pid for _, pid in client.map(lambda i: (i, os.getpid()), range(6))}
+        second = {pid for _, pid in client.map(lambda i: (i, os.getpid()), range(6))}
+        assert os.getpid() not in first
+        assert first & second  # the second call ran on workers the first one started
+        deadline = time.monotonic() + 30
+        while client._map_pool.worker_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client._map_pool.worker_pids() == set()
+        # A call after the idle stop starts new workers.
+        assert client.map(lambda i: i * 2, range(3)) == [0, 2, 4]
+    finally:
+        client.shutdown()
+
+
+def test_map_retries_a_task_whose_worker_died_on_a_new_pool(tmp_path):
+    client = LocalClient(processes=True, max_workers=2)
+    try:
+        results = client.map(_pid_after_marking(str(tmp_path)), range(4), max_retries=1)
+        assert [index for index, _ in results] == [0, 1, 2, 3]
+        assert (tmp_path / "died-once").exists()
+    finally:
+        client.shutdown()
+
+
+def test_a_large_function_travels_as_a_file_that_is_removed_afterwards(monkeypatch, tmp_path):
+    import tempfile
+
+    from fray.cluster import worker_pool
+
+    monkeypatch.setattr(worker_pool, "INLINE_FUNCTION_BYTES", 1024)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    removed = []
+    unlink = os.unlink
+    monkeypatch.setattr(worker_pool.os, "unlink", lambda path: (removed.append(path), unlink(path)))
+    table = bytes(range(256)) * 64  # 16 KiB held by the function
+    client = LocalClient(processes=True, max_workers=2)
+    try:
+        assert client.map(lambda i: table[i] + len(table), range(3)) == [16384, 16385, 16386]
+    finally:
+        client.shutdown()
+    assert len(removed) == 1 and os.path.dirname(removed[0]) == str(tmp_path)
+    assert list(tmp_path.glob("fray-map-*")) == []

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import cloudpickle
-
 from rigging.log import get_logger
 
 from fray.cluster.client import ActorHandle, JobRequest, describe_request
@@ -41,6 +40,7 @@ from fray.cluster.task_map import (
     map_on_threads,
     task_name,
 )
+from fray.cluster.worker_pool import WorkerPool
 
 logger = get_logger(__name__)
 
@@ -106,6 +106,7 @@ class LocalClient:
         self.task_retries = task_retries  # map's default max_retries: a failure here is a bug in the task
         self._lock = threading.Lock()
         self._pool: cf.Executor | None = None
+        self._map_pool = WorkerPool(self.max_workers)  # map's workers, kept warm between calls
         self._actors: list[Callable[[], None]] = []
         self._jobs: list[ProcessJob] = []
         self._warned_sizes: set[str] = set()
@@ -142,7 +143,7 @@ class LocalClient:
         if self.inline:
             return map_inline(fn, items, **options)
         if self.processes:
-            return map_on_processes(fn, items, workers=self.max_workers, **options)
+            return map_on_processes(fn, items, pool=self._map_pool, **options)
         return map_on_threads(fn, items, workers=self.max_workers, **options)
 
     # -- actors ------------------------------------------------------------------------------------
@@ -228,6 +229,7 @@ class LocalClient:
         for job in self._jobs:
             job.terminate()
         self._jobs.clear()
+        self._map_pool.shutdown()
         with self._lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)

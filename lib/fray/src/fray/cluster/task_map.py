@@ -1,15 +1,17 @@
 """``client.map(fn, items)``: many tasks in one call, with the same contract on every client.
 
-* ``fn`` travels to the workers once per call, not once per item, so what it holds (a tokenizer,
-  a vocabulary) is shipped once; each item travels with its own task.
+* ``fn`` is unpickled once per worker and call, not once per item; a large one (over 1 MiB: a
+  tokenizer, a vocabulary) travels once per call, as a file for local processes or an object in
+  Ray's store, a small one with each task. Each item travels with its own task.
 * Results come back as a list in the order of ``items``; ``on_result(index, result)`` is called in
   the caller's thread as each task finishes, in finishing order (for progress and running totals).
 * A task that fails runs again, up to ``max_retries`` times, while finished tasks keep their
   results. Each client has its own default (``task_retries``): none locally, where a failure is a
   bug in the task; two on Ray, where nodes come and go.
 * A task that fails for good stops the others: queued tasks are cancelled, running ones stopped
-  where the client can (worker processes are terminated, Ray tasks cancelled; a thread runs to its
-  end), and the caller gets the task's own exception, or a :class:`TaskError` saying why not.
+  where the client can (worker processes are terminated unless another call shares them, Ray
+  tasks cancelled; a thread runs to its end), and the caller gets the task's own exception, or a
+  :class:`TaskError` saying why not.
 
 The driver loop is shared by every client; a client says how one task is submitted, what its raw
 errors mean, and how to stop its workers. The local flavours (inline, threads, processes) live
@@ -20,22 +22,31 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
-import multiprocessing
 import os
 import pickle
 import threading
 import time
 import traceback
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import cloudpickle
-
 from rigging.log import get_logger
 
-from fray.cluster.main_guard import check_not_rerunning_main, check_parent_main_guard, startup_failure_hint
+from fray.cluster.main_guard import (
+    check_not_rerunning_main,
+    check_parent_main_guard,
+    startup_failure_hint,
+)
+from fray.cluster.worker_pool import (
+    ShippedFile,
+    WorkerPool,
+    load_shipped,
+    shipped_function,
+)
 from fray.errors import FrayError
 
 logger = get_logger(__name__)
@@ -143,29 +154,13 @@ def call_reporting_errors(fn: Callable[[Any], Any], item: Any, dumps: Callable[[
         raise
 
 
-_loaded: dict[str, Any] = {}  # per worker: the function of the map call whose tasks run here, by key
+def call_shipped(key: str, shipped: bytes | ShippedFile, item: Any) -> Any:
+    """A task of a worker that serves many map calls: each call's function is unpickled once."""
+    return call_reporting_errors(load_shipped(key, shipped), item, cloudpickle.dumps)
 
 
-def call_shipped(key: str, fn_blob: bytes, item: Any) -> Any:
-    """A task of a worker that serves many map calls: unpickles each call's function once."""
-    fn = _loaded.get(key)
-    if fn is None:
-        _loaded.clear()
-        fn = _loaded[key] = cloudpickle.loads(fn_blob)
-    return call_reporting_errors(fn, item, cloudpickle.dumps)
-
-
-_process_fn: Callable[[Any], Any] | None = None  # per worker process of map_on_processes
-
-
-def _start_process_worker(fn_blob: bytes, started: Any) -> None:
-    global _process_fn
-    started.set()  # past the re-import of the user's script, the part of start-up that can go wrong
-    _process_fn = cloudpickle.loads(fn_blob)
-
-
-def _call_in_process_worker(item: Any) -> Any:
-    return call_reporting_errors(_process_fn, item, pickle.dumps)
+def _call_in_process_worker(key: str, shipped: bytes | ShippedFile, item: Any) -> Any:
+    return call_reporting_errors(load_shipped(key, shipped), item, pickle.dumps)
 
 
 # -- local flavours -------------------------------------------------------------------------------
@@ -209,12 +204,12 @@ def map_on_threads(fn: Callable[[Any], Any], items: Sequence[Any], *, workers: i
         return run_tasks(lambda index: pool.submit(fn, items[index]), len(items), name=task_name(fn), **options)
 
 
-def map_on_processes(fn: Callable[[Any], Any], items: Sequence[Any], *, workers: int, **options: Any) -> list:
-    """Tasks on a fresh pool of ``spawn`` worker processes; ``fn`` is unpickled once in each.
+def map_on_processes(fn: Callable[[Any], Any], items: Sequence[Any], *, pool: WorkerPool, **options: Any) -> list:
+    """Tasks on the warm ``spawn`` worker processes of ``pool`` (see :mod:`fray.cluster.worker_pool`).
 
     ``spawn``, not ``fork``: a forked child of a process running threads (or JAX) can deadlock.
-    A worker that dies breaks the whole pool, so every unfinished task counts it as a failed
-    attempt; a retry starts a new pool. Workers that die while starting fail the call at once.
+    A worker that dies breaks the pool, so every unfinished task counts it as a failed attempt; a
+    retry starts a new pool. Workers that die while starting fail the call at once.
     """
     if not items:
         return []
@@ -223,26 +218,24 @@ def map_on_processes(fn: Callable[[Any], Any], items: Sequence[Any], *, workers:
     check_not_rerunning_main()
     check_parent_main_guard("spawn")
     name = task_name(fn)
-    context = multiprocessing.get_context("spawn")
-    started = context.Event()
-    fn_blob = cloudpickle.dumps(fn)
-    pools: list[cf.ProcessPoolExecutor] = []
+    key = uuid.uuid4().hex
+    started_events: dict[int, Any] = {}  # by id of the executor a task went to
 
-    def new_pool() -> cf.ProcessPoolExecutor:
-        pools.append(cf.ProcessPoolExecutor(max(1, min(workers, len(items))), mp_context=context,
-                                            initializer=_start_process_worker, initargs=(fn_blob, started)))
-        return pools[-1]
-
-    def submit(index: int) -> cf.Future:
+    def submit_to(shipped: bytes | ShippedFile, index: int) -> cf.Future:
+        executor, started = pool.executor()
         try:
-            return pools[-1].submit(_call_in_process_worker, items[index])
+            future = executor.submit(_call_in_process_worker, key, shipped, items[index])
         except BrokenProcessPool:  # a retry after a worker died
-            return new_pool().submit(_call_in_process_worker, items[index])
+            pool.replace(executor)
+            executor, started = pool.executor()
+            future = executor.submit(_call_in_process_worker, key, shipped, items[index])
+        started_events[id(future)] = started
+        return future
 
     def explain(index: int, error: BaseException) -> BaseException:
         if not isinstance(error, BrokenProcessPool):
             return error
-        if not started.is_set():
+        if not any(started.is_set() for started in started_events.values()):
             return WorkerStartupError(f"{name}: the worker processes exited while starting, before running any task "
                                       f"(their error is shown above): {startup_failure_hint()}")
         return WorkerLostError(f"{name}: a worker process died (killed, or out of memory?) while running task "
@@ -252,22 +245,12 @@ def map_on_processes(fn: Callable[[Any], Any], items: Sequence[Any], *, workers:
     warned = []
 
     def warn_if_not_started() -> None:
-        if not started.is_set() and not warned:
+        if not warned and not any(started.is_set() for started in started_events.values()):
             warned.append(True)  # say it once
             logger.warning("%s: no worker process has started after %.0fs; %s.", name,
                            time.monotonic() - waiting_since, startup_failure_hint())
 
-    def stop() -> None:
-        # The pool has no public way to stop running tasks before Python 3.14.
-        for pool in pools:
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                if process.is_alive():
-                    process.terminate()
-
-    new_pool()
-    try:
-        return run_tasks(submit, len(items), name=name, explain=explain, stop=stop, poll_s=STARTUP_WARNING_S,
-                         on_wait=warn_if_not_started, **options)
-    finally:
-        for pool in pools:
-            pool.shutdown(wait=True, cancel_futures=True)
+    with pool.call(), shipped_function(fn) as shipped:
+        return run_tasks(lambda index: submit_to(shipped, index), len(items), name=name, explain=explain,
+                         stop=pool.stop_if_sole_user, poll_s=STARTUP_WARNING_S, on_wait=warn_if_not_started,
+                         **options)
