@@ -228,3 +228,26 @@ def test_a_large_function_travels_as_a_file_that_is_removed_afterwards(monkeypat
         client.shutdown()
     assert len(removed) == 1 and os.path.dirname(removed[0]) == str(tmp_path)
     assert list(tmp_path.glob("fray-map-*")) == []
+
+
+def test_a_failing_map_call_leaves_a_call_sharing_its_workers_running():
+    import concurrent.futures as cf
+    import time
+
+    def slow(i):
+        time.sleep(0.5)
+        return i
+
+    def broken(i):
+        raise ValueError(f"bad item {i}")
+
+    client = LocalClient(processes=True, max_workers=3)
+    try:
+        with cf.ThreadPoolExecutor(2) as threads:
+            survivor = threads.submit(client.map, slow, range(4))
+            time.sleep(0.2)  # the slow call is in flight when the other fails
+            with pytest.raises(ValueError, match="bad item"):
+                client.map(broken, range(2))
+            assert survivor.result(timeout=60) == [0, 1, 2, 3]
+    finally:
+        client.shutdown()
