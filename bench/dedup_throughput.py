@@ -68,7 +68,7 @@ def run_ours(docs, config: FuzzyDedupConfig, backend: str, folder: Path) -> tupl
     for f in range(4):
         with open(data / f"part-{f}.jsonl", "w") as handle:
             handle.writelines(json.dumps({"id": doc_id, "text": text}) + "\n" for doc_id, text in docs[f::4])
-    step = fuzzy_deduplicated("bench/fuzzy", str(data), config=config, backend=backend)
+    step = fuzzy_deduplicated("bench/fuzzy", str(data), config=config, mode="mark", backend=backend)
     runner = StepRunner(prefix=str(folder / "prefix"))
     start = time.perf_counter()
     runner.run([step])

@@ -37,10 +37,10 @@ def test_the_chain_removes_exactly_the_planted_documents_and_rechecks_only_what_
     assert sum(removed(tutorial.english).values()) == PLANTED["other_language"]
     assert removed(tutorial.quality) == {"c4_too_few_sentences": PLANTED["spam"]}
     assert removed(tutorial.clean) == {"decontaminate": PLANTED["leaks"]}
-    fuzzy = load_artifact(runner.output_path_for(tutorial.distinct)).result
-    assert fuzzy["removed"] == {"exact-duplicate-of": PLANTED["exact_copies"], "near-duplicate-of": PLANTED["near_copies"]}
+    assert removed(tutorial.unique) == {"exact-duplicate": PLANTED["exact_copies"]}
+    assert removed(tutorial.distinct) == {"near-duplicate": PLANTED["near_copies"]}
     tokens = load_artifact(runner.output_path_for(tutorial.curated_tokenized)).result
-    assert tokens["splits"]["train"]["documents"] == STORIES  # the marked duplicates are not tokenized
+    assert tokens["splits"]["train"]["documents"] == STORIES  # the removed duplicates are not tokenized
 
     assert runner.run([tutorial.curated_tokenized, tutorial.pages_tokenized]).ran == []  # fully cached
     # A stricter near-duplicate threshold: only that step and the tokenize step after it are to run.

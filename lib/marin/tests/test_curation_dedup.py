@@ -82,8 +82,19 @@ def read_records(files) -> list[dict]:
 
 
 def tree_bytes(folder: str) -> dict[str, bytes]:
+    """The step's output files (data/, removed/, stats/), without the runner's own records."""
     root = Path(folder)
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
+
+
+def every_document(result: dict) -> dict[str, dict]:
+    """The documents passed on and removed, by id."""
+    return {r["id"]: r for r in read_records(result["files"] + result["removed_files"])}
+
+
+def removed_counts(result: dict) -> dict[str, int]:
+    return {reason: bucket["documents"] for reason, bucket in result["summary"]["removed"].items()}
 
 
 def test_signature_agreement_estimates_jaccard():
@@ -129,15 +140,15 @@ def test_exact_dedup_finds_every_planted_copy(corpus, tmp_path):
     step = exact_deduplicated("dedup/exact", str(folder), backend="inline")
     runner.run([step])
     result = load_artifact(runner.output_path_for(step)).result
-    records = {r["id"]: r for r in read_records(result["files"])}
+    records = every_document(result)
     assert len(records) == len(texts)
-    removed = {i for i, r in records.items() if not r["kept"]}
-    assert removed == {copy for _, copy in exact}
+    removed = {r["id"] for r in read_records(result["removed_files"])}
+    assert removed == {i for i, r in records.items() if not r["kept"]} == {copy for _, copy in exact}
     for original, copy in exact:
-        assert records[copy]["reason"] == f"exact-duplicate-of:{original}"
+        assert records[copy]["reason"] == "exact-duplicate" and records[copy]["cluster"] == original
         assert records[original]["kept"] and records[original]["cluster"] == original
-    assert result["removed"] == {"exact-duplicate-of": len(exact)}
-    assert result["documents_out"] == len(texts) - len(exact)
+    assert removed_counts(result) == {"exact-duplicate": len(exact)}
+    assert result["summary"]["documents_out"] == len(texts) - len(exact)
 
 
 def test_minhash_recall_and_precision_on_planted_pairs(corpus, tmp_path):
@@ -147,7 +158,7 @@ def test_minhash_recall_and_precision_on_planted_pairs(corpus, tmp_path):
                               backend="inline", num_shards=3)
     runner.run([step])
     result = load_artifact(runner.output_path_for(step)).result
-    records = {r["id"]: r for r in read_records(result["files"])}
+    records = every_document(result)
     cluster = {i: r["cluster"] for i, r in records.items()}
     planted = [(a, b) for a, b in near + exact if true_jaccard(texts[a], texts[b]) >= 0.8]
     assert len(planted) >= 30
@@ -160,10 +171,10 @@ def test_minhash_recall_and_precision_on_planted_pairs(corpus, tmp_path):
     assert min(true_jaccard(texts[a], texts[b]) for a, b in merged) >= 0.5
     for doc_id, record in records.items():
         if not record["kept"]:  # every removal names its cluster's kept document and the evidence
-            assert record["reason"] == f"near-duplicate-of:{record['cluster']}" and records[record["cluster"]]["kept"]
+            assert record["reason"] == "near-duplicate" and records[record["cluster"]]["kept"]
             assert record["similarity"] >= 0.7 and cluster[record["similar_to"]] == record["cluster"]
-    assert result["documents_in"] == len(texts)
-    assert result["documents_out"] == len(members)
+    assert result["summary"]["documents_in"] == len(texts)
+    assert result["summary"]["documents_out"] == len(members)
 
 
 def test_outputs_are_identical_across_backends_and_reruns_are_cached(corpus, tmp_path):
@@ -174,11 +185,28 @@ def test_outputs_are_identical_across_backends_and_reruns_are_cached(corpus, tmp
         exact = exact_deduplicated("dedup/exact", str(folder), backend=backend, num_shards=2)
         fuzzy = fuzzy_deduplicated("dedup/fuzzy", exact, backend=backend, num_shards=2)
         assert runner.run([fuzzy]).ran == ["dedup/exact", "dedup/fuzzy"]
-        outputs.append((tree_bytes(f"{runner.output_path_for(fuzzy)}/documents"),
-                        tree_bytes(f"{runner.output_path_for(exact)}/documents")))
+        outputs.append((tree_bytes(runner.output_path_for(fuzzy)), tree_bytes(runner.output_path_for(exact))))
     assert outputs[0] == outputs[1]
     # Rerunning is fully cached; a new threshold reruns only the fuzzy step, with the same bytes for the rest.
     assert runner.run([fuzzy]).ran == []
     looser = fuzzy_deduplicated("dedup/fuzzy", exact, config=FuzzyDedupConfig(threshold=0.6), backend="inline")
     report = runner.run([looser])
     assert report.ran == ["dedup/fuzzy"] and report.cached == ["dedup/exact"]
+
+
+def test_parquet_output_and_mark_mode(corpus, tmp_path):
+    from marin.curation.steps import read_curated
+
+    folder, texts, exact, _ = corpus
+    runner = StepRunner(prefix=str(tmp_path / "prefix"))
+    removing = exact_deduplicated("dedup/exact", str(folder), output_format="parquet", backend="inline")
+    marking = exact_deduplicated("dedup/exact-marked", str(folder), mode="mark", backend="inline")
+    runner.run([removing, marking])
+    removed = load_artifact(runner.output_path_for(removing)).result
+    assert all(path.endswith(".parquet") for path in removed["files"] + removed["removed_files"])
+    assert {r["id"] for r in read_curated(removed["removed_files"])} == {copy for _, copy in exact}
+    assert len(read_curated(removed["files"])) == len(texts) - len(exact)
+    marked = load_artifact(runner.output_path_for(marking)).result
+    assert marked["removed_files"] == [] and marked["summary"]["marked"]["exact-duplicate"]["documents"] == len(exact)
+    records = read_curated(marked["files"])
+    assert len(records) == len(texts) and sum(not r["kept"] for r in records) == len(exact)

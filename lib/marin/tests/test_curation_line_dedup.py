@@ -52,8 +52,8 @@ def run_step(step, prefix):
 def test_shared_lines_stay_only_in_the_first_document(corpus, tmp_path):
     folder, stories = corpus
     _, result = run_step(line_deduplicated("dedup/lines", folder, backend="inline"), tmp_path)
-    records = read_records(result["files"])
-    assert len(records) == 31
+    records = read_records(result["files"] + result["removed_files"])
+    assert len(records) == 31 and list(read_records(result["removed_files"])) == ["zz-only-boilerplate"]
     first = records["doc-0000"]
     assert first["kept"] and first["reason"] is None and first["lines_removed"] == 0
     assert first["text"] == f"  {HEADER}\n{stories['doc-0000']}\n{SHORT}\n{FOOTER}\n"
@@ -63,14 +63,16 @@ def test_shared_lines_stay_only_in_the_first_document(corpus, tmp_path):
         record = records[doc_id]
         # Header and footer cut; the story (even a line it repeats itself), short line and trailing newline untouched.
         assert record["text"] == f"{story}\n{SHORT}\n", doc_id
-        assert record["kept"] and record["lines_removed"] == 2 and record["reason"] == "duplicate-lines:2"
+        assert record["kept"] and record["lines_removed"] == 2 and record["reason"] is None
     empty = records["zz-only-boilerplate"]
     assert empty["kept"] is False and empty["reason"] == "all-lines-duplicated" and empty["text"] == ""
-    assert result["documents_in"] == 31 and result["documents_out"] == 30
-    assert result["details"] == {"lines_removed": 60, "boilerplate_lines": 2, "documents_with_lines_removed": 29}
-    assert result["removed"] == {"all-lines-duplicated": 1}
+    summary = result["summary"]
+    assert summary["documents_in"] == 31 and summary["documents_out"] == 30
+    # 29 stories lost header and footer (the first keeps them); the boilerplate-only document lost both too.
+    assert result["details"] == {"lines_removed": 60, "boilerplate_lines": 2, "documents_with_lines_removed": 30}
+    assert {reason: bucket["documents"] for reason, bucket in summary["removed"].items()} == {"all-lines-duplicated": 1}
     cut = sum(len(f"  {HEADER}\n{FOOTER}\n".encode()) for _ in range(29))
-    assert result["bytes_in"] - result["bytes_out"] == cut + len(f"{HEADER}\n{FOOTER}".encode())
+    assert summary["bytes_in"] - summary["bytes_out"] == cut + len(f"{HEADER}\n{FOOTER}".encode())
 
 
 def test_keep_first_false_cuts_shared_lines_everywhere(corpus, tmp_path):
@@ -89,11 +91,14 @@ def test_lower_min_chars_reaches_short_lines(corpus, tmp_path):
     _, result = run_step(step, tmp_path)
     records = read_records(result["files"])
     assert records["doc-0001"]["text"] == f"{stories['doc-0001']}\n"
-    assert records["doc-0001"]["reason"] == "duplicate-lines:3"
+    assert records["doc-0001"]["lines_removed"] == 3
 
 
 def tree_bytes(folder: str) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*"))}
+    """The step's output files (data/, removed/, stats/), without the runner's own records."""
+    root = Path(folder)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
 
 
 def test_outputs_are_identical_across_backends_and_reruns_are_cached(corpus, tmp_path):
@@ -103,9 +108,19 @@ def test_outputs_are_identical_across_backends_and_reruns_are_cached(corpus, tmp
         runner = StepRunner(prefix=str(tmp_path / backend))
         step = line_deduplicated("dedup/lines", folder, num_shards=2, backend=backend)
         assert runner.run([step]).ran == ["dedup/lines"]
-        outputs.append(tree_bytes(f"{runner.output_path_for(step)}/documents"))
+        outputs.append(tree_bytes(runner.output_path_for(step)))
     assert outputs[0] == outputs[1] and outputs[0]
     assert runner.run([step]).ran == []
     report = runner.run([line_deduplicated("dedup/lines", folder, config=LineDedupConfig(min_documents=40),
                                            backend="processes")])
     assert report.ran == ["dedup/lines"]
+
+
+def test_mark_mode_keeps_the_emptied_document_in_data_marked_not_kept(corpus, tmp_path):
+    folder, _ = corpus
+    _, result = run_step(line_deduplicated("dedup/lines", folder, mode="mark", backend="inline"), tmp_path)
+    records = read_records(result["files"])
+    assert len(records) == 31 and result["removed_files"] == []
+    assert records["zz-only-boilerplate"]["kept"] is False
+    assert result["summary"]["marked"]["all-lines-duplicated"]["documents"] == 1
+    assert result["summary"]["removed"] == {}

@@ -209,7 +209,7 @@ def test_documents_a_curation_step_marked_not_kept_are_skipped(tmp_path):
     from zephyr.readers import DocumentReader
 
     path = tmp_path / "marked.jsonl"
-    records = [{"text": "first", "kept": True}, {"text": "duplicate", "kept": False, "reason": "exact-duplicate-of:a"},
+    records = [{"text": "first", "kept": True}, {"text": "duplicate", "kept": False, "reason": "exact-duplicate"},
                {"text": "plain"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert list(DocumentReader()(str(path))) == ["first", "plain"]

@@ -86,6 +86,7 @@ class CuratedDataset:
     shards of removed documents, for inspection.
     ``summary``: ``documents_in``, ``bytes_in``, ``documents_out``, ``bytes_out``, ``removed``
     (reason -> documents and bytes), ``marked`` (the same for ``mode="mark"``), ``hits``.
+    ``details``: figures particular to the step (a dedup step's bands and rows, lines cut, ...).
     """
 
     files: list[str]
@@ -95,6 +96,7 @@ class CuratedDataset:
     text_field: str
     mode: str
     summary: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 # -- inputs ----------------------------------------------------------------------------------------
@@ -357,20 +359,43 @@ def run_curation(
     backend: Any = None,
 ) -> CuratedDataset:
     """Annotate every record of ``files`` (one shard per file) into ``output_path``; resumable."""
-    if mode not in ("remove", "mark"):
-        raise CurationError(f"mode must be 'remove' or 'mark', not {mode!r}")
-    if output_format not in _EXTENSIONS:
-        raise CurationError(f"output_format must be one of {sorted(_EXTENSIONS)}, not {output_format!r}")
+    check_output_options(mode, output_format)
     if not files:
         raise CurationError("a curation step needs at least one input file")
     files = list(files)
     dataset = Dataset.from_list(files, num_shards=len(files)).flat_map(reader).map(Annotate(annotator, text_field))
-    sink = CurationSink(output_path, output_format, mode, text_field)
     if backend is None:
         backend = default_backend(len(files), files, "curation shards")
+    return write_curated(dataset, output_path, output_format=output_format, mode=mode, text_field=text_field,
+                         backend=backend)
+
+
+def check_output_options(mode: str, output_format: str) -> None:
+    if mode not in ("remove", "mark"):
+        raise CurationError(f"mode must be 'remove' or 'mark', not {mode!r}")
+    if output_format not in _EXTENSIONS:
+        raise CurationError(f"output_format must be one of {sorted(_EXTENSIONS)}, not {output_format!r}")
+
+
+def write_curated(
+    dataset: Dataset,
+    output_path: str,
+    *,
+    output_format: OutputFormat,
+    mode: Mode,
+    text_field: str,
+    backend: Any,
+    details: Callable[[Mapping[str, int]], Mapping[str, Any]] | None = None,
+) -> CuratedDataset:
+    """Write ``(record, hits, bytes in)`` items, shard by shard, as ``data/``, ``removed/`` and ``stats/``; resumable.
+
+    ``details(counters)``: the result's ``details``, from the counters the pipeline's functions kept.
+    """
+    sink = CurationSink(output_path, output_format, mode, text_field)
     result = execute(dataset, sink, backend=backend, skip_existing=True)
+    num_shards = len(result.outputs)
     # Readers refuse empty files, so the result lists only the shards that hold documents.
-    paths = [sink.paths(i, len(files)) for i in range(len(files))]
+    paths = [sink.paths(i, num_shards) for i in range(num_shards)]
     data = [p["data"] for p, stats in zip(paths, result.outputs) if stats["documents_out"] + _count(stats["marked"])]
     removed = [p["removed"] for p, stats in zip(paths, result.outputs) if _count(stats["removed"])]
     return CuratedDataset(
@@ -381,6 +406,7 @@ def run_curation(
         text_field=text_field,
         mode=mode,
         summary=merge_stats(result.outputs),
+        details=dict(details(result.counters)) if details else {},
     )
 
 
@@ -405,10 +431,7 @@ def curation_step(
     The hash covers ``kind``, the step's ``config`` (a frozen dataclass), the input's identity,
     ``text_field``, ``mode`` and ``output_format``; ``backend`` only chooses where shards run.
     """
-    if mode not in ("remove", "mark"):
-        raise CurationError(f"mode must be 'remove' or 'mark', not {mode!r}")
-    if output_format not in _EXTENSIONS:
-        raise CurationError(f"output_format must be one of {sorted(_EXTENSIONS)}, not {output_format!r}")
+    check_output_options(mode, output_format)
     resolved = resolve_input(source, accept=accept)
 
     def run(ctx) -> CuratedDataset:

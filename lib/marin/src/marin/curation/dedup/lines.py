@@ -26,7 +26,7 @@ from marin.curation.dedup.records import (
     Doc,
     FileDocs,
     considered,
-    count_document,
+    written,
 )
 
 
@@ -86,14 +86,14 @@ class LineDecisions:
 class AnnotateLines:
     """Per-file join reducer: each document written with its removed lines cut from ``text_field``.
 
-    Documents losing lines get ``lines_removed`` and ``reason: "duplicate-lines:<n>"``; a document
-    with nothing but whitespace left is ``kept: false`` with ``reason: "all-lines-duplicated"``.
+    Every document gets ``lines_removed`` (0 when none were); a document with nothing but whitespace
+    left is ``kept: false`` with ``reason: "all-lines-duplicated"``.
     """
 
     text_field: str
     min_chars: int
 
-    def __call__(self, file: int, items: Iterator[Doc | Decision]) -> list[dict]:
+    def __call__(self, file: int, items: Iterator[Doc | Decision]) -> list[tuple[dict, tuple, int]]:
         docs: list[Doc] = []
         removed: dict[int, set[int]] = {}
         for item in items:
@@ -113,11 +113,10 @@ class AnnotateLines:
                 record.update({"kept": True, "reason": None, "lines_removed": n})
                 if n:
                     count("lines/removed", n)
-                    record["reason"] = f"duplicate-lines:{n}"
+                    count("lines/documents_changed")
                     if not text.strip():
                         record.update({"kept": False, "reason": "all-lines-duplicated"})
-            out.append(record)
-            count_document(doc.text, record, text)
+            out.append(written(doc, record))
         return out
 
 

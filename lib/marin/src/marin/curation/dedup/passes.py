@@ -8,17 +8,17 @@ Near duplicates: per shard, signatures are computed in batches; every document h
 LSH band keyed by ``(band, band hash)``, and entries travel through ``group_by`` batched by a
 partition of that key, so a bucket's entries always meet in one reducer; a bucket's members are
 compared by signature agreement and the verified pairs of a bucket become a spanning forest of edges
-(member -> smallest id of its local component). Connected components of all edges come from sharded min-label propagation: each round is
-one ``group_by`` over nodes, and rounds repeat until no label changes. Each component keeps its
-smallest id; every other member is marked ``near-duplicate-of:<that id>`` with the neighbour it was
-most similar to as evidence.
+(member -> smallest id of its local component). Connected components of all edges come from sharded
+min-label propagation: each round is one ``group_by`` over nodes, and rounds repeat until no label
+changes. Each component keeps its smallest id; every other member gets ``reason: "near-duplicate"``
+(its ``cluster`` names the kept one), with the neighbour it was most similar to as evidence.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from marin.curation.dedup.records import (
     annotated_dataset,
     considered,
 )
+from marin.curation.steps import CuratedDataset, write_curated
 from marin.errors import MarinError
 
 logger = logging.getLogger(__name__)
@@ -81,18 +82,30 @@ def _write_items(dataset: Dataset, folder: str, backend: Any) -> tuple[list[str]
     return list(result.outputs), dict(result.counters)
 
 
-def run_pass(sources: Sequence[FileDocs], decisions: Dataset, work: str, output: str, backend: Any,
-             num_shards: int, annotate: Any = None) -> tuple[list[str], dict[str, int]]:
-    """Write ``decisions`` to ``work``, join them onto the documents and write ``output`` (jsonl.zst).
+@dataclass(frozen=True)
+class PassOutput:
+    """Where and how a dedup pass writes the annotated documents (see :func:`marin.curation.steps.write_curated`)."""
 
-    ``annotate`` is the per-file join reducer (see :func:`annotated_dataset`).
+    path: str
+    mode: str
+    output_format: str
+    text_field: str
+
+
+def run_pass(sources: Sequence[FileDocs], decisions: Dataset, work: str, output: PassOutput, backend: Any,
+             num_shards: int, annotate: Any = None, details: Callable[[dict[str, int]], dict] | None = None
+             ) -> CuratedDataset:
+    """Write ``decisions`` to ``work``, join them onto the documents and write them as a curation step does.
+
+    ``annotate`` is the per-file join reducer (see :func:`annotated_dataset`); ``details(counters)``
+    gives the result's ``details`` from the counters of the decisions and of the join.
     """
     decision_files, counters = _write_items(decisions.map(_decision_record), work, backend)
     joined = annotated_dataset(sources, [JsonlItems(url, "decision") for url in decision_files], num_shards,
-                               annotate)
-    result = joined.flat_map(_identity_list).write_jsonl(join_url(output, "part-{shard:05d}.jsonl.zst"),
-                                                         backend=backend)
-    return list(result.outputs), {**counters, **result.counters}
+                               annotate).flat_map(_identity_list)
+    return write_curated(joined, output.path, output_format=output.output_format, mode=output.mode,
+                         text_field=output.text_field, backend=backend,
+                         details=(lambda written: details({**counters, **written})) if details else None)
 
 
 def _identity_list(group: list[dict]) -> list[dict]:
@@ -126,7 +139,7 @@ def _exact_group(digest: str, members: Iterator[tuple]) -> list[Decision]:
     out = [Decision(members[0][1], members[0][2], {"cluster": keeper, "duplicates": len(members) - 1})]
     for _, file, position, _identifier in members[1:]:
         count("exact/duplicates")
-        out.append(Decision(file, position, {"kept": False, "reason": f"exact-duplicate-of:{keeper}",
+        out.append(Decision(file, position, {"kept": False, "reason": "exact-duplicate",
                                              "cluster": keeper}))
     return out
 
@@ -320,7 +333,7 @@ def _component_decision(state: dict) -> Decision:
     if label != state["id"]:
         count("fuzzy/near_duplicates")
         similarity, similar_to = state["evidence"] if state["evidence"] else (None, None)
-        attributes.update({"kept": False, "reason": f"near-duplicate-of:{label}",
+        attributes.update({"kept": False, "reason": "near-duplicate",
                            "similar_to": similar_to, "similarity": similarity})
     return Decision(state["file"], state["position"], attributes)
 

@@ -3,20 +3,20 @@
 A document is a :class:`Doc`: where it comes from (input file index and line/row), its id (the
 record's id field, else ``<file>#<line>``), its text and the whole record. Decisions are computed
 on small keyed items and joined back by a final ``group_by`` on the input file, so every input
-document is written exactly once, in input order, with its ``kept``/``reason``/``cluster`` attributes.
+document comes out exactly once, in input order, with its ``kept``/``reason``/``cluster``
+attributes, as the ``(record, hits, bytes in)`` items that :func:`marin.curation.steps.write_curated` writes.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from zephyr import Dataset
 from zephyr.errors import InputFileError
 from zephyr.readers import input_format, read_jsonl, read_parquet
-from zephyr.worker_context import count
 
 from marin.errors import MarinError
 
@@ -108,7 +108,7 @@ def _file_of(item: Doc | Decision) -> int:
 
 @dataclass(frozen=True)
 class _AnnotateFile:
-    def __call__(self, file: int, items: Iterator[Doc | Decision]) -> list[dict]:
+    def __call__(self, file: int, items: Iterator[Doc | Decision]) -> list[tuple[dict, tuple, int]]:
         docs: list[Doc] = []
         decided: dict[int, dict] = {}
         for item in items:
@@ -122,24 +122,12 @@ class _AnnotateFile:
             record = dict(doc.record)
             if considered(doc):
                 record.setdefault("id", doc.id)
-                attributes = decided.get(doc.position, {})
                 record.update({"kept": True, "reason": None, "cluster": doc.id})
-                record.update(attributes)
-            out.append(record)
-            count_document(doc.text, record)
+                record.update(decided.get(doc.position, {}))
+            out.append(written(doc, record))
         return out
 
 
-def count_document(original: str, record: Mapping[str, Any], written: str | None = None) -> None:
-    """Count a document in and (if kept) out; ``written`` is its text as written, when not ``record["text"]``."""
-    size = len(original.encode("utf-8"))
-    count("documents/in")
-    count("bytes/in", size)
-    reason = record.get("reason")
-    kind = "kept" if not reason else str(reason).split(":", 1)[0]
-    count(f"documents/{kind}")
-    count(f"bytes/{kind}", size)
-    if record.get("kept", True) is not False:
-        count("documents/out")
-        text = written if written is not None else str(record.get("text", original))
-        count("bytes/out", len(text.encode("utf-8")))
+def written(doc: Doc, record: dict) -> tuple[dict, tuple, int]:
+    """The item the writer takes for ``doc`` annotated as ``record``: no hits, the input's bytes."""
+    return record, (), len(doc.text.encode("utf-8"))
