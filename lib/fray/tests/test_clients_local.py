@@ -251,3 +251,18 @@ def test_a_failing_map_call_leaves_a_call_sharing_its_workers_running():
             assert survivor.result(timeout=60) == [0, 1, 2, 3]
     finally:
         client.shutdown()
+
+
+def test_workers_see_the_environment_and_directory_of_the_call_not_of_their_start(monkeypatch, tmp_path):
+    monkeypatch.delenv("FRAY_TEST_SETTING", raising=False)
+    client = LocalClient(processes=True, max_workers=2)
+    try:
+        def probe(_):
+            return os.environ.get("FRAY_TEST_SETTING"), os.getcwd()
+
+        assert client.map(probe, range(2)) == [(None, os.getcwd())] * 2
+        monkeypatch.setenv("FRAY_TEST_SETTING", "credentials-for-step-2")
+        monkeypatch.chdir(tmp_path)
+        assert client.map(probe, range(2)) == [("credentials-for-step-2", str(tmp_path))] * 2
+    finally:
+        client.shutdown()

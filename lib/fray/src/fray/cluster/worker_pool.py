@@ -13,13 +13,21 @@ separate pools did not have: a worker that dies breaks the pool for every call r
 sees a lost worker, and the next task starts a new pool), and after a permanent failure a call
 stops the workers only when no other call is using them (otherwise its queued tasks are cancelled
 and its running ones finish unobserved).
+
+A spawn worker starts with the parent's environment variables, working directory and ``sys.path``
+as they are then. A program that changes them later (credentials set for one step, a test's
+``monkeypatch``) must not get workers holding the old ones: when they differ from what the
+running workers started with, the next task goes to new workers and the old ones stop once their
+tasks are done.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import hashlib
 import os
+import sys
 import tempfile
 import threading
 from collections import OrderedDict
@@ -79,6 +87,12 @@ def shipped_function(fn: Callable[[Any], Any]) -> Iterator[bytes | ShippedFile]:
         os.unlink(path)
 
 
+def _spawn_context() -> str:
+    """A digest of what a spawned worker inherits from this process when it starts."""
+    state = (sorted(os.environ.items()), os.getcwd(), list(sys.path))
+    return hashlib.sha256(repr(state).encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def _mark_started(started: Any) -> None:
     started.set()  # past the re-import of the user's script, the part of start-up that can go wrong
 
@@ -92,6 +106,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._executor: cf.ProcessPoolExecutor | None = None
         self._started: Any = None
+        self._context = ""
         self._calls = 0
         self._idle_timer: threading.Timer | None = None
 
@@ -114,9 +129,14 @@ class WorkerPool:
                     self._idle_timer.start()
 
     def executor(self) -> tuple[cf.ProcessPoolExecutor, Any]:
-        """The running executor (a new one if there is none) and its started event."""
+        """The running executor (a new one if there is none, or if the workers' start-up context changed)."""
+        context = _spawn_context()
         with self._lock:
+            if self._executor is not None and context != self._context:
+                retired, self._executor = self._executor, None
+                retired.shutdown(wait=False)  # its running tasks finish, then its workers exit
             if self._executor is None:
+                self._context = context
                 # spawn, not fork: a forked child of a process running threads (or JAX) can deadlock.
                 context = multiprocessing.get_context("spawn")
                 self._started = context.Event()
