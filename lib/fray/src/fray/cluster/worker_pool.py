@@ -149,7 +149,7 @@ class WorkerPool:
         with self._lock:
             if self._executor is broken:
                 self._executor = None
-        broken.shutdown(wait=False, cancel_futures=True)
+        broken.shutdown(wait=False)  # a broken executor has already failed every task it held
 
     def stop_if_sole_user(self) -> None:
         """After a permanent failure: terminate the workers, unless another call is using them."""
