@@ -31,7 +31,6 @@ from marin.curation.dedup.minhash import (
     lsh_params,
 )
 from marin.curation.dedup.passes import (
-    PassOutput,
     exact_decisions,
     fuzzy_decisions,
     run_pass,
@@ -40,6 +39,7 @@ from marin.curation.dedup.records import file_sources
 from marin.curation.steps import (
     CuratedDataset,
     CurationInput,
+    CurationSink,
     Mode,
     OutputFormat,
     check_output_options,
@@ -108,7 +108,7 @@ class _PassSetup:
     sources: list
     shards: int
     work: str
-    output: PassOutput
+    output: CurationSink
     backend: Any
 
     @classmethod
@@ -119,7 +119,7 @@ class _PassSetup:
         shards = num_shards or len(sources)
         if backend is None:
             backend = default_backend(max(shards, len(sources)), files, "dedup shards")
-        output = PassOutput(ctx.output_path, mode, output_format, config.text_field)
+        output = CurationSink(ctx.output_path, output_format, mode, config.text_field)
         return cls(sources, shards, join_url(ctx.output_path, ".work"), output, backend)
 
     def finish(self, result: CuratedDataset) -> CuratedDataset:
@@ -168,7 +168,7 @@ def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = Fuz
         decisions, counters = fuzzy_decisions(at.sources, config.minhash(), bands, rows, config.threshold, at.work,
                                               at.backend, at.shards)
         return at.finish(run_pass(at.sources, decisions, join_url(at.work, "decisions"), at.output, at.backend,
-                                  len(at.sources), details=lambda written: details({**counters, **written})))
+                                  len(at.sources), details=details, counters=counters))
 
     attributes = {**asdict(config), "bands": bands, "rows": rows, "signature": SIGNATURE_SCHEME}
     return _declare(name, source, "fuzzy", attributes, run, mode, output_format, version)

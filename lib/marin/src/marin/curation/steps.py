@@ -366,8 +366,7 @@ def run_curation(
     dataset = Dataset.from_list(files, num_shards=len(files)).flat_map(reader).map(Annotate(annotator, text_field))
     if backend is None:
         backend = default_backend(len(files), files, "curation shards")
-    return write_curated(dataset, output_path, output_format=output_format, mode=mode, text_field=text_field,
-                         backend=backend)
+    return write_curated(dataset, CurationSink(output_path, output_format, mode, text_field), backend=backend)
 
 
 def check_output_options(mode: str, output_format: str) -> None:
@@ -379,19 +378,15 @@ def check_output_options(mode: str, output_format: str) -> None:
 
 def write_curated(
     dataset: Dataset,
-    output_path: str,
+    sink: CurationSink,
     *,
-    output_format: OutputFormat,
-    mode: Mode,
-    text_field: str,
     backend: Any,
     details: Callable[[Mapping[str, int]], Mapping[str, Any]] | None = None,
 ) -> CuratedDataset:
-    """Write ``(record, hits, bytes in)`` items, shard by shard, as ``data/``, ``removed/`` and ``stats/``; resumable.
+    """Write ``(record, hits, bytes in)`` items through ``sink``, shard by shard; resumable.
 
     ``details(counters)``: the result's ``details``, from the counters the pipeline's functions kept.
     """
-    sink = CurationSink(output_path, output_format, mode, text_field)
     result = execute(dataset, sink, backend=backend, skip_existing=True)
     num_shards = len(result.outputs)
     # Readers refuse empty files, so the result lists only the shards that hold documents.
@@ -402,9 +397,9 @@ def write_curated(
         files=data,
         removed_files=removed,
         splits={"train": data},
-        format=output_format,
-        text_field=text_field,
-        mode=mode,
+        format=sink.output_format,
+        text_field=sink.text_field,
+        mode=sink.mode,
         summary=merge_stats(result.outputs),
         details=dict(details(result.counters)) if details else {},
     )

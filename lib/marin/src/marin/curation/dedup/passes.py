@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from marin.curation.dedup.records import (
     annotated_dataset,
     considered,
 )
-from marin.curation.steps import CuratedDataset, write_curated
+from marin.curation.steps import CuratedDataset, CurationSink, write_curated
 from marin.errors import MarinError
 
 logger = logging.getLogger(__name__)
@@ -82,30 +82,20 @@ def _write_items(dataset: Dataset, folder: str, backend: Any) -> tuple[list[str]
     return list(result.outputs), dict(result.counters)
 
 
-@dataclass(frozen=True)
-class PassOutput:
-    """Where and how a dedup pass writes the annotated documents (see :func:`marin.curation.steps.write_curated`)."""
+def run_pass(sources: Sequence[FileDocs], decisions: Dataset, work: str, sink: CurationSink, backend: Any,
+             num_shards: int, annotate: Any = None, details: Callable[[dict[str, int]], dict] | None = None,
+             counters: Mapping[str, int] | None = None) -> CuratedDataset:
+    """Write ``decisions`` to ``work``, join them onto the documents and write them through ``sink``.
 
-    path: str
-    mode: str
-    output_format: str
-    text_field: str
-
-
-def run_pass(sources: Sequence[FileDocs], decisions: Dataset, work: str, output: PassOutput, backend: Any,
-             num_shards: int, annotate: Any = None, details: Callable[[dict[str, int]], dict] | None = None
-             ) -> CuratedDataset:
-    """Write ``decisions`` to ``work``, join them onto the documents and write them as a curation step does.
-
-    ``annotate`` is the per-file join reducer (see :func:`annotated_dataset`); ``details(counters)``
-    gives the result's ``details`` from the counters of the decisions and of the join.
+    ``annotate`` is the per-file join reducer (see :func:`annotated_dataset`); ``details`` gets the
+    counters of earlier passes (``counters``), of the decisions and of the join.
     """
-    decision_files, counters = _write_items(decisions.map(_decision_record), work, backend)
+    decision_files, decided = _write_items(decisions.map(_decision_record), work, backend)
     joined = annotated_dataset(sources, [JsonlItems(url, "decision") for url in decision_files], num_shards,
                                annotate).flat_map(_identity_list)
-    return write_curated(joined, output.path, output_format=output.output_format, mode=output.mode,
-                         text_field=output.text_field, backend=backend,
-                         details=(lambda written: details({**counters, **written})) if details else None)
+    earlier = {**(counters or {}), **decided}
+    return write_curated(joined, sink, backend=backend,
+                         details=(lambda written: details({**earlier, **written})) if details else None)
 
 
 def _identity_list(group: list[dict]) -> list[dict]:
