@@ -1,0 +1,259 @@
+"""Every attempt's output, kept beside the work it belongs to, on any storage.
+
+A step (or any job given a folder) keeps one sub-folder per attempt, numbered in the order the
+attempts started, across runs and across the engines that ran them::
+
+    <folder>/.attempts/001/attempt.json      what ran and how it ended (see AttemptRecord)
+    <folder>/.attempts/001/replica-000.log   stdout and stderr of replica 0, as written
+    <folder>/.attempts/002/...
+
+``attempt.json`` is written when the attempt starts (no ``outcome`` yet: it is running, or its
+writer died) and again when it ends. A log is appended to as output arrives on local disk; an
+object store cannot append, so there the whole file is uploaded again at most every
+:data:`REMOTE_FLUSH_S` seconds and once at the end. A reader therefore sees a running attempt's
+output late by that much on a bucket, never a torn file.
+
+One writer per folder at a time: the step's lease (or iris's single supervisor per job) makes it so,
+which is why the next number can be taken by listing the folder.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rigging import filesystem as fsx
+
+ATTEMPTS_FOLDER = ".attempts"
+RECORD_FILE = "attempt.json"
+REMOTE_FLUSH_S = 5.0
+
+
+class AttemptOutcome(enum.Enum):
+    """How an attempt ended. PREEMPTED spends a preemption budget; FAILED and TIMED_OUT a failure budget."""
+
+    SUCCEEDED = "SUCCEEDED"
+    PREEMPTED = "PREEMPTED"  # exit 75, SIGTERM from outside, or its machine went away
+    FAILED = "FAILED"  # any other non-zero exit
+    TIMED_OUT = "TIMED_OUT"  # killed by the scheduler at its time limit
+    STOPPED = "STOPPED"  # stopped on purpose (iris job stop, the run was interrupted)
+
+    @property
+    def spends_failure_budget(self) -> bool:
+        return self in (AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """``attempt.json``: one attempt of a step or job."""
+
+    attempt: int  # 1, 2, ... in the folder, across runs
+    started_at: float
+    replicas: int = 1
+    engine: str = "local"  # where it ran: "local" (the runner's process), "local" / "ray" / "slurm" through iris
+    job_id: str | None = None  # the iris job, when it ran through iris
+    job_attempt: int | None = None  # the attempt number within that job
+    host: str = field(default_factory=socket.gethostname)
+    ended_at: float | None = None
+    outcome: str | None = None  # an AttemptOutcome value; None while running (or if its writer died)
+    reason: str = ""
+    exit_codes: tuple[int | None, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["exit_codes"] = list(self.exit_codes)
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> AttemptRecord:
+        data = json.loads(text)
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        known["exit_codes"] = tuple(known.get("exit_codes") or ())
+        return cls(**known)
+
+
+def attempts_url(folder: str) -> str:
+    return fsx.join(folder, ATTEMPTS_FOLDER)
+
+
+def attempt_url(folder: str, attempt: int) -> str:
+    return fsx.join(folder, ATTEMPTS_FOLDER, f"{attempt:03d}")
+
+
+def replica_log_name(replica: int) -> str:
+    return f"replica-{replica:03d}.log"
+
+
+def _attempt_numbers(folder: str) -> list[int]:
+    try:
+        entries = fsx.ls(attempts_url(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    numbers = []
+    for entry in entries:
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        if name.isdigit():
+            numbers.append(int(name))
+    return sorted(numbers)
+
+
+class AttemptLog:
+    """The writer of one attempt's folder: start it, feed it output, end it.
+
+    ``append(replica, data)`` takes bytes as they arrive; ``finish(...)`` flushes every log and
+    writes the final record. Thread-safe, so a step's output can arrive from several threads.
+    """
+
+    def __init__(self, folder: str, record: AttemptRecord) -> None:
+        self.folder = folder
+        self.url = attempt_url(folder, record.attempt)
+        self.record = record
+        self._local = fsx.is_local(folder)
+        self._lock = threading.Lock()
+        # Remote folders: each log is kept whole in a local file and uploaded as a whole.
+        self._spool = None if self._local else tempfile.mkdtemp(prefix="iris-attempt-")
+        self._dirty: set[int] = set()
+        self._last_flush = 0.0
+        for replica in range(record.replicas):
+            self.append(replica, b"")  # every replica has its log, even one that never writes
+        self.flush()
+
+    @classmethod
+    def begin(cls, folder: str, *, replicas: int = 1, engine: str = "local", job_id: str | None = None,
+              job_attempt: int | None = None) -> AttemptLog:
+        """Number a new attempt after the folder's existing ones and write its opening record."""
+        numbers = _attempt_numbers(folder)
+        record = AttemptRecord(
+            attempt=(numbers[-1] + 1) if numbers else 1,
+            started_at=time.time(),
+            replicas=replicas,
+            engine=engine,
+            job_id=job_id,
+            job_attempt=job_attempt,
+        )
+        fsx.makedirs(attempt_url(folder, record.attempt))
+        log = cls(folder, record)
+        fsx.atomic_write(fsx.join(log.url, RECORD_FILE), record.to_json())
+        return log
+
+    @property
+    def attempt(self) -> int:
+        return self.record.attempt
+
+    def log_url(self, replica: int) -> str:
+        return fsx.join(self.url, replica_log_name(replica))
+
+    def append(self, replica: int, data: bytes) -> None:
+        with self._lock:
+            if self._local:
+                path = self.log_url(replica).removeprefix("file://")
+                with open(path, "ab") as handle:
+                    handle.write(data)
+                return
+            with open(os.path.join(self._spool, replica_log_name(replica)), "ab") as handle:
+                handle.write(data)
+            self._dirty.add(replica)
+        if time.monotonic() - self._last_flush >= REMOTE_FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Upload the logs that changed since the last flush (a no-op on local disk, which is appended to)."""
+        if self._local:
+            return
+        with self._lock:
+            dirty, self._dirty = sorted(self._dirty), set()
+            self._last_flush = time.monotonic()
+            for replica in dirty:
+                with open(os.path.join(self._spool, replica_log_name(replica)), "rb") as handle:
+                    fsx.atomic_write(self.log_url(replica), handle.read())
+
+    def finish(self, outcome: AttemptOutcome, reason: str = "", exit_codes: tuple[int | None, ...] | list = ()) -> AttemptRecord:
+        self.flush()
+        self.record = AttemptRecord(
+            **{**asdict(self.record), "ended_at": time.time(), "outcome": outcome.value, "reason": reason,
+               "exit_codes": tuple(exit_codes)}
+        )
+        fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json())
+        if self._spool is not None:
+            import shutil
+
+            shutil.rmtree(self._spool, ignore_errors=True)
+        return self.record
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptListing:
+    """One attempt as a reader finds it: its record (None when unreadable) and its replicas' log URLs."""
+
+    attempt: int
+    url: str
+    record: AttemptRecord | None
+    logs: tuple[str, ...]
+
+    def describe(self) -> str:
+        """``attempt 2 (job train-...-3f2a, attempt 2 on slurm): PREEMPTED exit 75 after 41.2s: reason``."""
+        record = self.record
+        if record is None:
+            return f"attempt {self.attempt}: no readable {RECORD_FILE}"
+        where = f" (iris job {record.job_id}, its attempt {record.job_attempt}, on {record.engine})" if record.job_id else f" ({record.engine})"
+        if not record.finished:
+            return f"attempt {self.attempt}{where}: RUNNING (or its runner died) since {_clock(record.started_at)}"
+        codes = ", ".join("?" if code is None else str(code) for code in record.exit_codes)
+        took = (record.ended_at or record.started_at) - record.started_at
+        text = f"attempt {self.attempt}{where}: {record.outcome} (exit {codes or '-'}) after {took:.1f}s"
+        return text + (f": {record.reason}" if record.reason else "")
+
+
+def _clock(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def list_attempts(folder: str) -> list[AttemptListing]:
+    """Every attempt kept under ``folder``, oldest first."""
+    listings = []
+    for number in _attempt_numbers(folder):
+        url = attempt_url(folder, number)
+        text = fsx.read_text(fsx.join(url, RECORD_FILE))
+        try:
+            record = AttemptRecord.from_json(text) if text is not None else None
+        except (ValueError, TypeError, KeyError):
+            record = None
+        try:
+            names = sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in fsx.ls(url))
+        except FileNotFoundError:
+            names = []
+        logs = tuple(fsx.join(url, name) for name in names if name.startswith("replica-") and name.endswith(".log"))
+        listings.append(AttemptListing(number, url, record, logs))
+    return listings
+
+
+def read_log(url: str, offset: int = 0, limit: int | None = None) -> bytes:
+    """Bytes of one replica log from ``offset`` (at most ``limit``); empty when it does not exist (yet)."""
+    try:
+        with fsx.open_url(url, "rb") as handle:
+            handle.seek(offset)
+            return handle.read() if limit is None else handle.read(limit)
+    except FileNotFoundError:
+        return b""
+
+
+def as_dict(listing: AttemptListing) -> dict[str, Any]:
+    """A listing as plain JSON data (for ``--json`` output and the web view's API)."""
+    record = asdict(listing.record) if listing.record is not None else None
+    if record is not None:
+        record["exit_codes"] = list(listing.record.exit_codes)
+    return {"attempt": listing.attempt, "url": listing.url, "record": record, "logs": list(listing.logs)}
