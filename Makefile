@@ -33,6 +33,7 @@ tutorial: $(STAMP)
 
 test: $(TEST_STAMP)
 	bash scripts/install_browser.sh
+	bash scripts/install_slurm.sh
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
