@@ -146,3 +146,16 @@ def find_step_folders(prefix: str, name_or_path: str) -> list[str]:
     listings = [describe_folder(m, prefix) for m in matches]
     listings.sort(key=lambda listing: listing.status_time or 0.0, reverse=True)
     return [listing.output_path for listing in listings]
+
+
+def closest_step_names(prefix: str, what: str, limit: int = 3) -> list[str]:
+    """Step names and folders (relative to ``prefix``) spelled most like ``what``, for "did you mean"."""
+    import difflib
+
+    known: set[str] = set()
+    for listing in list_steps(prefix):
+        known.add(listing.name)
+        relative = listing.output_path[len(prefix) :].strip("/") if listing.output_path.startswith(prefix) else None
+        if relative:
+            known.add(relative)
+    return difflib.get_close_matches(what.strip("/"), sorted(known), n=limit, cutoff=0.5)
