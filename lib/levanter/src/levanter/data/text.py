@@ -6,8 +6,9 @@ its train windows is held out and never trained on.
 
 Every cache is verified when opened (see ``zephyr.token_cache``: sizes, and checksums unless
 ``verify_checksums=False``) and, given the model's ``vocab_size``, refused if it holds a token id
-the model has no embedding for, so a mismatch fails here, naming the shard, instead of as NaN
-losses hundreds of steps later.
+the model has no embedding for (verification finds the largest id in the tokens themselves), so a
+mismatch fails here, naming the shard and the cache's tokenizer, instead of as NaN losses at the
+first step; unverified caches have their ids checked as each window is read.
 """
 
 from __future__ import annotations
@@ -54,10 +55,12 @@ def build_text_data(
     mixture_block_size: int = DEFAULT_BLOCK_SIZE,
     vocab_size: int | None = None,
     verify_checksums: bool = True,
+    model: str = "the model",
 ) -> TextData:
     """The train loader and validation sets over ``sources``.
 
     ``vocab_size``: the model's vocabulary; every cache must hold only ids below it (None: no check).
+    ``model``: how the error names the model when they do not.
     ``verify_checksums``: hash every cache file when opening it (sizes are checked either way).
     """
     if not sources:
@@ -68,9 +71,9 @@ def build_text_data(
     train_sets: list[TokenWindows] = []
     validation: dict[str, EvalBatches] = {}
     for source in sources:
-        windows = TokenWindows.over(_open_cache(source.train, vocab_size, verify_checksums), seq_len)
+        windows = TokenWindows.over(_open_cache(source.train, vocab_size, verify_checksums, model), seq_len, vocab_size)
         if source.validation is not None:
-            held = TokenWindows.over(_open_cache(source.validation, vocab_size, verify_checksums), seq_len)
+            held = TokenWindows.over(_open_cache(source.validation, vocab_size, verify_checksums, model), seq_len, vocab_size)
         else:
             windows, held = split_heldout(windows, heldout_fraction)
         train_sets.append(windows)
@@ -90,7 +93,7 @@ def build_text_data(
     return TextData(train=loader, validation=validation)
 
 
-def _open_cache(url: str, vocab_size: int | None, verify_checksums: bool) -> TokenCache:
+def _open_cache(url: str, vocab_size: int | None, verify_checksums: bool, model: str) -> TokenCache:
     cache = TokenCache.open(url, verify_checksums=verify_checksums)
     if is_pair_cache(cache):
         raise PairDataError(
@@ -98,5 +101,5 @@ def _open_cache(url: str, vocab_size: int | None, verify_checksums: bool) -> Tok
             "train on it with dpo(...), or tokenize the conversations you want with chat_dataset(...)."
         )
     if vocab_size is not None:
-        cache.check_token_ids(vocab_size)
+        cache.check_token_ids(vocab_size, model)
     return cache

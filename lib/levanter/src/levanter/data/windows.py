@@ -9,6 +9,10 @@ The loss mask of a window follows ``Batch``'s convention: position ``t`` predict
 so it is weighted by the cache's mask of that *target* token (for a conversation: 1 where the next
 token is the assistant's). A cache without masks trains on every prediction; the last position of
 a window, whose target lies outside it, never counts.
+
+Given the model's ``vocab_size``, every window read is checked against it (a max over ``seq_len``
+ids): opening a cache checks its largest id when its checksums are verified, but a cache opened
+without verification has only its ledger's word, and an id past the embedding table trains to NaN.
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ class TokenWindows:
     seq_len: int
     first: int
     count: int
+    vocab_size: int | None = None  # the model's: ids at or past it are refused as they are read
 
     @classmethod
-    def over(cls, cache: TokenCache | str, seq_len: int) -> "TokenWindows":
+    def over(cls, cache: TokenCache | str, seq_len: int, vocab_size: int | None = None) -> "TokenWindows":
         """All full windows of ``cache`` (a :class:`TokenCache` or its URL)."""
         if seq_len < 2:
             raise ValueError(f"seq_len must be >= 2 (a window predicts its own next tokens), got {seq_len}")
@@ -48,7 +53,7 @@ class TokenWindows:
                 f"token cache {cache.url} holds {cache.num_tokens} tokens, fewer than one window of "
                 f"seq_len={seq_len}; use a shorter seq_len or more data"
             )
-        return cls(cache=cache, seq_len=seq_len, first=0, count=count)
+        return cls(cache=cache, seq_len=seq_len, first=0, count=count, vocab_size=vocab_size)
 
     def __len__(self) -> int:
         return self.count
@@ -60,7 +65,8 @@ class TokenWindows:
     def slice(self, start: int, stop: int) -> "TokenWindows":
         if not 0 <= start <= stop <= self.count:
             raise IndexError(f"window slice [{start}, {stop}) outside [0, {self.count})")
-        return TokenWindows(cache=self.cache, seq_len=self.seq_len, first=self.first + start, count=stop - start)
+        return TokenWindows(cache=self.cache, seq_len=self.seq_len, first=self.first + start, count=stop - start,
+                            vocab_size=self.vocab_size)
 
     def tokens_and_segments(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Window ``index``: its int32 tokens and int32 segment ids."""
@@ -69,6 +75,8 @@ class TokenWindows:
         start = (self.first + index) * self.seq_len
         stop = start + self.seq_len
         tokens = self.cache.read_tokens(start, stop).astype(np.int32)
+        if self.vocab_size is not None and tokens.size and (largest := int(tokens.max())) >= self.vocab_size:
+            raise self.cache.token_id_error(largest, f"window {index} (tokens {start}..{stop - 1})", self.vocab_size)
         boundaries = self._boundaries()
         # Document starts strictly inside the window each open a new segment.
         lo = np.searchsorted(boundaries, start, side="right")

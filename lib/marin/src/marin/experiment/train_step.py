@@ -91,6 +91,7 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
             # Every cache's largest token id must fit the model's embedding table (an id past it is an
             # out-of-range gather, which XLA turns into silent garbage, not an error).
             vocab_size=first.vocab_size,
+            model=f"the {type(request.model).__name__} model, sized for tokenizer {first.tokenizer_source},",
         )
         train_source, eval_sources = data.train, data.validation
     initial = request.initialize_from.locate(ctx) if request.initialize_from is not None else None
