@@ -48,6 +48,7 @@ class JobStatus(enum.Enum):
     FAILED = "FAILED"  # a non-zero exit, or a command that could not start (exit code 127)
     STOPPED = "STOPPED"  # ended by ``terminate()``
     LOST = "LOST"  # the machine or worker that held it went away; its exit is unknown
+    TIMED_OUT = "TIMED_OUT"  # ended by the cluster at its time limit (``JobRequest.time_limit_s``)
 
     @property
     def finished(self) -> bool:
@@ -61,6 +62,8 @@ class JobRequest:
     A callable ``entrypoint`` is called with ``args`` and ``kwargs`` in a fresh process (shipped
     there with cloudpickle); a command is run as is. ``env`` adds environment variables. ``cwd`` is
     the working directory where it exists on the machine that runs the job (elsewhere the worker's own).
+    ``time_limit_s``: wall-clock seconds after which a cluster with time limits (Slurm) ends the job
+    (``TIMED_OUT``); clients without them ignore it.
     """
 
     name: str
@@ -70,10 +73,13 @@ class JobRequest:
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise InvalidJobRequest("A job needs a non-empty name, e.g. JobRequest(name='tokenize', ...).")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise InvalidJobRequest(f"Job {self.name!r}: time_limit_s must be positive seconds or None, got {self.time_limit_s!r}.")
         if callable(self.entrypoint):
             return
         if isinstance(self.entrypoint, str):
