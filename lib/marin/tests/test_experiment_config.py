@@ -4,7 +4,7 @@ import dataclasses
 import enum
 import json
 import textwrap
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -197,3 +197,111 @@ def test_marin_run_refuses_settings_the_script_never_read_or_cannot_apply(settin
 
     assert cli.main(["run", str(script), "--prefix", prefix, "--set", "learning_rate=0.1"]) == 2
     assert "NAME.KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_duplicate_key_in_a_config_file_is_refused_naming_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("num_train_steps: 5\noptimizer:\n  learning_rate: 0.1\n  schedule: linear\n  learning_rate: 0.2\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml: the key 'optimizer\.learning_rate' appears twice, on lines 3 and 5"):
+        load_config(Run, str(path))
+    top = tmp_path / "top.yaml"
+    top.write_text("num_train_steps: 5\nname: a\nnum_train_steps: 6\n")
+    with pytest.raises(ConfigError, match=r"'num_train_steps' appears twice, on lines 1 and 3"):
+        load_config(Run, str(top))
+
+
+def test_yaml_merge_keys_may_still_override_merged_values(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &base {learning_rate: 0.1, schedule: linear}\n")
+    # a merge key is YAML's own way of overriding: not a duplicate
+    data = "optimizer:\n  <<: {learning_rate: 0.1, schedule: linear}\n  learning_rate: 0.2\n"
+    path.write_text(data)
+    assert load_config(Run, str(path)).optimizer == Optim(learning_rate=0.2, schedule=Schedule.LINEAR)
+
+
+ALIAS_BOMB = (
+    'data: [&a ["x","x","x","x","x","x","x","x","x"],\n'
+    "  &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b],\n"
+    "  &d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d],\n"
+    "  &f [*e,*e,*e,*e,*e,*e,*e,*e,*e], &g [*f,*f,*f,*f,*f,*f,*f,*f,*f],\n"
+    "  [*g,*g,*g,*g,*g,*g,*g,*g,*g]]\n"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loose:
+    data: Any = None
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(ALIAS_BOMB)
+    # 9**8 = 43 million strings once expanded (hashing or printing the value hangs), from 285 bytes
+    with pytest.raises(ConfigError, match=r"bomb\.yaml.*aliases.*more than 100,000 values"):
+        load_config(Loose, str(path))
+
+
+def test_a_few_aliases_are_still_read(tmp_path):
+    path = tmp_path / "alias.yaml"
+    path.write_text("optimizer: &o {learning_rate: 0.25}\nwarm_start: *o\n")
+    config = load_config(Run, str(path))
+    assert config.optimizer == config.warm_start == Optim(learning_rate=0.25)
+
+
+def test_a_config_file_larger_than_the_limit_is_refused_unread(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text("name: " + "x" * (1024 * 1024 + 1) + "\n")
+    with pytest.raises(ConfigError, match=r"huge\.yaml is 1,048,584 bytes; config files are limited to 1,048,576"):
+        load_config(Run, str(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedOptim:
+    learning_rate: float = 1e-3
+
+    def __post_init__(self):
+        if not self.learning_rate > 0:
+            raise ValueError(f"CheckedOptim.learning_rate must be > 0; got {self.learning_rate!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedRun:
+    steps: int = 10
+    optimizer: CheckedOptim = dataclasses.field(default_factory=CheckedOptim)
+
+
+def test_a_value_refused_by_a_nested_configs_own_check_is_a_config_error_naming_the_setting(tmp_path):
+    with pytest.raises(ConfigError, match=r"Bad value for 'optimizer\.learning_rate': CheckedOptim\.learning_rate must be > 0"):
+        apply_overrides(CheckedRun(), ["optimizer.learning_rate=-1"])
+    path = tmp_path / "neg.yaml"
+    path.write_text("optimizer:\n  learning_rate: -1\n")
+    with pytest.raises(ConfigError, match=r"neg\.yaml: optimizer\.learning_rate.*must be > 0"):
+        load_config(CheckedRun, str(path))
+
+
+def test_marin_run_reports_a_value_a_nested_config_refuses_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+    from levanter.optim import AdamConfig  # a real nested config with its own check
+
+    script = tmp_path / "train_script.py"
+    script.write_text(textwrap.dedent(
+        """
+        import dataclasses
+        from levanter.optim import AdamConfig
+        from marin.experiment.config import script_config
+
+        @dataclasses.dataclass(frozen=True)
+        class Settings:
+            optimizer: AdamConfig = dataclasses.field(default_factory=lambda: AdamConfig(learning_rate=1e-3))
+
+        script_config(Settings, "train")
+        """
+    ))
+    assert AdamConfig(learning_rate=1e-3).learning_rate == 1e-3
+    monkeypatch.delenv("MARIN_PREFIX", raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["run", str(script), "--prefix", str(tmp_path / "p"), "--set", "train.optimizer.learning_rate=-1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("marin run:")]
+    assert len(lines) == 1 and "optimizer.learning_rate" in lines[0] and "must be a finite number > 0" in lines[0], err

@@ -13,7 +13,14 @@ Values are parsed as YAML (``3``, ``0.01``, ``true``, ``null``, ``[a, b]``, ``{x
 converted to the field's type: ``int``, ``float`` (an int or ``1e-3`` is accepted), ``bool``,
 ``str`` (the text as written), ``Optional``/unions, enums (by value or name), ``Literal``,
 tuples, lists, dicts and nested dataclasses (from a mapping). An unknown key is refused naming the
-closest field names; a value of the wrong type is refused naming the field and its type.
+closest field names; a value of the wrong type is refused naming the field and its type, and so is
+a value a nested config's own check refuses (``optimizer.learning_rate=-1``).
+
+Config files are read strictly: a key given twice in one mapping is refused (YAML would keep the
+last one silently), naming the key and both lines; aliases (``&anchor`` / ``*anchor``) are allowed
+but the document they expand to is bounded (:data:`MAX_CONFIG_VALUES`), so a few hundred bytes of
+nested aliases cannot grow into gigabytes when the settings are hashed or printed; and a file
+larger than :data:`MAX_CONFIG_BYTES` is refused before it is parsed.
 
 :func:`script_config` is what a script calls for its settings: the defaults, then the YAML files
 and then the ``--set`` overrides given to ``marin run`` for that name (see
@@ -39,6 +46,11 @@ from marin.execution.run_defaults import ConfigError, current_launch
 T = TypeVar("T")
 
 _MISSING = object()
+
+# Settings files are a few kilobytes; these bounds are far above any real one and far below what
+# would cost noticeable memory or time, so only hostile or mistaken input meets them.
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_CONFIG_VALUES = 100_000
 
 
 def apply_overrides(config: T, overrides: Sequence[str]) -> T:
@@ -85,18 +97,87 @@ def script_config(cls: type[T], name: str, default: T | None = None) -> T:
 
 
 def _read_yaml(path: str) -> Mapping[str, Any]:
-    text = filesystem.read_text(str(path))
-    if text is None:
-        raise ConfigError(f"Config file {path} does not exist.")
+    text = _read_bounded(str(path))
     try:
-        data = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return {}
+            _check_document(node, str(path))
+            data = loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise ConfigError(f"Config file {path} is not valid YAML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"Config file {path} is nested too deeply to be a settings file.") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"Config file {path} must hold a mapping of field names to values, got {type(data).__name__}.")
     return data
+
+
+def _read_bounded(path: str) -> str:
+    """The file's text, refusing one over :data:`MAX_CONFIG_BYTES` without reading the rest of it."""
+    fs, stripped = filesystem.filesystem(path)
+    try:
+        with fs.open(stripped, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"Config file {path} does not exist.") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"Config file {path} is {fs.size(stripped):,} bytes; config files are limited to "
+                          f"{MAX_CONFIG_BYTES:,} bytes (they hold settings, not data).")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"Config file {path} is not UTF-8 text (byte {exc.start}).") from None
+
+
+def _check_document(root: yaml.Node, path: str) -> None:
+    """Refuse duplicate keys and documents whose aliases expand past :data:`MAX_CONFIG_VALUES`.
+
+    Works on the composed node graph, where an alias is a shared node: each node is visited once
+    and its expanded size remembered, so the check is linear in the file however far it would expand.
+    """
+    sizes: dict[int, int | None] = {}
+
+    def expanded(node: yaml.Node, key: str) -> int:
+        if id(node) in sizes:
+            size = sizes[id(node)]
+            if size is None:
+                raise ConfigError(f"Config file {path}: {key.rstrip('.') or 'the document'} contains itself through an alias "
+                                  f"(line {node.start_mark.line + 1}).")
+            return size
+        sizes[id(node)] = None
+        size = 1
+        if isinstance(node, yaml.MappingNode):
+            _refuse_duplicate_keys(node, key, path)
+            for key_node, value_node in node.value:
+                size += expanded(key_node, key) + expanded(value_node, f"{key}{key_node.value}.")
+        elif isinstance(node, yaml.SequenceNode):
+            size += sum(expanded(item, key) for item in node.value)
+        if size > MAX_CONFIG_VALUES:
+            raise ConfigError(f"Config file {path}: through YAML aliases (*name) it expands to more than "
+                              f"{MAX_CONFIG_VALUES:,} values; write the settings out, or use fewer aliases.")
+        sizes[id(node)] = size
+        return size
+
+    expanded(root, "")
+
+
+def _refuse_duplicate_keys(node: yaml.MappingNode, key: str, path: str) -> None:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue  # a merge key (<<) overriding merged values is YAML's own, explicit, way to override
+        line = key_node.start_mark.line + 1
+        if key_node.value in seen:
+            raise ConfigError(f"Config file {path}: the key {key + key_node.value!r} appears twice, on lines "
+                              f"{seen[key_node.value]} and {line}; keep one.")
+        seen[key_node.value] = line
 
 
 def _fields(cls: type) -> dict[str, Any]:
@@ -127,7 +208,7 @@ def _set_path(config: Any, path: list[str], value: Any, text: str | None, key: s
         new = _set_path(getattr(config, name), rest, value, text, key)
     else:
         new = _convert(tp, value, key, text)
-    return dataclasses.replace(config, **{name: new})
+    return _checked(lambda: dataclasses.replace(config, **{name: new}), [key])
 
 
 def _merge(config: Any, mapping: Mapping[str, Any], where: str, path: str = "") -> Any:
@@ -141,7 +222,17 @@ def _merge(config: Any, mapping: Mapping[str, Any], where: str, path: str = "") 
             changes[name] = _merge(current, value, where, f"{key}.")
         else:
             changes[name] = _convert(tp, value, f"{where}: {key}")
-    return dataclasses.replace(config, **changes)
+    return _checked(lambda: dataclasses.replace(config, **changes), [f"{where}: {path}{name}" for name in changes])
+
+
+def _checked(build: Any, keys: Sequence[str]) -> Any:
+    """``build()``, with a refusal by the config's own checks (``__post_init__``) as a ConfigError naming the keys set."""
+    try:
+        return build()
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"Bad value for {', '.join(repr(key) for key in keys)}: {exc}") from None
 
 
 def _from_mapping(cls: type, mapping: Mapping[str, Any], where: str, path: str = "") -> Any:
@@ -155,7 +246,7 @@ def _from_mapping(cls: type, mapping: Mapping[str, Any], where: str, path: str =
         else:
             kwargs[name] = _convert(tp, value, f"{where}: {key}")
     try:
-        return cls(**kwargs)
+        return _checked(lambda: cls(**kwargs), [f"{where}: {path}{name}" for name in kwargs])
     except TypeError as exc:
         missing = [name for name in fields if name not in kwargs]
         raise ConfigError(f"{where}: cannot build {cls.__name__}{' at ' + path.rstrip('.') if path else ''} "
