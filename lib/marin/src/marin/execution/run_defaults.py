@@ -19,6 +19,10 @@ script's arguments apply, and a thread the script starts itself begins with an e
 runners it builds see no overrides unless it was started in a copy of the launch's context
 (``contextvars.copy_context().run``).
 
+A launch can also take the script's steps instead of running them (``launch(..., take_run=f)``):
+every ``StepRunner.run(steps)`` of the script then returns ``f(runner, steps)`` and runs nothing.
+``marin reproduce`` reads which steps a script declares, and under which prefix, that way.
+
 The launch also carries the script's settings (``marin run --config NAME=FILE --set NAME.key=value``)
 to :func:`marin.experiment.config.script_config`, which records each NAME it was asked for, so the
 command can refuse settings for a NAME the script never read (a typo would otherwise run the default).
@@ -28,8 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from marin.errors import MarinError
 
@@ -69,6 +74,8 @@ class Launch:
     overrides: RunOverrides
     runs_started: int = 0
     configs_read: set[str] = field(default_factory=set)
+    # ``f(runner, steps)``: what each run of the script returns instead of running (see the module docstring).
+    take_run: Callable[[Any, list[Any]], Any] | None = None
 
     def unread_config_names(self) -> list[str]:
         """Names given settings on the command line that the script never asked for."""
@@ -81,9 +88,10 @@ _current_launch: contextvars.ContextVar[Launch | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def launch(overrides: RunOverrides) -> Iterator[Launch]:
-    """Runners constructed inside the block take ``overrides`` (see the module docstring)."""
-    current = Launch(overrides)
+def launch(overrides: RunOverrides, *, take_run: Callable[[Any, list[Any]], Any] | None = None) -> Iterator[Launch]:
+    """Runners constructed inside the block take ``overrides``, and hand their steps to ``take_run``
+    when it is given (see the module docstring)."""
+    current = Launch(overrides, take_run=take_run)
     token = _current_launch.set(current)
     try:
         yield current

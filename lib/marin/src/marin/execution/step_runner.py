@@ -33,7 +33,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +125,11 @@ class StepRunner:
     by other code than the steps' functions now (see :meth:`run`). ``overrides`` beat every other
     option (default: those of the ``marin run`` in progress, if any; see
     :mod:`marin.execution.run_defaults`).
+
+    ``existing_outputs`` maps step identities to finished outputs elsewhere (another prefix): such a
+    step is never run and nothing is written to its folder; its dependents read it there, and its
+    own dependencies are not planned. ``marin reproduce`` reruns a step in a scratch prefix so,
+    reading its inputs from the original one.
     """
 
     def __init__(
@@ -137,6 +142,7 @@ class StepRunner:
         client: DistributedClient | None = None,
         strict: bool = False,
         overrides: RunOverrides | None = None,
+        existing_outputs: Mapping[str, str] | None = None,
     ) -> None:
         self._launch = current_launch()
         if overrides is None:
@@ -152,6 +158,7 @@ class StepRunner:
         # Where step functions run; None: fray's current client when a run starts (see step_executor).
         self.client = client
         self.strict = strict
+        self.existing_outputs = dict(existing_outputs or {})
 
     def output_path_for(self, spec: StepSpec) -> str:
         """``<prefix>/<name>-<short hash>``, or the step's explicit ``output_path`` (relative ones under the prefix)."""
@@ -183,6 +190,9 @@ class StepRunner:
         """
         if self._launch is not None:
             self._launch.runs_started += 1
+            if self._launch.take_run is not None:
+                # The launcher asked for the script's steps, not for a run (marin reproduce).
+                return self._launch.take_run(self, flatten_steps(steps, taker="StepRunner.run"))
         options = resolve_options(
             self.overrides,
             dry_run=dry_run,
@@ -216,11 +226,12 @@ class StepRunner:
         Reads one status file per step (plus ``.executor_info`` for explicit output paths) and
         writes nothing. Raises on cycles, identity clashes and output-path conflicts.
         """
-        specs = _select(collect_steps(flatten_steps(steps, taker="StepRunner.run")), run_only)
+        roots = flatten_steps(steps, taker="StepRunner.run")
+        specs = _select(_not_upstream_of(collect_steps(roots), roots, self.existing_outputs), run_only)
         planned = []
         owners: dict[str, StepSpec] = {}
         for spec in specs:
-            output_path = self.output_path_for(spec)
+            output_path = self.existing_outputs.get(spec.identity) or self.output_path_for(spec)
             other = owners.setdefault(output_path, spec)
             if other is not spec:
                 raise StepGraphError(
@@ -229,6 +240,11 @@ class StepRunner:
                 )
             status = read_status(output_path)
             check_recorded_identity(spec, output_path, status)
+            if spec.identity in self.existing_outputs and (status is None or status.status != STATUS_SUCCESS):
+                raise RunOptionError(
+                    f"Step {spec.name!r} was given as finished at {output_path}, but its status there is "
+                    f"{status.status if status else 'missing'}; run it to completion there first."
+                )
             planned.append(PlannedStep(spec, output_path, status))
         return planned
 
@@ -361,6 +377,22 @@ _DRY_RUN_LABELS = {
     Outcome.FAILED: "failed (not rerun)",
     Outcome.DEP_FAILED: "dep failed",
 }
+
+
+def _not_upstream_of(specs: list[StepSpec], roots: list[StepSpec], existing: Mapping[str, str]) -> list[StepSpec]:
+    """``specs`` less the steps needed only by steps whose outputs exist elsewhere (never run here)."""
+    if not existing:
+        return specs
+    needed: set[str] = set()
+    stack = list(roots)
+    while stack:
+        spec = stack.pop()
+        if spec.identity in needed:
+            continue
+        needed.add(spec.identity)
+        if spec.identity not in existing:
+            stack.extend(spec.deps)
+    return [spec for spec in specs if spec.identity in needed]
 
 
 def _select(specs: list[StepSpec], run_only: str | None) -> list[StepSpec]:
