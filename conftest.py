@@ -247,3 +247,19 @@ def gcs_prefix(gcs_server, monkeypatch, request) -> str:
     for protocol in ("gs", "gcs"):
         monkeypatch.setitem(_registry, protocol, gcsfs.core.GCSFileSystem)
     return _fresh_bucket(gcs_server, monkeypatch, request)
+
+
+# -- a single-node Slurm on this machine -------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A private Slurm (munged, slurmctld, slurmd) for the whole run, reached through ``SLURM_CONF``
+    (see fray.cluster.slurm_local); skips when Slurm is not installed or this is not root."""
+    from fray.cluster.slurm_local import LocalSlurmCluster, missing_slurm
+
+    reason = missing_slurm()
+    if reason is not None:
+        pytest.skip(reason)
+    with LocalSlurmCluster() as cluster:
+        yield cluster
