@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from iris import PREEMPTED_EXIT_CODE
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 from marin.execution.executor_files import LOCK_FILE, read_status
 
@@ -101,7 +103,7 @@ def test_sigterm_to_the_runner_checkpoints_training_and_a_rerun_resumes_there(wo
     process, output = _start_until_training(root, prefix, seed=1)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert process.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
     saved = _checkpoint_steps(output)
     assert len(saved) == 1 and 0 < saved[0] < STEPS, stderr[-3000:]
     status = read_status(str(output))
@@ -165,7 +167,7 @@ COOPERATIVE_SCRIPT = textwrap.dedent(
 )
 
 
-def test_sigterm_stops_any_cooperative_step_and_exits_with_143(tmp_path):
+def test_sigterm_stops_any_cooperative_step_and_exits_75_so_schedulers_retry(tmp_path):
     script, marker = tmp_path / "runner.py", tmp_path / "started"
     script.write_text(COOPERATIVE_SCRIPT)
     process = subprocess.Popen(
@@ -177,7 +179,7 @@ def test_sigterm_stops_any_cooperative_step_and_exits_with_143(tmp_path):
     assert marker.exists(), "the step did not start within 30 s"
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert process.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
     assert "stopped by SIGTERM" in stderr
     status = read_status(marker.read_text())
     assert status.status == "FAILED" and "preempted (SIGTERM)" in status.error
@@ -206,3 +208,56 @@ def test_stop_reason_says_why_and_a_lost_lease_comes_first():
     lost = threading.Event()
     lost.set()
     assert context(sigterm, lost).stop_reason() is StopReason.LEASE_LOST
+
+
+def _pids_running(needle: str) -> list[int]:
+    """Processes whose command line contains ``needle`` (found in /proc: iris starts them in sessions of their own)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the replica's process in /proc")
+def test_iris_retries_a_marin_run_preempted_by_sigterm_and_it_resumes_to_success(workspace, tmp_path):
+    """The command docs/cluster.md shows: `iris job run --max-retries-preemption 2 -- marin run exp.py`."""
+    root, prefix = workspace
+    bin_folder = Path(sys.executable).parent
+    seed = 4
+    env = {**os.environ, "IRIS_HOME": str(tmp_path / "iris")}
+    command = [
+        str(bin_folder / "iris"), "job", "run", "--name", "exp", "--max-retries-preemption", "2", "--wait", "--",
+        str(bin_folder / "marin"), "run", str(root / "run.py"), "--", str(root / "inputs"), str(prefix), str(seed),
+    ]
+    job = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        output = None
+        deadline = time.time() + 180
+        while output is None and time.time() < deadline and job.poll() is None:
+            for metrics in (prefix / "checkpoints").glob("tiny-*/metrics.jsonl"):
+                info = json.loads((metrics.parent / ".executor_info").read_text())
+                if info["hash_attrs"]["seed"] == seed and '"loss"' in metrics.read_text():
+                    output = metrics.parent
+            time.sleep(0.05)
+        assert output is not None, "training did not start within 180 s"
+        replicas = [pid for pid in _pids_running(str(root / "run.py")) if pid != job.pid]
+        assert len(replicas) == 1, replicas
+        os.kill(replicas[0], signal.SIGTERM)  # what a scheduler reclaiming the machine sends
+        stdout, stderr = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, stderr[-3000:]
+    assert "SUCCEEDED" in stderr
+    status = subprocess.run(
+        [str(bin_folder / "iris"), "job", "status", stdout.splitlines()[0]], env=env, capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "attempts:   2 (preempted 1, failed 0" in status, status
+    assert "Resumed from checkpoint step" in stdout
+    assert read_status(str(output)).status == "SUCCESS"
+    assert _logged_steps(output) == list(range(1, STEPS + 1))

@@ -11,7 +11,8 @@ carries as ``cancelled``:
 Either way nothing new starts, and steps that look (``ctx.check_lease()`` raises,
 ``ctx.stop_reason()`` says which) stop; a training step checkpoints first, so a rerun resumes
 there. Once the running steps have returned, the run raises KeyboardInterrupt (Ctrl-C) or
-:class:`RunPreempted` (SIGTERM; it exits the process with status 143 unless caught). A second
+:class:`RunPreempted` (SIGTERM; it exits the process with status 75, iris's "preempted, run me
+again", unless caught), so a scheduler that retries preempted work retries the run. A second
 signal of either kind ends the process at once: step threads cannot be killed and the interpreter
 would wait for them. Those steps stay RUNNING under the lease of a dead process, which the next run
 takes over at once, as after a kill.
@@ -36,6 +37,7 @@ import sys
 import threading
 from collections.abc import Sized
 
+from iris.spec import PREEMPTED_EXIT_CODE
 from rigging.log import get_logger
 
 logger = get_logger(__name__)
@@ -49,12 +51,15 @@ class Interrupt(enum.Enum):
 class RunPreempted(SystemExit):
     """The runner received SIGTERM: running steps were asked to checkpoint and stop, and did.
 
-    A SystemExit, so that uncaught it ends the process quietly with the conventional status
-    128 + SIGTERM = 143 (the log already says what happened); running again resumes.
+    A SystemExit, so that uncaught it ends the process quietly (the log already says what happened)
+    with :data:`iris.PREEMPTED_EXIT_CODE` (75): the status iris, and any wrapper that follows its
+    convention, counts as a preemption and retries within the preemption budget, where 143 (killed
+    by SIGTERM) would read as a plain failure once a shell or launcher stood in between. Running
+    again resumes from the saved checkpoints.
     """
 
     def __init__(self, message: str) -> None:
-        super().__init__(128 + signal.SIGTERM)
+        super().__init__(PREEMPTED_EXIT_CODE)
         self.message = message
 
     def __str__(self) -> str:
