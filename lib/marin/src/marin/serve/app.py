@@ -141,6 +141,6 @@ def create_app(prefix: str) -> FastAPI:
             return {"path": path, "kind": "folder", "files": list_files(url)}
         page = read_page(url, start, count, max_tokens=max_tokens, prefix=prefix)
         return {"path": path, "kind": page.kind, "start": page.start, "rows": page.rows, "total": page.total,
-                "has_more": page.has_more, "note": page.note}
+                "has_more": page.has_more, "next_start": page.next_start, "note": page.note}
 
     return app

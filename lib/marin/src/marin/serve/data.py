@@ -1,6 +1,10 @@
 """Pages of a step's data files, read without loading a whole shard.
 
-jsonl (plain, ``.gz``, ``.zst``) is streamed line by line up to the end of the page; parquet reads
+Every page is bounded, whatever the file holds: a record shows at most :data:`MAX_RECORD_BYTES`
+(a longer one is shown cut, with its size), a page at most :data:`MAX_PAGE` records and
+:data:`MAX_PAGE_BYTES` of them, and one request reads at most :data:`MAX_SCAN_BYTES` of a file.
+jsonl (plain, ``.gz``, ``.zst``) is streamed in chunks up to the end of the page, so a line of any
+length is never held whole; parquet reads
 only the row groups that overlap the page; a token cache reads only the page's documents (and at
 most ``max_tokens`` tokens of each) through :class:`zephyr.token_cache.TokenCache`, and decodes them
 with the tokenizer the cache was made with.
@@ -20,8 +24,13 @@ from marin.execution.executor_files import ARTIFACT_FILE
 from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import relative_to
 
-MAX_PAGE = 200
+MAX_PAGE = 200  # records on one page, whatever ``count`` asks for
+MAX_RECORD_BYTES = 64 * 1024  # of one record shown; a longer one is cut and its size given
+MAX_PAGE_BYTES = 1 << 20  # of records on one page (the first record is always shown, cut)
+MAX_SCAN_BYTES = 64 << 20  # read from one file per request, skipping to the page included
+READ_CHUNK_BYTES = 64 * 1024
 TEXT_PREVIEW_BYTES = 64 * 1024
+CUT_KEY = "(record cut)"
 
 
 @dataclass
@@ -32,6 +41,11 @@ class Page:
     total: int | None = None  # None when counting would mean reading the whole file
     has_more: bool = False
     note: str = ""
+    next_start: int | None = None  # where the next page starts, when there is one
+
+    def __post_init__(self) -> None:
+        if self.next_start is None and self.has_more:
+            self.next_start = self.start + len(self.rows)
 
 
 def kind_of(url: str) -> str:
@@ -67,25 +81,81 @@ def _compression(url: str) -> str | None:
     return "zstd" if lower.endswith(".zst") else "gzip" if lower.endswith(".gz") else None
 
 
+def _lines(raw: Any, budget: int) -> Any:
+    """``(head, size, complete)`` per line: its first :data:`MAX_RECORD_BYTES` bytes and its length.
+
+    Reads in :data:`READ_CHUNK_BYTES` chunks and keeps only each line's head, so memory stays
+    bounded on a line of any length. Stops after ``budget`` bytes, the line being read then given
+    with ``complete=False`` (its size is then a lower bound).
+    """
+    head, size, scanned = bytearray(), 0, 0
+    while True:
+        chunk = raw.read(READ_CHUNK_BYTES)
+        if not chunk:
+            if size:
+                yield bytes(head), size, True
+            return
+        scanned += len(chunk)
+        position = 0
+        while True:
+            newline = chunk.find(b"\n", position)
+            end = len(chunk) if newline < 0 else newline
+            if len(head) < MAX_RECORD_BYTES:
+                head += chunk[position : min(end, position + MAX_RECORD_BYTES - len(head))]
+            size += end - position
+            if newline < 0:
+                break
+            yield bytes(head), size, True
+            head, size, position = bytearray(), 0, newline + 1
+        if scanned >= budget:
+            yield bytes(head), size, False
+            return
+
+
+def _size_text(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size} bytes"
+
+
+def _record(head: bytes, size: int, complete: bool) -> Any:
+    text = head.decode("utf-8", errors="replace").rstrip("\r")
+    if complete and size <= MAX_RECORD_BYTES:
+        try:
+            return json.loads(text)
+        except ValueError:
+            return {"(unparseable line)": text[:2000]}
+    return {"bytes" if complete else "bytes_at_least": size, CUT_KEY: text}
+
+
 def _jsonl_page(url: str, start: int, count: int) -> Page:
     rows: list[Any] = []
-    has_more = False
+    shown, has_more, note, number = 0, False, "", -1
+    scan_note = (f"stopped after reading {_size_text(MAX_SCAN_BYTES)} of the file, the most one page reads; "
+                 "rows further on cannot be shown here")
     try:
         with fsx.open_url(url, "rb", compression=_compression(url)) as raw:
-            for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="replace")):
+            for number, (head, size, complete) in enumerate(_lines(raw, MAX_SCAN_BYTES)):
+                if not complete and (number < start or size == 0):
+                    note = f"{scan_note} (reached row {number:,}, not row {start:,})" if number < start else scan_note
+                    break
                 if number < start:
                     continue
-                if len(rows) == count:
+                cost = min(size, MAX_RECORD_BYTES)
+                if len(rows) == count or (rows and shown + cost > MAX_PAGE_BYTES):
                     has_more = True
+                    if len(rows) < count:
+                        note = f"this page stops at {len(rows)} rows: a page shows at most {_size_text(MAX_PAGE_BYTES)} of records"
                     break
-                text = line.rstrip("\n")
-                try:
-                    rows.append(json.loads(text))
-                except ValueError:
-                    rows.append({"(unparseable line)": text[:2000]})
+                rows.append(_record(head, size, complete))
+                shown += cost
+                if not complete:
+                    note = scan_note
+                    break
     except (OSError, EOFError, ValueError) as exc:
         raise UnreadableError(f"{url} could not be read as jsonl ({type(exc).__name__}: {exc})") from exc
-    return Page(kind="jsonl", start=start, rows=rows, has_more=has_more)
+    return Page(kind="jsonl", start=start, rows=rows, has_more=has_more, note=note)
 
 
 def _parquet_page(url: str, start: int, count: int) -> Page:
@@ -110,7 +180,23 @@ def _parquet_page(url: str, start: int, count: int) -> Page:
                 group_start = group_end
     except (OSError, ValueError) as exc:
         raise UnreadableError(f"{url} could not be read as parquet ({type(exc).__name__}: {exc})") from exc
-    return Page(kind="parquet", start=start, rows=rows, total=total, has_more=start + count < total)
+    rows, note = _within_budget(rows)
+    return Page(kind="parquet", start=start, rows=rows, total=total, has_more=start + len(rows) < total, note=note)
+
+
+def _within_budget(rows: list[Any]) -> tuple[list[Any], str]:
+    """Rows already read (a parquet row group is read whole), each cut to :data:`MAX_RECORD_BYTES` as
+    JSON and no more than :data:`MAX_PAGE_BYTES` of them, so the page sent stays small."""
+    kept, shown = [], 0
+    for row in rows:
+        text = json.dumps(row, ensure_ascii=False, default=str)
+        size = len(text.encode("utf-8"))
+        cost = min(size, MAX_RECORD_BYTES)
+        if kept and shown + cost > MAX_PAGE_BYTES:
+            return kept, f"this page stops at {len(kept)} rows: a page shows at most {_size_text(MAX_PAGE_BYTES)} of records"
+        kept.append(row if size <= MAX_RECORD_BYTES else {"bytes": size, CUT_KEY: text.encode("utf-8")[:MAX_RECORD_BYTES].decode("utf-8", errors="ignore")})
+        shown += cost
+    return kept, ""
 
 
 def _text_page(url: str) -> Page:

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from marin.serve.charts import line_chart, lineage_graph
-from marin.serve.data import Page
+from marin.serve.data import CUT_KEY, Page
 from marin.serve.runs import CHARTS, chart_series
 from marin.serve.steps import StepDetail, StepRow
 
@@ -187,8 +187,8 @@ def _pager(path: str, page: Page, count: int) -> str:
     links = []
     if page.start > 0:
         links.append(f'<a href="{escape(link("/data", path=path, start=max(0, page.start - count), count=count))}">← previous</a>')
-    if page.has_more:
-        links.append(f'<a href="{escape(link("/data", path=path, start=page.start + count, count=count))}">next →</a>')
+    if page.has_more and page.next_start is not None:
+        links.append(f'<a href="{escape(link("/data", path=path, start=page.next_start, count=count))}">next →</a>')
     total = f" of {page.total:,}" if page.total is not None else ""
     shown = f"rows {page.start:,}–{page.start + len(page.rows) - 1:,}{total}" if page.rows else f"no rows from {page.start:,}{total}"
     return f'<p>{shown} {" · ".join(links)}</p>'
@@ -228,6 +228,9 @@ def data_page(path: str, page: Page, count: int, listing: list[dict[str, Any]] |
         parts.append('<table id="rows">')
         for offset, row in enumerate(page.rows):
             text = json.dumps(row, ensure_ascii=False, default=str)
+            if isinstance(row, dict) and CUT_KEY in row:  # too long to show: its size, then its start
+                size = row.get("bytes", row.get("bytes_at_least"))
+                text = f"(cut: {'' if 'bytes' in row else 'at least '}{size:,} bytes) {row[CUT_KEY]}"
             if len(text) > 4000:
                 text = text[:4000] + " …"
             parts.append(f'<tr><td class="muted">{page.start + offset}</td><td class="mono">{escape(text)}</td></tr>')

@@ -3,10 +3,14 @@
 A requested path is normalised segment by segment: empty and ``.`` segments are dropped; ``..``,
 absolute paths, home-relative paths, URLs or protocol strings (anything with ``:``), backslashes
 and control characters are refused outright rather than "fixed", so a link either means what it
-says or gives an error.
+says or gives an error. On local disk a path is also refused when the place it resolves to, symbolic
+links followed, lies outside the prefix (a link in the prefix to ``/etc`` must not serve ``/etc``);
+object stores have no links.
 """
 
 from __future__ import annotations
+
+import os
 
 from rigging import filesystem as fsx
 
@@ -28,9 +32,19 @@ def clean_relative(path: str | None) -> str:
 
 
 def resolve(prefix: str, path: str | None) -> str:
-    """The URL of ``path`` (relative, checked) under ``prefix``."""
+    """The URL of ``path`` (relative, checked) under ``prefix``, which it does not leave through a link."""
     relative = clean_relative(path)
-    return fsx.join(prefix, relative) if relative else prefix.rstrip("/")
+    if not relative:
+        return prefix.rstrip("/")
+    url = fsx.join(prefix, relative)
+    if fsx.is_local(prefix) and not _inside(fsx.filesystem(prefix)[1], fsx.filesystem(url)[1]):
+        raise PathOutsidePrefixError(f"path {path!r} is refused: it is a link to a place outside the prefix")
+    return url
+
+
+def _inside(root: str, path: str) -> bool:
+    root, target = os.path.realpath(root), os.path.realpath(path)
+    return target == root or target.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def relative_to(prefix: str, url: str) -> str | None:

@@ -16,6 +16,7 @@ from rigging import filesystem as fsx
 
 from marin.execution.executor_files import ARTIFACT_FILE
 from marin.serve.errors import NotFoundError
+from marin.serve.paths import resolve
 from marin.serve.steps import StepRow, read_json_file
 
 MAX_POINTS = 2000
@@ -79,7 +80,7 @@ def is_training_run(prefix: str, row: StepRow) -> bool:
 
 
 def run_metrics(prefix: str, path: str) -> dict[str, list[tuple[int, float]]]:
-    url = fsx.join(prefix, path, METRICS_FILE)
+    url = resolve(prefix, f"{path}/{METRICS_FILE}")
     if not fsx.exists(url):
         raise NotFoundError(f"{path!r} has no {METRICS_FILE}: it is not a training run")
     return read_series(url)
@@ -87,11 +88,10 @@ def run_metrics(prefix: str, path: str) -> dict[str, list[tuple[int, float]]]:
 
 def run_extras(prefix: str, path: str) -> dict[str, Any]:
     """Samples (from the step's result) and the model card, when there are any."""
-    folder = fsx.join(prefix, path)
-    artifact = read_json_file(fsx.join(folder, ARTIFACT_FILE)) or {}
+    artifact = read_json_file(resolve(prefix, f"{path}/{ARTIFACT_FILE}")) or {}
     result = artifact.get("result") if isinstance(artifact, dict) else None
     samples = result.get("samples") if isinstance(result, dict) else None
-    card = fsx.read_text(fsx.join(folder, CARD_FILE))
+    card = fsx.read_text(resolve(prefix, f"{path}/{CARD_FILE}"))
     return {"samples": [str(s) for s in samples] if isinstance(samples, list) else [], "model_card": card}
 
 
