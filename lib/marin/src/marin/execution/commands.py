@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import runpy
 import sys
 import time
 from pathlib import Path
@@ -21,7 +19,8 @@ from marin.execution.catalog import StepListing, find_step_folders, list_steps
 from marin.execution.executor_files import CorruptRecordError
 from marin.execution.explain import identity_differences, identity_record_tree, identity_tree
 from marin.execution.identity import InvalidStepError
-from marin.execution.run_defaults import ConfigError, RunOverrides, launch
+from marin.execution.run_defaults import ConfigError, RunOverrides
+from marin.execution.script_launch import run_script
 from marin.execution.step_graph import StepGraphError
 from marin.execution.step_runner import (
     CodeChangedError,
@@ -110,12 +109,6 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"marin run: {problem}", file=sys.stderr)
         return EXIT_USAGE
     prefix = discover_config(prefix=args.prefix).prefix if args.prefix else None
-    saved_argv, saved_path, saved_prefix = sys.argv, list(sys.path), os.environ.get("MARIN_PREFIX")
-    if prefix:
-        # Also for anything in the script (or its subprocesses) that reads the prefix itself.
-        os.environ["MARIN_PREFIX"] = prefix
-    sys.argv = [str(script), *script_args]
-    sys.path.insert(0, str(script.resolve().parent))
     # What the person at the terminal asked for; the script's runners take it (see run_defaults).
     overrides = RunOverrides(
         prefix=prefix,
@@ -128,20 +121,13 @@ def run_command(args: argparse.Namespace) -> int:
         config_files=config_files,
     )
     try:
-        with launch(overrides) as launched:
-            runpy.run_path(str(script), run_name="__main__")
+        launched = run_script(script, script_args, overrides)
     except StepRunFailed as exc:
         print(f"marin run: {exc}", file=sys.stderr)
         return EXIT_STEP_FAILED
     except (OutputPathConflict, StepGraphError, InvalidStepError, RunOptionError, CodeChangedError, ConfigError) as exc:
         print(f"marin run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        if saved_prefix is None:
-            os.environ.pop("MARIN_PREFIX", None)
-        else:
-            os.environ["MARIN_PREFIX"] = saved_prefix
     if launched.runs_started == 0:
         logger.warning("%s never called StepRunner().run(...); nothing was run.", script)
     unread = launched.unread_config_names()
