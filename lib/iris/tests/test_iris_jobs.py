@@ -200,7 +200,7 @@ def test_invalid_jobs_are_refused_with_clear_messages(store):
     with pytest.raises(InvalidJobSpec, match="max-retries-failure"):
         shell("true", max_retries_failure=-1)
     with pytest.raises(InvalidJobSpec, match="backend"):
-        shell("true", backend="slurm")
+        shell("true", backend="kubernetes")
     with pytest.raises(InvalidJobSpec, match="VARIANT:COUNT"):
         resources_from_flags(gpu="H100:many")
     with pytest.raises(InvalidJobSpec, match="TPU"):
@@ -253,3 +253,34 @@ def test_replicas_join_one_jax_distributed_runtime_through_the_coordinator_addre
     assert record.state == JobState.SUCCEEDED, read_logs(record.job_id, store)
     lines = sorted(line for line in read_logs(record.job_id, store).splitlines() if line.startswith("process"))
     assert lines == ["process 0 of 2 devices 4", "process 1 of 2 devices 4"]
+
+
+def test_each_attempt_keeps_its_output_and_how_it_ended_in_the_attempts_folder(store, tmp_path):
+    from iris.attempt_log import list_attempts, read_log
+
+    folder = str(tmp_path / "step")
+    script = 'echo "attempt $IRIS_ATTEMPT"; if [ "$IRIS_ATTEMPT" = 1 ]; then exit 75; fi'
+    record = run_to_end(shell(script, max_retries_preemption=1, attempts_folder=folder), store)
+    assert (record.state, record.preemptions, record.failures) == (JobState.SUCCEEDED, 1, 0)
+    first, second = list_attempts(folder)
+    assert [first.record.outcome, second.record.outcome] == ["PREEMPTED", "SUCCEEDED"]
+    assert (first.record.job_id, first.record.job_attempt, second.record.job_attempt) == (record.job_id, 1, 2)
+    assert first.record.exit_codes == (PREEMPTED_EXIT_CODE,) and "exited 75" in first.record.reason
+    assert [read_log(url) for url in first.logs + second.logs] == [b"attempt 1\n", b"attempt 2\n"]
+    # A later job on the same folder numbers its attempts after these.
+    run_to_end(shell("echo again", attempts_folder=folder), store)
+    assert [a.attempt for a in list_attempts(folder)] == [1, 2, 3]
+
+
+def test_an_attempt_past_its_time_limit_is_ended_and_spends_the_failure_budget(store, tmp_path):
+    from iris.attempt_log import list_attempts, read_log
+
+    folder = str(tmp_path / "step")
+    spec = shell("echo started; exec sleep 60", time_limit_s=1.0, max_retries_failure=1, attempts_folder=folder)
+    record = run_to_end(spec, store)
+    assert (record.state, record.attempts, record.preemptions, record.failures) == (JobState.FAILED, 2, 0, 2)
+    assert "time limit" in record.message
+    attempts = list_attempts(folder)
+    assert [a.record.outcome for a in attempts] == ["TIMED_OUT", "TIMED_OUT"]
+    assert "time limit" in attempts[0].record.reason
+    assert read_log(attempts[0].logs[0]).startswith(b"started\n")

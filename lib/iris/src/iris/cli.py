@@ -31,8 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--replicas", type=int, help="copies of the command that run together, all-or-nothing")
     run.add_argument("--max-retries-failure", type=int, default=0, help="retries after a plain failure (default 0)")
     run.add_argument("--max-retries-preemption", type=int, default=0, help=f"retries after exit {PREEMPTED_EXIT_CODE} or SIGTERM (default 0)")
-    run.add_argument("--backend", choices=["local", "ray"], default="local")
+    run.add_argument("--backend", choices=["local", "ray", "slurm"], default="local")
     run.add_argument("--ray-address", help="Ray cluster for --backend ray: auto, ray://HOST:10001; default a private local cluster")
+    run.add_argument("--partition", help="Slurm partition for --backend slurm (default: the cluster's default)")
+    run.add_argument("--time-limit", type=float, metavar="SECONDS",
+                     help="end an attempt that runs longer; counts as a failure (TIMED_OUT)")
+    run.add_argument("--attempts-folder", metavar="URL",
+                     help="also keep each attempt's output and record in URL/.attempts/NNN/ (any fsspec URL)")
     run.add_argument("--wait", action="store_true",
                      help="stream the job's output until it ends; exit 0 if it succeeded, 1 otherwise")
     run.add_argument("command", nargs="*", help=argparse.SUPPRESS)
@@ -71,6 +76,9 @@ def _run(args: argparse.Namespace, command: list[str], store: JobStore) -> int:
         backend=args.backend,
         ray_address=args.ray_address,
         cwd=os.getcwd(),
+        slurm_partition=args.partition,
+        time_limit_s=args.time_limit,
+        attempts_folder=args.attempts_folder,
     )
     job_id = submit_job(spec, store)
     print(job_id, flush=True)

@@ -18,7 +18,7 @@ from iris.errors import IrisError
 # say it was preempted (its checkpoint is safe; run it again) rather than broken.
 PREEMPTED_EXIT_CODE = 75
 
-BACKENDS = ("local", "ray")
+BACKENDS = ("local", "ray", "slurm")
 
 
 class InvalidJobSpec(IrisError, ValueError):
@@ -31,6 +31,12 @@ class JobSpec:
 
     ``ray_address`` is only used by the Ray backend: ``"auto"`` (this machine's cluster),
     ``"ray://host:10001"``, or ``None`` for a private local cluster started for the job.
+    ``slurm_partition`` is only used by the Slurm backend (``None``: the cluster's default).
+
+    ``attempts_folder`` (any fsspec URL, e.g. a step's output folder) keeps a copy of every
+    attempt's output and record there too (:mod:`iris.attempt_log`), beside the work it made.
+    ``time_limit_s`` ends an attempt that runs longer, counted as a failure (TIMED_OUT): Slurm
+    enforces it itself; on the other backends the supervisor does.
     """
 
     name: str
@@ -43,6 +49,9 @@ class JobSpec:
     ray_address: str | None = None
     cwd: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    slurm_partition: str | None = None
+    attempts_folder: str | None = None
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str):
@@ -64,6 +73,8 @@ class JobSpec:
                 raise InvalidJobSpec(f"--{budget.replace('_', '-')} must be 0 or more, got {getattr(self, budget)}.")
         if self.backend not in BACKENDS:
             raise InvalidJobSpec(f"Unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}.")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise InvalidJobSpec(f"--time-limit must be positive, got {self.time_limit_s!r} seconds.")
 
     def to_json(self) -> str:
         payload = {
@@ -77,6 +88,9 @@ class JobSpec:
             "ray_address": self.ray_address,
             "cwd": self.cwd,
             "env": dict(self.env),
+            "slurm_partition": self.slurm_partition,
+            "attempts_folder": self.attempts_folder,
+            "time_limit_s": self.time_limit_s,
         }
         return json.dumps(payload, sort_keys=True)
 

@@ -68,7 +68,7 @@ class AttemptRecord:
     attempt: int
     started_at: float
     ended_at: float | None
-    outcome: str | None  # SUCCEEDED, PREEMPTED, FAILED, STOPPED
+    outcome: str | None  # an iris.attempt_log.AttemptOutcome value: SUCCEEDED, PREEMPTED, FAILED, TIMED_OUT, STOPPED
     exit_codes: tuple[int | None, ...]
 
 
@@ -201,7 +201,7 @@ class JobStore:
             db.execute("UPDATE jobs SET attempts = ?, updated_at = ? WHERE job_id = ?", (attempt, now, job_id))
 
     def end_attempt(self, job_id: str, attempt: int, outcome: str, exit_codes: list[int | None]) -> None:
-        column = {"PREEMPTED": "preemptions", "FAILED": "failures"}.get(outcome)
+        column = {"PREEMPTED": "preemptions", "FAILED": "failures", "TIMED_OUT": "failures"}.get(outcome)
         with self._connect() as db:
             db.execute(
                 "UPDATE attempts SET ended_at = ?, outcome = ?, exit_codes = ? WHERE job_id = ? AND attempt = ?",

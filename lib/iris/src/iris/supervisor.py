@@ -7,14 +7,17 @@ the replicas of a job only make progress together, and the attempt counts once a
 
 * PREEMPTED: a replica exited with ``PREEMPTED_EXIT_CODE``, was killed by SIGTERM from outside, or
   its machine went away (fray reports the job LOST);
+* TIMED_OUT: a replica ran past the job's ``time_limit_s`` (ended by Slurm, or here on the other
+  backends), whatever it exited with: the limit is the job's own setting, so it is not a preemption;
 * FAILED: any other non-zero exit.
 
-A preempted attempt is retried while ``max_retries_preemption`` allows, a failed one while
-``max_retries_failure`` allows. ``iris job stop`` (SIGTERM to this process, plus a flag in the
+A preempted attempt is retried while ``max_retries_preemption`` allows, a failed or timed-out one
+while ``max_retries_failure`` allows. With ``attempts_folder`` set, each attempt's output and record
+are also kept there (:mod:`iris.attempt_log`), the supervisor being its only writer. ``iris job stop`` (SIGTERM to this process, plus a flag in the
 database) stops the replicas and ends the job STOPPED.
 
-Each replica is a fray job (``client.submit``) on the job's backend, a ``LocalClient`` or a
-``RayClient``: fray places, starts and stops the process; this module decides when, and copies
+Each replica is a fray job (``client.submit``) on the job's backend, a ``LocalClient``, a
+``RayClient`` or a ``SlurmClient``: fray places, starts and stops the process; this module decides when, and copies
 each replica's output into the job's log folder.
 """
 
@@ -31,6 +34,7 @@ from pathlib import Path
 from fray.cluster import DistributedClient, JobHandle, JobRequest, JobStatus, LocalClient
 from rigging.log import get_logger, setup_logging
 
+from iris.attempt_log import AttemptLog, AttemptOutcome
 from iris.spec import PREEMPTED_EXIT_CODE, JobSpec
 from iris.store import JobState, JobStore
 
@@ -50,6 +54,12 @@ def replica_client(spec: JobSpec) -> DistributedClient:
     """
     if spec.backend == "local":
         return LocalClient()
+    if spec.backend == "slurm":
+        from fray.cluster.slurm_client import SlurmClient
+
+        client = SlurmClient(spec.slurm_partition)
+        client.check_fits(spec.resources, what=f"job {spec.name!r}")
+        return client
     from fray.cluster.ray_client import RayClient
 
     # address None: a private local cluster for this job, sized to the replicas it runs.
@@ -66,13 +76,17 @@ def replica_client(spec: JobSpec) -> DistributedClient:
 
 
 class Replica:
-    """One replica of an attempt: a fray job, and the copy of its output in the job's log folder."""
+    """One replica of an attempt: a fray job, and the copies of its output (the job's log folder, and
+    the attempt's folder when the job keeps one)."""
 
-    def __init__(self, job: JobHandle, log_path: Path) -> None:
+    def __init__(self, job: JobHandle, log_path: Path, index: int, attempt_log: AttemptLog | None) -> None:
         self.job = job
         self.log_path = log_path
+        self.index = index
+        self.attempt_log = attempt_log
         self._copied = 0
         self._exit_code: int | None = None
+        self.timed_out = False
         self._append(b"")  # every replica has its log file, even one that never writes
 
     def poll(self) -> int | None:
@@ -82,6 +96,12 @@ class Replica:
             if status is JobStatus.LOST:
                 self._append(b"\niris: lost this replica's machine or worker; counted as preempted\n")
                 self._exit_code = PREEMPTED_EXIT_CODE
+            elif status is JobStatus.TIMED_OUT:
+                self.timed_out = True
+                self.sync_logs()
+                self._append(b"\niris: the cluster ended this replica at the job's time limit\n")
+                code = self.job.exit_code()
+                self._exit_code = code if code not in (None, 0) else 1
             elif status.finished:
                 self._exit_code = self.job.exit_code()
         return self._exit_code
@@ -99,16 +119,41 @@ class Replica:
     def _append(self, data: bytes) -> None:
         with open(self.log_path, "ab") as handle:
             handle.write(data)
+        if self.attempt_log is not None:
+            self.attempt_log.append(self.index, data)
 
 
-def classify(exit_codes: list[int | None], stopped_by_us: list[bool]) -> str:
-    """One attempt's outcome from its replicas' exit codes (see the module docstring)."""
+def classify(exit_codes: list[int | None], stopped_by_us: list[bool], timed_out: list[bool] | None = None) -> str:
+    """One attempt's outcome (an :class:`AttemptOutcome` value) from its replicas (see the module docstring)."""
     own = [code for code, ours in zip(exit_codes, stopped_by_us) if not ours]
     if all(code == 0 for code in exit_codes):
-        return "SUCCEEDED"
+        return AttemptOutcome.SUCCEEDED.value
+    if any(timed_out or ()):
+        return AttemptOutcome.TIMED_OUT.value
     if any(code == PREEMPTED_EXIT_CODE or code == -signal.SIGTERM for code in own):
-        return "PREEMPTED"
-    return "FAILED"
+        return AttemptOutcome.PREEMPTED.value
+    return AttemptOutcome.FAILED.value
+
+
+def describe_ending(outcome: str, codes: list[int | None], stopped_by_us: list[bool], timed_out: list[bool]) -> str:
+    """Why an attempt ended, in words, for its record: which replica did what."""
+    if outcome == AttemptOutcome.SUCCEEDED.value:
+        return "every replica exited 0"
+    if outcome == AttemptOutcome.STOPPED.value:
+        return "stopped on request (iris job stop, or the run that started it was interrupted)"
+    for index, (code, ours, late) in enumerate(zip(codes, stopped_by_us, timed_out)):
+        if ours or code in (None, 0):
+            continue
+        if late:
+            return f"replica {index} was ended at the job's time limit (exit {code})"
+        if code == PREEMPTED_EXIT_CODE:
+            return f"replica {index} exited {code}: preempted, saved what it could"
+        if code == -signal.SIGTERM:
+            return f"replica {index} was killed by SIGTERM from outside (preempted)"
+        if code is not None and code < 0:
+            return f"replica {index} was killed by signal {-code}"
+        return f"replica {index} exited {code}"
+    return f"exit codes {codes}"
 
 
 class Supervisor:
@@ -172,7 +217,8 @@ class Supervisor:
                 what, kind, used, budget = "was preempted", "preemption", preemptions, spec.max_retries_preemption
             else:
                 failures += 1
-                what, kind, used, budget = "failed", "failure", failures, spec.max_retries_failure
+                what = "ran past its time limit" if outcome == "TIMED_OUT" else "failed"
+                kind, used, budget = "failure", failures, spec.max_retries_failure
             if used > budget:
                 self.store.transition(
                     self.job_id, JobState.FAILED,
@@ -189,12 +235,16 @@ class Supervisor:
     def _run_one_attempt(self, client: DistributedClient, log_folder: Path, attempt: int) -> tuple[str, list[int | None], int | None]:
         """Run every replica once: (outcome, exit codes, the exit code that ended the attempt)."""
         spec = self.spec
-        request = JobRequest(f"{self.job_id}-attempt-{attempt}", spec.command, resources=spec.resources, cwd=spec.cwd)
+        request = JobRequest(f"{self.job_id}-attempt-{attempt}", spec.command, resources=spec.resources, cwd=spec.cwd,
+                             time_limit_s=spec.time_limit_s)
+        attempt_log = self._begin_attempt_log(attempt)
         replicas: list[Replica] = []
+        outcome, codes, cause = AttemptOutcome.FAILED.value, [None] * spec.replicas, None
+        reason = "the replicas could not be started"
         try:
             for index in range(spec.replicas):
                 log_path = log_folder / f"attempt-{attempt:03d}-replica-{index:03d}.log"
-                replicas.append(Replica(client.submit(request, start=False), log_path))
+                replicas.append(Replica(client.submit(request, start=False), log_path, index, attempt_log))
             # jax.distributed's coordinator runs in process 0, so its address is on replica 0's machine.
             coordinator = replicas[0].job.free_address()
             # A coordinator on loopback has every peer on this machine: nothing off it should reach it.
@@ -211,22 +261,59 @@ class Supervisor:
                     "IRIS_NUM_REPLICAS": str(spec.replicas),
                     "IRIS_COORDINATOR_ADDRESS": coordinator,
                 })
-            return self._watch(replicas)
+            outcome, codes, cause, reason = self._watch(replicas)
+            return outcome, codes, cause
+        except BaseException as exc:
+            reason = f"{reason}: {type(exc).__name__}: {exc}"
+            raise
         finally:
             for replica in replicas:
                 replica.stop()  # a no-op for replicas that have exited
                 replica.job.release()
+            if attempt_log is not None:
+                try:
+                    attempt_log.finish(AttemptOutcome(outcome), reason, codes)
+                except Exception:  # noqa: BLE001 - the job's own records are the ones that must not fail
+                    logger.exception("Job %s: could not write attempt %d's record in %s", self.job_id, attempt, spec.attempts_folder)
 
-    def _watch(self, replicas: list[Replica]) -> tuple[str, list[int | None], int | None]:
+    def _begin_attempt_log(self, attempt: int) -> AttemptLog | None:
+        spec = self.spec
+        if spec.attempts_folder is None:
+            return None
+        try:
+            return AttemptLog.begin(spec.attempts_folder, replicas=spec.replicas, engine=spec.backend, job_id=self.job_id,
+                                    job_attempt=attempt)
+        except Exception:  # noqa: BLE001 - a copy of the logs; the job runs without it
+            logger.exception("Job %s: cannot keep attempt %d's output in %s", self.job_id, attempt, spec.attempts_folder)
+            return None
+
+    def _watch(self, replicas: list[Replica]) -> tuple[str, list[int | None], int | None, str]:
         codes: list[int | None] = [None] * len(replicas)
         stopped_by_us = [False] * len(replicas)
+        # Slurm ends a job at its time limit itself; elsewhere the supervisor does.
+        deadline = None
+        if self.spec.time_limit_s is not None and self.spec.backend != "slurm":
+            deadline = time.monotonic() + self.spec.time_limit_s
+
+        def ended(outcome: str) -> tuple[str, list[int | None], int | None, str]:
+            timed_out = [replica.timed_out for replica in replicas]
+            return outcome, codes, _cause(codes, stopped_by_us), describe_ending(outcome, codes, stopped_by_us, timed_out)
+
         while True:
             for index, replica in enumerate(replicas):
                 if codes[index] is None:
                     codes[index] = replica.poll()
                 replica.sync_logs()
             if all(code is not None for code in codes):
-                return classify(codes, stopped_by_us), codes, _cause(codes, stopped_by_us)
+                return ended(classify(codes, stopped_by_us, [r.timed_out for r in replicas]))
+            late = deadline is not None and time.monotonic() >= deadline
+            if late:
+                for index, replica in enumerate(replicas):
+                    if codes[index] is None:
+                        replica.timed_out = True
+                        replica._append(b"\niris: ending this replica at the job's time limit\n")
+                        codes[index] = replica.stop()
+                return ended(AttemptOutcome.TIMED_OUT.value)
             broken = any(code not in (None, 0) for code in codes)
             stopping = self.stop_requested()
             if broken or stopping:
@@ -235,10 +322,9 @@ class Supervisor:
                     if codes[index] is None:
                         stopped_by_us[index] = True
                         codes[index] = replica.stop()
-                cause = _cause(codes, stopped_by_us)
                 if stopping:
-                    return "STOPPED", codes, cause
-                return classify(codes, stopped_by_us), codes, cause
+                    return ended(AttemptOutcome.STOPPED.value)
+                return ended(classify(codes, stopped_by_us, [r.timed_out for r in replicas]))
             time.sleep(POLL_INTERVAL_S)
 
 
