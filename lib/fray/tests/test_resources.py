@@ -83,3 +83,14 @@ def test_a_request_in_words_names_its_custom_resources():
     from fray.cluster.client import describe_request
 
     assert describe_request(ResourceConfig.with_cpu(ram="1g", custom={"trainer": 1})) == "1 CPU, 1g RAM, trainer: 1"
+
+
+def test_retry_budgets_and_time_limit_have_defaults_and_refuse_impossible_values():
+    from fray.cluster import InvalidResourceConfig, ResourceConfig
+
+    default = ResourceConfig.with_cpu()
+    assert (default.max_retries_preemption, default.max_retries_failure, default.time_limit_s) == (10, 0, None)
+    assert ResourceConfig.with_gpu("H100", 8, max_retries_failure=2, time_limit_s=3600).max_retries_failure == 2
+    for bad in ({"max_retries_preemption": -1}, {"max_retries_failure": 1.5}, {"time_limit_s": 0}, {"time_limit_s": "1h"}):
+        with pytest.raises(InvalidResourceConfig, match=next(iter(bad))):
+            ResourceConfig.with_cpu(**bad)

@@ -106,6 +106,12 @@ class ResourceConfig:
     ``with_tpu(type, slice_count)``; every constructor validates, so an impossible request fails
     where it is written rather than hanging in a cluster queue.
 
+    Retry budgets and a time limit travel with the request too, as orchestration (iris) reads them
+    when a step runs as a job: ``max_retries_preemption`` retries after a preemption (the machine was
+    reclaimed; the work resumes from its checkpoint), ``max_retries_failure`` after any other failure,
+    and ``time_limit_s`` ends an attempt that runs longer (a failure). Like the rest, they are placement,
+    never identity.
+
     ``custom`` asks for resources a cluster's nodes declare themselves (on Ray,
     ``ray start --resources='{"trainer": 1}'``): ``custom={"trainer": 1}`` runs the work only on a
     node that has one ``trainer`` free. Given as a mapping, kept as sorted ``(name, amount)`` pairs
@@ -120,6 +126,9 @@ class ResourceConfig:
     regions: tuple[str, ...] = ()
     replicas: int = 1
     custom: Mapping[str, float] | tuple[tuple[str, float], ...] = ()
+    max_retries_preemption: int = 10
+    max_retries_failure: int = 0
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.cpu > 0:
@@ -137,6 +146,12 @@ class ResourceConfig:
                 raise InvalidResourceConfig(f"TPU slice_count must be at least 1, got {self.device.slice_count!r}.")
         if self.replicas < 1:
             raise InvalidResourceConfig(f"replicas must be at least 1, got {self.replicas!r}.")
+        for budget in ("max_retries_preemption", "max_retries_failure"):
+            value = getattr(self, budget)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidResourceConfig(f"{budget} must be a whole number, 0 or more, got {value!r}.")
+        if self.time_limit_s is not None and not (isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0):
+            raise InvalidResourceConfig(f"time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}.")
         if isinstance(self.regions, list):
             object.__setattr__(self, "regions", tuple(self.regions))
         object.__setattr__(self, "custom", _custom_resources(self.custom))
