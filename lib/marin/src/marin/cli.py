@@ -18,6 +18,7 @@ from rigging.log import setup_logging
 
 COMMAND_MODULES: list[str] = [
     "marin.execution.commands",  # run, status, explain
+    "marin.execution.reproduce_command",  # reproduce
     "marin.execution.step_logs",  # logs
     "marin.generate",  # generate
     "marin.reports.cli",  # report

@@ -104,7 +104,7 @@ def run_command(args: argparse.Namespace) -> int:
         print("marin run: --max-concurrent must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     script_args = [*(args.script_args or []), *getattr(args, "passthrough", [])]
-    settings, config_files, problem = _script_settings(args)
+    settings, config_files, problem = script_settings(args)
     if problem:
         print(f"marin run: {problem}", file=sys.stderr)
         return EXIT_USAGE
@@ -142,7 +142,7 @@ def run_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _script_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None]:
+def script_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None]:
     """``--set`` and ``--config`` as RunOverrides holds them, or a message saying which one is malformed."""
     settings = tuple(getattr(args, "settings", None) or ())
     for setting in settings:
