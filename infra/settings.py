@@ -138,7 +138,9 @@ def _fail(field_path: str, message: str) -> StackSettingsError:
 
 
 def _closest(value: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(value, known, n=3, cutoff=0.6)
+    # A family name ("A100") means one of its models before it means a similar-looking other name.
+    close = [name for name in known if name.startswith(value + "-")] or difflib.get_close_matches(value, known, n=3,
+                                                                                                  cutoff=0.6)
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 

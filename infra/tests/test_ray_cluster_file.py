@@ -1,0 +1,121 @@
+"""The generated ``ray up`` file: Ray's own validation accepts it, and each node type declares what
+fray's ``ResourceConfig`` for its hardware asks Ray for (built independently, compared here)."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+import yaml
+from fray.cluster import ResourceConfig
+from fray.cluster.ray_client import ray_options
+
+from infra.ray_cluster import cluster_config, cluster_yaml, validate_cluster_config
+from infra.settings import WorkerGroup
+
+
+def requested(resources: ResourceConfig) -> dict[str, float]:
+    """What a task with ``resources`` asks a node for, in the names Ray gives node resources."""
+    options = ray_options(resources)
+    needed = {"CPU": float(options["num_cpus"]), "memory": float(options["memory"])}
+    if "num_gpus" in options:
+        needed["GPU"] = float(options["num_gpus"])
+    if "accelerator_type" in options:
+        needed[f"accelerator_type:{options['accelerator_type']}"] = 0.001
+    needed.update({name: float(amount) for name, amount in options.get("resources", {}).items()})
+    return needed
+
+
+def resource_config_for(group: WorkerGroup) -> ResourceConfig:
+    if group.tpu_type is not None:
+        return ResourceConfig.with_tpu(group.tpu_type)
+    if group.gpu_type is not None:
+        return ResourceConfig.with_gpu(group.gpu_type, group.gpu_count)
+    return ResourceConfig.with_cpu()
+
+
+def test_rays_validation_accepts_every_stack(stack_settings):
+    prepared = validate_cluster_config(cluster_config(stack_settings))
+    assert set(prepared["available_node_types"]) == {"head", *(g.name for g in stack_settings.cluster.workers)}
+    # The YAML text a user hands to `ray up` reads back to the same config.
+    assert yaml.safe_load(cluster_yaml(stack_settings)) == cluster_config(stack_settings)
+
+
+def test_rays_validation_can_fail():
+    config = {"cluster_name": "x", "provider": {"type": "gcp"}, "available_node_types": {
+        "head": {"resources": {"CPU": 0.5}, "node_config": {"machineType": "n2-standard-8"}}}, "head_node_type": "head"}
+    with pytest.raises(jsonschema.ValidationError):  # resources must be whole numbers
+        validate_cluster_config(config)
+    config["available_node_types"]["head"]["resources"] = {"CPU": 0}
+    config["available_node_types"]["head"]["node_config"] = {"acceleratorType": "tpu-8"}
+    with pytest.raises(ValueError, match="tpu-8"):
+        validate_cluster_config(config)
+
+
+def test_each_node_type_declares_what_resource_config_asks_for(stack_settings):
+    node_types = cluster_config(stack_settings)["available_node_types"]
+    for group in stack_settings.cluster.workers:
+        declared = node_types[group.name]["resources"]
+        needed = requested(resource_config_for(group))
+        for name, amount in needed.items():
+            assert declared.get(name, 0) >= amount, (group.name, name, declared, needed)
+        # Accelerators exactly: a node has as many as a request for the whole machine (or host) asks.
+        for name in ("GPU", "TPU"):
+            assert declared.get(name, 0) == needed.get(name, 0), (group.name, name)
+        assert {n for n in declared if n.startswith("TPU-")} == {n for n in needed if n.startswith("TPU-")}
+
+
+def test_node_types_and_counts_follow_the_settings(stacks):
+    config = cluster_config(stacks["tpu-pod"])
+    types = config["available_node_types"]
+    assert config["max_workers"] == 5 and config["head_node_type"] == "head"
+    assert types["head"]["resources"] == {"CPU": 0}
+    assert (types["cpu"]["min_workers"], types["cpu"]["max_workers"]) == (1, 2)
+    pod = types["v4-pod"]
+    # v4-32: 32 TensorCores = 16 chips on 4 hosts of 4; each host declares its 4, the first also the head.
+    assert pod["resources"]["TPU"] == 4 and pod["resources"]["TPU-v4-32-head"] == 1
+    assert pod["node_config"]["acceleratorType"] == "v4-32"
+    assert pod["node_config"]["runtimeVersion"] == "tpu-ubuntu2204-base"
+    assert pod["node_config"]["schedulingConfig"] == {"preemptible": False}
+    assert "machineType" not in pod["node_config"]
+    assert types["v6e"]["resources"]["TPU"] == 8 and types["v6e"]["node_config"]["runtimeVersion"] == "v2-alpha-tpuv6e"
+
+    gpu_types = cluster_config(stacks["gpus"])["available_node_types"]
+    assert gpu_types["h100"]["resources"] == {"CPU": 208, "memory": int(1872 * 0.7 * 2**30), "GPU": 8,
+                                              "accelerator_type:H100": 1}
+    # Both A100 models answer a request written with the family name too.
+    assert gpu_types["a100"]["resources"]["accelerator_type:A100"] == 1
+    assert gpu_types["a100"]["resources"]["accelerator_type:A100-80G"] == 1
+    assert "guestAccelerators" not in gpu_types["h100"]["node_config"]  # built into A3
+    assert gpu_types["t4"]["node_config"]["guestAccelerators"] == [
+        {"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 2}]
+    assert gpu_types["t4"]["node_config"]["scheduling"] == {"onHostMaintenance": "TERMINATE", "automaticRestart": True}
+    assert "deeplearning-platform-release" in gpu_types["l4"]["node_config"]["disks"][0]["initializeParams"]["sourceImage"]
+
+
+def test_spot_groups_are_spot_machines_and_spot_slices(stacks):
+    types = cluster_config(stacks["spot"])["available_node_types"]
+    for name in ("spot-cpu", "spot-l4"):
+        scheduling = types[name]["node_config"]["scheduling"]
+        assert scheduling["provisioningModel"] == "SPOT" and scheduling["instanceTerminationAction"] == "DELETE"
+        assert scheduling["automaticRestart"] is False
+    assert types["spot-v5e"]["node_config"]["schedulingConfig"] == {"spot": True}
+    assert "scheduling" not in cluster_config(stacks["cpu-only"])["available_node_types"]["cpu"]["node_config"]
+
+
+def test_every_node_runs_as_the_stacks_accounts_with_the_project_and_its_environment(stack_settings):
+    config = cluster_config(stack_settings)
+    types = config["available_node_types"]
+    email = {name: [a["email"] for a in node["node_config"]["serviceAccounts"]] for name, node in types.items()}
+    assert email.pop("head") == ["marin-head@lab-marin-dev.iam.gserviceaccount.com"]
+    assert set(map(tuple, email.values())) == {("marin-workers@lab-marin-dev.iam.gserviceaccount.com",)}
+    # Per-type setup commands replace the global ones, so each list must install and configure alone.
+    for commands in [config["setup_commands"], *(t["worker_setup_commands"] for n, t in types.items() if n != "head")]:
+        text = "\n".join(commands)
+        assert "'marin[ray,gcs] @ git+https://example.com/lab/marin.git@0123abc'" in text
+        assert "export MARIN_PREFIX=gs://lab-marin-prefix/marin" in text and "export MARIN_CLUSTER=ray:auto" in text
+    for command in config["head_start_ray_commands"] + config["worker_start_ray_commands"]:
+        assert command.startswith(". ~/.marin-env.sh && ")
+    tpu_or_gpu = {g.name: g for g in stack_settings.cluster.workers if g.tpu_type or g.gpu_type}
+    for name, group in tpu_or_gpu.items():
+        extra = "jax[tpu]" if group.tpu_type else "jax[cuda12]"
+        assert any(extra in command for command in types[name]["worker_setup_commands"])
