@@ -161,8 +161,8 @@ def test_cluster_setting_from_marin_yaml(monkeypatch, tmp_path):
 def test_cluster_settings_name_their_backend():
     assert client_from_spec("ray://head:10001").address == "ray://head:10001"
     assert client_from_spec("ray:local").address is None
-    with pytest.raises(ClusterConfigError, match="Unknown cluster setting 'slurm'.*ray:auto"):
-        client_from_spec("slurm")
+    with pytest.raises(ClusterConfigError, match="Unknown cluster setting 'kubernetes'.*ray:auto.*slurm:PARTITION"):
+        client_from_spec("kubernetes")
 
 
 # -- map on warm worker processes ----------------------------------------------------------------

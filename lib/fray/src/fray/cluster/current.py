@@ -8,7 +8,9 @@ A setting, wherever it is given (``backend=`` of a zephyr run or a tokenize step
 * ``processes`` (also ``local:processes``): ``LocalClient(processes=True)``, local worker processes;
 * ``ray`` (also ``ray:auto``): the Ray cluster this machine belongs to;
 * ``ray:local``: a private local Ray cluster, started on first use;
-* ``ray://HOST:PORT``: a Ray client connection.
+* ``ray://HOST:PORT``: a Ray client connection;
+* ``slurm``: ``SlurmClient()``, the Slurm cluster of this machine's Slurm commands (``SLURM_CONF``),
+  its default partition; ``slurm:PARTITION``: that partition.
 
 The current client, first match wins:
 
@@ -68,9 +70,14 @@ def client_from_spec(spec: str, *, what: str = "cluster setting") -> Distributed
         from fray.cluster.ray_client import RayClient
 
         return RayClient(_RAY_SETTINGS.get(text, text))
+    if text == "slurm" or (text.startswith("slurm:") and text != "slurm:"):
+        from fray.cluster.slurm_client import SlurmClient
+
+        return SlurmClient(text.partition(":")[2] or None)
     raise ClusterConfigError(
-        f"Unknown {what} {spec!r}. Use 'inline', 'threads', 'processes' or 'ray' (also 'local', 'local:processes', "
-        "'ray:auto', 'ray:local' or 'ray://HOST:PORT'), as backend=..., in MARIN_CLUSTER or as 'cluster:' in marin.yaml."
+        f"Unknown {what} {spec!r}. Use 'inline', 'threads', 'processes', 'ray' or 'slurm' (also 'local', "
+        "'local:processes', 'ray:auto', 'ray:local', 'ray://HOST:PORT' or 'slurm:PARTITION'), as backend=..., "
+        "in MARIN_CLUSTER or as 'cluster:' in marin.yaml."
     )
 
 

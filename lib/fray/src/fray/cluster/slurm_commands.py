@@ -1,0 +1,163 @@
+"""Slurm's own commands (``sbatch``, ``scontrol``, ``scancel``, ``sinfo``), each with a time limit.
+
+Every call has a timeout, so a controller that is down or unreachable is one
+:class:`SlurmUnavailableError` line within seconds, never a hang; any other refusal is a
+:class:`SlurmCommandError` carrying Slurm's own first line. Parsers turn the commands' output
+into plain values: a job's record from ``scontrol show job -o`` and the nodes of each partition
+from ``sinfo``. Nothing here reads accounting (``sacct``): a Slurm without ``slurmdbd`` has none.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from fray.errors import FrayError
+
+DEFAULT_COMMAND_TIMEOUT_S = 20.0
+# What Slurm's commands print when they cannot reach slurmctld.
+_UNREACHABLE = ("unable to contact slurm controller", "connection refused", "zero bytes were transmitted",
+                "communication connection failure", "socket timed out", "unable to establish a connection")
+
+
+class SlurmError(FrayError, RuntimeError):
+    """A Slurm command failed."""
+
+
+class SlurmUnavailableError(SlurmError):
+    """Slurm's controller cannot be reached (or its commands are not installed)."""
+
+
+class SlurmCommandError(SlurmError):
+    """Slurm refused a command (an invalid option, an unknown account, a job that does not exist)."""
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def run_slurm(args: list[str], *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S, input: str | None = None) -> str:
+    """The stdout of Slurm command ``args``; raises one line saying what went wrong instead."""
+    program = args[0]
+    if shutil.which(program) is None:
+        raise SlurmUnavailableError(f"`{program}` is not installed here: a Slurm client needs Slurm's commands "
+                                    "(Debian: apt-get install slurm-client) on the submitting machine.")
+    where = f" (SLURM_CONF={os.environ['SLURM_CONF']})" if os.environ.get("SLURM_CONF") else ""
+    try:
+        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
+    except subprocess.TimeoutExpired:
+        raise SlurmUnavailableError(f"`{' '.join(args[:3])} ...` did not answer within {timeout:g} s: is the Slurm "
+                                    f"controller up{where}? (`scontrol ping` checks)") from None
+    if result.returncode != 0:
+        message = _first_line(result.stderr) or _first_line(result.stdout) or f"exit status {result.returncode}"
+        if any(marker in message.lower() for marker in _UNREACHABLE):
+            raise SlurmUnavailableError(f"the Slurm controller cannot be reached{where}: `{program}` says {message!r}")
+        raise SlurmCommandError(f"`{' '.join(args[:2])}` failed: {message}")
+    return result.stdout
+
+
+# -- jobs ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlurmJobRecord:
+    """What ``scontrol show job`` says about one job."""
+
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED, ...
+    reason: str
+    exit_code: int | None  # the batch script's status: negative for a signal, None when not ended
+    node: str
+
+
+_FIELD = re.compile(r"(\w[\w/:]*)=(\S*)")
+
+
+def parse_job_record(line: str) -> SlurmJobRecord:
+    """A job from one line of ``scontrol show job -o``."""
+    fields = dict(_FIELD.findall(line))
+    state = fields.get("JobState", "UNKNOWN").split("+")[0]
+    exit_code = None
+    if "ExitCode" in fields and state not in ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED"):
+        status, _, signum = fields["ExitCode"].partition(":")
+        exit_code = -int(signum) if signum and signum != "0" else int(status)
+    return SlurmJobRecord(state=state, reason=fields.get("Reason", ""), exit_code=exit_code,
+                          node=fields.get("BatchHost", fields.get("NodeList", "")))
+
+
+def job_record(slurm_id: str, *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S) -> SlurmJobRecord | None:
+    """Slurm's record of the job, or ``None`` when the controller no longer knows it (``MinJobAge`` passed)."""
+    try:
+        output = run_slurm(["scontrol", "show", "job", "-o", slurm_id], timeout=timeout)
+    except SlurmCommandError as exc:
+        if "invalid job id" in str(exc).lower():
+            return None
+        raise
+    lines = [line for line in output.splitlines() if line.strip()]
+    return parse_job_record(lines[0]) if lines else None
+
+
+# -- partitions and nodes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node of one partition, as ``sinfo`` describes it."""
+
+    name: str
+    partition: str
+    cpus: int
+    memory_mib: int
+    gpus: dict[str, int]  # GPU type (as Slurm spells it, "" when untyped) -> count
+
+
+@dataclass(frozen=True)
+class SlurmPartitions:
+    nodes: tuple[SlurmNode, ...]
+    default: str | None  # the partition a job without --partition goes to
+
+    @property
+    def names(self) -> list[str]:
+        return sorted({node.partition for node in self.nodes})
+
+    def of(self, partition: str) -> list[SlurmNode]:
+        return [node for node in self.nodes if node.partition == partition]
+
+
+_SINFO_FORMAT = "%N|%P|%c|%m|%G"
+
+
+def parse_gres(gres: str) -> dict[str, int]:
+    """GPUs in a GRES field such as ``gpu:a100:4(S:0-1),gpu:h100:2`` or ``gpu:8``: type -> count."""
+    gpus: dict[str, int] = {}
+    for item in gres.split(","):
+        parts = re.sub(r"\(.*?\)", "", item).strip().split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        kind, count = (parts[1], parts[2]) if len(parts) >= 3 else ("", parts[1])
+        if count.isdigit():
+            gpus[kind] = gpus.get(kind, 0) + int(count)
+    return gpus
+
+
+def parse_sinfo(output: str) -> SlurmPartitions:
+    nodes, default = [], None
+    for line in output.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 5:
+            continue
+        name, partition, cpus, memory, gres = fields
+        if partition.endswith("*"):
+            partition = partition[:-1]
+            default = partition
+        nodes.append(SlurmNode(name=name, partition=partition, cpus=int(cpus.rstrip("+") or 0),
+                               memory_mib=int(memory.rstrip("+") or 0), gpus=parse_gres(gres)))
+    return SlurmPartitions(tuple(nodes), default)
+
+
+def partitions(*, timeout: float = DEFAULT_COMMAND_TIMEOUT_S) -> SlurmPartitions:
+    """Every node of every partition (one row per node and partition)."""
+    return parse_sinfo(run_slurm(["sinfo", "-h", "-N", "-o", _SINFO_FORMAT], timeout=timeout))

@@ -1,0 +1,262 @@
+"""One fray job as one Slurm batch job: the submitting side's :class:`JobHandle`.
+
+The job's folder, on storage both the submitting machine and the nodes see, is the only channel
+between this handle and :mod:`fray.cluster.slurm_worker` on the node (see that module for the
+files). Slurm's controller says where the job is in its life (``scontrol show job``); the
+worker's ``exit_code`` file says how the command ended, since a Slurm without accounting keeps
+no exit codes once a job is forgotten, and since a batch script's status cannot tell a command's
+own 75 from the worker's.
+
+How Slurm's states become fray's:
+
+=====================================================  =========================================
+Slurm                                                  fray
+=====================================================  =========================================
+PENDING, CONFIGURING, REQUEUED, SUSPENDED              PENDING
+RUNNING (before ``start`` of a ``start=False`` job)    PENDING
+RUNNING, COMPLETING                                    RUNNING
+COMPLETED, FAILED                                      SUCCEEDED / FAILED by the command's exit code
+OUT_OF_MEMORY                                          FAILED
+CANCELLED                                              STOPPED (``terminate()`` or ``scancel``)
+TIMEOUT, DEADLINE                                      TIMED_OUT
+NODE_FAIL, BOOT_FAIL, PREEMPTED                        LOST (the machine or the allocation was lost)
+forgotten by the controller, no exit code recorded     LOST
+=====================================================  =========================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rigging.log import get_logger
+
+from fray.cluster.client import JobStatus
+from fray.cluster.slurm_commands import (
+    SlurmCommandError,
+    SlurmError,
+    SlurmJobRecord,
+    SlurmUnavailableError,
+    job_record,
+    run_slurm,
+)
+from fray.cluster.slurm_worker import write_atomically
+from fray.errors import FrayError
+
+logger = get_logger(__name__)
+
+READ_LIMIT = 4 << 20
+WAIT_POLL_S = 0.2
+# A worker writes its exit code before it exits; on shared storage the file may show up a moment
+# after Slurm reports the job ended.
+RECORD_GRACE_S = 3.0
+
+_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD",
+            "SPECIAL_EXIT", "RESIZING"}
+_ACTIVE = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "STOPPED"}
+_BY_SLURM = {
+    "CANCELLED": JobStatus.STOPPED,
+    "TIMEOUT": JobStatus.TIMED_OUT,
+    "DEADLINE": JobStatus.TIMED_OUT,
+    "NODE_FAIL": JobStatus.LOST,
+    "BOOT_FAIL": JobStatus.LOST,
+    "PREEMPTED": JobStatus.LOST,
+    "OUT_OF_MEMORY": JobStatus.FAILED,
+}
+
+
+class SlurmAllocationTimeout(FrayError, TimeoutError):
+    """A Slurm job did not get its allocation in time (``free_address`` of a job still queued)."""
+
+
+class SlurmJobEnded(FrayError, RuntimeError):
+    """A Slurm job ended before it got its allocation or could be started."""
+
+
+@dataclass(frozen=True)
+class SlurmTimings:
+    """How the handle talks to the controller: seconds per Slurm command, between queries, for an allocation."""
+
+    command_timeout_s: float = 20.0
+    poll_interval_s: float = 1.0
+    allocation_timeout_s: float = 1800.0
+    terminate_grace_s: float = 5.0
+
+
+class SlurmJob:
+    """The handle of Slurm job ``slurm_id`` whose files are in ``folder``; see the module docstring.
+
+    ``job_id`` is Slurm's job id, what ``squeue`` shows and ``scancel`` takes.
+    """
+
+    def __init__(self, slurm_id: str, folder: str, name: str, *, started: bool, timings: SlurmTimings) -> None:
+        self.job_id = slurm_id
+        self.folder = folder
+        self.name = name
+        self.timings = timings
+        self._started = started
+        self._stopped = False
+        self._released = False
+        self._final: tuple[JobStatus, int | None] | None = None
+        self._record: SlurmJobRecord | None = None
+        self._queried_at = float("-inf")
+        self._forgotten = False  # the controller answered that it no longer knows the job
+
+    def __repr__(self) -> str:
+        return f"SlurmJob({self.job_id!r}, {self.name!r})"
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    # -- what Slurm and the worker say ----------------------------------------------------------------
+
+    def _recorded_exit_code(self) -> int | None:
+        try:
+            with open(self._path("exit_code")) as handle:
+                return int(handle.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _query(self, *, fresh: bool = False) -> SlurmJobRecord | None:
+        """Slurm's record, asked at most every ``poll_interval_s`` (iris polls its replicas ten times a second)."""
+        if fresh or time.monotonic() - self._queried_at >= self.timings.poll_interval_s:
+            try:
+                self._record = job_record(self.job_id, timeout=self.timings.command_timeout_s)
+                self._forgotten = self._record is None
+            except SlurmError as exc:  # a controller away for a moment: keep what it said last
+                logger.warning("Slurm job %s: cannot read its state (%s)", self.job_id, exc)
+            self._queried_at = time.monotonic()
+        return self._record
+
+    def status(self) -> JobStatus:
+        if self._final is not None:
+            return self._final[0]
+        code = self._recorded_exit_code()
+        record = self._query(fresh=code is not None)
+        state = record.state if record is not None else None
+        if code is None and state in _WAITING:
+            return JobStatus.PENDING
+        if code is None and state in _ACTIVE:
+            return JobStatus.RUNNING if self._started else JobStatus.PENDING
+        if code is None and not self._forgotten and state is None:
+            return JobStatus.PENDING  # never reached the controller's answer yet
+        if code is None:  # Slurm says it ended (or forgot it): give the worker's record a moment to show up
+            deadline = time.monotonic() + RECORD_GRACE_S
+            while code is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                code = self._recorded_exit_code()
+        return self._settle(state, code, record)
+
+    def _settle(self, state: str | None, code: int | None, record: SlurmJobRecord | None) -> JobStatus:
+        if state in _BY_SLURM:
+            status = _BY_SLURM[state]
+        elif code is None and state is None:
+            status = JobStatus.LOST  # forgotten by the controller with no word from the worker
+        elif self._stopped:
+            status = JobStatus.STOPPED
+        else:
+            if code is None and record is not None:
+                code = record.exit_code  # the worker itself died: the batch script's status is all there is
+            status = JobStatus.SUCCEEDED if code == 0 else JobStatus.FAILED
+        if status is JobStatus.LOST:
+            code = None
+        elif code is None and record is not None and status is not JobStatus.STOPPED:
+            code = record.exit_code
+        self._final = (status, code)
+        return status
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (status := self.status()).finished:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(WAIT_POLL_S)
+        return status
+
+    def exit_code(self) -> int | None:
+        return self._final[1] if self.status().finished else None
+
+    # -- output -------------------------------------------------------------------------------------------
+
+    def read_log(self, offset: int = 0) -> bytes:
+        try:
+            with open(self._path("output.log"), "rb") as handle:
+                handle.seek(offset)
+                return handle.read(READ_LIMIT)
+        except FileNotFoundError:  # not yet created by slurmd, or released
+            return b""
+
+    def logs(self) -> str:
+        chunks, offset = [], 0
+        while chunk := self.read_log(offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+
+    # -- a job placed with start=False ---------------------------------------------------------------------
+
+    def free_address(self) -> str:
+        """``HOST:PORT`` free on the job's node; blocks until the job holds its allocation."""
+        deadline = time.monotonic() + self.timings.allocation_timeout_s
+        while True:
+            try:
+                with open(self._path("address")) as handle:
+                    return handle.read().strip()
+            except FileNotFoundError:
+                pass
+            status = self.status()
+            if status.finished:
+                raise SlurmJobEnded(f"Slurm job {self.job_id} ({self.name!r}) ended {status.value} before it held "
+                                    f"its allocation; its log: {self._path('output.log')}")
+            if time.monotonic() >= deadline:
+                reason = self._record.reason if self._record is not None else "unknown"
+                raise SlurmAllocationTimeout(
+                    f"Slurm job {self.job_id} ({self.name!r}) has no allocation after "
+                    f"{self.timings.allocation_timeout_s:g} s (Slurm's reason: {reason}); `squeue -j {self.job_id}` "
+                    "shows why, or raise SlurmClient(allocation_timeout_s=...)")
+            time.sleep(WAIT_POLL_S)
+
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        """Let the command run, with ``env`` added to the request's variables (it starts once allocated)."""
+        if self._started or self._released or self._final is not None:
+            raise RuntimeError(f"Job {self.job_id} was already started.")
+        write_atomically(self._path("start.json"), json.dumps({str(k): str(v) for k, v in (env or {}).items()}))
+        self._started = True
+
+    # -- stopping -----------------------------------------------------------------------------------------
+
+    def terminate(self) -> None:
+        """``scancel``: Slurm sends SIGTERM to the job's processes (the worker forwards it to the command),
+        then SIGKILL after the cluster's ``KillWait``; a job still there after ``terminate_grace_s`` more
+        seconds gets SIGKILL now. Returns once the job has ended."""
+        if self.status().finished:
+            return
+        self._stopped = True
+        self._scancel([])
+        grace_until = time.monotonic() + self.timings.terminate_grace_s
+        while not self.status().finished and time.monotonic() < grace_until:
+            time.sleep(WAIT_POLL_S)
+        if not self.status().finished:
+            self._scancel(["--full", "--signal=KILL"])
+            self.wait(timeout=60 + self.timings.command_timeout_s)
+
+    def _scancel(self, options: list[str]) -> None:
+        try:
+            run_slurm(["scancel", *options, self.job_id], timeout=self.timings.command_timeout_s)
+        except SlurmCommandError as exc:  # it ended meanwhile
+            logger.debug("scancel %s: %s", self.job_id, exc)
+        except SlurmUnavailableError as exc:
+            logger.warning("Slurm job %s: cannot cancel it: %s", self.job_id, exc)
+
+    def release(self) -> None:
+        """Stop the job if it runs and remove its folder (its log); status and exit code stay."""
+        if self._released:
+            return
+        self.terminate()
+        self.status()  # settled before the exit code's file goes
+        self._released = True
+        shutil.rmtree(self.folder, ignore_errors=True)

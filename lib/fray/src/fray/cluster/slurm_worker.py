@@ -1,0 +1,121 @@
+"""The node side of a Slurm job: ``python -I slurm_worker.py JOB_FOLDER`` is the batch script's one command.
+
+It runs on the compute node, inside the allocation, and talks to the client only through files
+in the job folder (storage both machines see):
+
+* ``request.json`` (written by the client): the command, its environment, working directory,
+  and whether to wait for ``start``;
+* ``address`` (written here, first thing): ``HOST:PORT``, a port free on this node now; its
+  presence tells the client the allocation is held;
+* ``start.json`` (written by the client's ``start(env)``): awaited before the command runs when
+  the job was submitted with ``start=False``; its variables add to the request's;
+* ``exit_code`` (written here, last thing): the command's own exit status, negative when a
+  signal killed it (Slurm's own record cannot tell 75 from a crash once accounting is off).
+
+The command's output goes where Slurm sends this script's (``output.log`` of the folder). The
+command runs in a session of its own; SIGTERM (and SIGINT, SIGUSR1, SIGUSR2) that reach this
+script are forwarded to the command's whole process group and this script keeps waiting, so the
+command decides how to end: ``scancel --batch --signal=TERM JOB`` (which signals only the batch
+script), the warning ``sbatch --signal=B:TERM@N`` sends before a time limit, and a cancel or
+preemption all reach it, and its exit code is still recorded.
+
+Standard library only, run by path with ``-I``: it starts in a fraction of the time importing the
+package would take, and nothing on the node's ``PYTHONPATH`` can shadow what it uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+CANNOT_START_EXIT_CODE = 127
+START_POLL_S = 0.1
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader on another machine sees all of it or nothing."""
+    staging = f"{path}.{os.getpid()}.tmp"
+    with open(staging, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(staging, path)
+
+
+def node_address() -> str:
+    """``HOST:PORT``: this node's address as other nodes reach it, and a port free on it now."""
+    host = socket.gethostbyname(socket.gethostname())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return f"{host}:{probe.getsockname()[1]}"
+
+
+class Forwarder:
+    """Signals that reach this script go to the command's process group once it runs."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.received: list[int] = []
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, self.handle)
+
+    def handle(self, signum: int, frame) -> None:
+        self.received.append(signum)
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def wait_for_start(folder: str, forwarder: Forwarder) -> dict[str, str] | None:
+    """The variables of ``start.json`` once it appears; ``None`` when a signal ended the wait."""
+    path = os.path.join(folder, "start.json")
+    while not os.path.exists(path):
+        if forwarder.received:
+            return None
+        time.sleep(START_POLL_S)
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def run(folder: str) -> int:
+    forwarder = Forwarder()
+    with open(os.path.join(folder, "request.json")) as handle:
+        request = json.load(handle)
+    write_atomically(os.path.join(folder, "address"), node_address())
+    extra: dict[str, str] | None = {}
+    if not request["start"]:
+        extra = wait_for_start(folder, forwarder)
+        if extra is None:  # cancelled before it was started: the command never ran
+            code = -forwarder.received[0]
+            write_atomically(os.path.join(folder, "exit_code"), str(code))
+            return 128 - code
+    env = {**os.environ, **request["env"], **extra, "PYTHONUNBUFFERED": "1"}
+    cwd = request["cwd"] if request["cwd"] and os.path.isdir(request["cwd"]) else None
+    sys.stdout.flush()
+    try:
+        forwarder.process = subprocess.Popen(request["command"], env=env, cwd=cwd, start_new_session=True)
+    except OSError as exc:
+        print(f"fray: job {request['name']!r} could not start {request['command'][0]!r}: {exc}", flush=True)
+        code = CANNOT_START_EXIT_CODE
+    else:
+        # A signal sent between Popen and here was meant for the command too.
+        for signum in list(forwarder.received):
+            os.killpg(forwarder.process.pid, signum)
+        code = forwarder.process.wait()
+    write_atomically(os.path.join(folder, "exit_code"), str(code))
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -I slurm_worker.py JOB_FOLDER", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(sys.argv[1]))
