@@ -4,6 +4,7 @@ every resource it declares, and every grant, checked property by property."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from infra.identities import AUTOSCALER_TPU_PERMISSIONS
@@ -155,3 +156,33 @@ def test_the_default_stack_declares_this_list_of_resources(stacks):
         ("IAMCustomRole", "autoscaler-role"), ("IAMMember", "head-autoscaler"), ("IAMMember", "head-acts-as-workers"),
         ("Repository", "images"),
     ])
+
+
+def test_pulumi_runs_the_stacks_settings_file_through_the_program_entry():
+    """infra/program/__main__.py as `pulumi up` runs it, under mocks: stack "example" reads stacks/example.yaml."""
+    import runpy
+
+    import pulumi
+
+    from infra.offline import RecordingMocks
+
+    mocks = RecordingMocks("mylab-marin")
+    pulumi.runtime.set_mocks(mocks, project="marin-infra", stack="example", preview=False)
+    program = Path(__file__).resolve().parent.parent / "program" / "__main__.py"
+
+    @pulumi.runtime.test
+    def run():
+        runpy.run_path(str(program), run_name="__main__")
+
+    run()
+    names = {(r.type, r.inputs.get("name") or r.inputs.get("accountId")) for r in mocks.resources}
+    assert (BUCKET, "mylab-marin-prefix") in names and (RUN_SERVICE, "marin-web") in names
+    assert (ACCOUNT, "marin-workers") in names
+
+
+def test_the_settings_file_of_a_stack_is_found_by_name_or_by_config(tmp_path):
+    from infra.stack import settings_path
+
+    assert settings_path("dev", None, tmp_path) == tmp_path / "stacks" / "dev.yaml"
+    assert settings_path("dev", "envs/lab.yaml", tmp_path) == tmp_path / "envs" / "lab.yaml"
+    assert settings_path("dev", "/abs/lab.yaml", tmp_path) == Path("/abs/lab.yaml")
