@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import threading
 
 from rigging.config.discovery import discover_config
 
@@ -16,12 +18,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=serve_command)
 
 
+# What a token cache's page needs (about 1 s to import), loaded while the server starts rather
+# than by the first person who opens one.
+_WARM_MODULES = ("zephyr.token_cache", "levanter.tokenization")
+
+
+def _warm_imports() -> None:
+    for name in _WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # the page that needs it says why
+
+
 def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from marin.serve.app import create_app
 
     prefix = discover_config(prefix=args.prefix).prefix
+    threading.Thread(target=_warm_imports, name="serve-warm-imports", daemon=True).start()
     print(f"marin serve: {prefix} on http://{args.host}:{args.port}/ (read-only; Ctrl-C stops it)")
     uvicorn.run(create_app(prefix), host=args.host, port=args.port, log_level="warning")
     return 0

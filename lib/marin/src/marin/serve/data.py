@@ -15,11 +15,13 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from rigging import filesystem as fsx
 
+from marin.execution.artifact import ArtifactError, load_artifact
 from marin.execution.executor_files import ARTIFACT_FILE
 from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import relative_to
@@ -212,17 +214,33 @@ def _text_page(url: str) -> Page:
 
 _TOKENIZERS: dict[str, Any] = {}
 _TOKENIZERS_LOCK = threading.Lock()
+# Sources that failed to load, with when and why: a hub id that cannot be reached costs the hub
+# client's retries (about 24 s), which every page would pay again without this.
+_FAILED: dict[str, tuple[float, str]] = {}
+FAILED_RETRY_S = 300.0
 
 
 def _load_tokenizer_cached(source: str) -> Any:
     from levanter.tokenization import load_tokenizer
 
     with _TOKENIZERS_LOCK:
-        if source not in _TOKENIZERS:
-            if len(_TOKENIZERS) >= 8:
-                _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
-            _TOKENIZERS[source] = load_tokenizer(source)
-        return _TOKENIZERS[source]
+        if source in _TOKENIZERS:
+            return _TOKENIZERS[source]
+        failed = _FAILED.get(source)
+        if failed is not None and time.monotonic() - failed[0] < FAILED_RETRY_S:
+            raise LookupError(f"{failed[1]} (not retried for {FAILED_RETRY_S:.0f} s)")
+    try:
+        tokenizer = load_tokenizer(source)
+    except Exception as exc:
+        with _TOKENIZERS_LOCK:
+            _FAILED[source] = (time.monotonic(), str(exc))
+        raise
+    with _TOKENIZERS_LOCK:
+        _FAILED.pop(source, None)
+        if len(_TOKENIZERS) >= 8:
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+        _TOKENIZERS[source] = tokenizer
+    return tokenizer
 
 
 def _tokenizer_candidates(cache_url: str, metadata: dict[str, Any], prefix: str | None) -> list[str]:
@@ -240,11 +258,12 @@ def _tokenizer_candidates(cache_url: str, metadata: dict[str, Any], prefix: str 
     for _ in range(4):
         if prefix is not None and relative_to(prefix, folder) in (None, ""):
             break
-        artifact = fsx.read_text(fsx.join(folder, ARTIFACT_FILE))
-        if artifact is not None:
+        if fsx.exists(fsx.join(folder, ARTIFACT_FILE)):
+            # Read as the runner reads it: a path it stored relative to the prefix or the step's
+            # folder (the built-in tokenizer's, say) comes back whole, not as a would-be hub id.
             try:
-                result = json.loads(artifact).get("result") or {}
-            except (ValueError, AttributeError):
+                result = load_artifact(folder, prefix=prefix).result or {}
+            except ArtifactError:
                 result = {}
             for key in ("tokenizer_source", "tokenizer"):
                 value = result.get(key) if isinstance(result, dict) else None
