@@ -115,7 +115,7 @@ class AttemptLog:
     writes the final record. Thread-safe, so a step's output can arrive from several threads.
     """
 
-    def __init__(self, folder: str, record: AttemptRecord) -> None:
+    def __init__(self, folder: str, record: AttemptRecord, *, create_logs: bool = True) -> None:
         self.folder = folder
         self.url = attempt_url(folder, record.attempt)
         self.record = record
@@ -125,9 +125,15 @@ class AttemptLog:
         self._spool = None if self._local else tempfile.mkdtemp(prefix="iris-attempt-")
         self._dirty: set[int] = set()
         self._last_flush = 0.0
-        for replica in range(record.replicas):
-            self.append(replica, b"")  # every replica has its log, even one that never writes
-        self.flush()
+        if create_logs:
+            for replica in range(record.replicas):
+                self.append(replica, b"")  # every replica has its log, even one that never writes
+            self.flush()
+
+    def __reduce__(self) -> tuple:
+        # Sent to the process that runs the work: a writer of the same logs there (appending on
+        # local disk, its own whole-file uploads on a bucket), which leaves the record to this one.
+        return (_log_writer, (self.folder, self.record))
 
     @classmethod
     def begin(cls, folder: str, *, replicas: int = 1, engine: str = "local", job_id: str | None = None,
@@ -190,6 +196,10 @@ class AttemptLog:
 
             shutil.rmtree(self._spool, ignore_errors=True)
         return self.record
+
+
+def _log_writer(folder: str, record: AttemptRecord) -> AttemptLog:
+    return AttemptLog(folder, record, create_logs=False)
 
 
 # -- reading ---------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
                      fingerprint, git commit, dependency names/identities/locations, resources).
                      Written before the step starts.
 ``.executor_status`` JSON: ``{"status": ..., "time": ..., "holder": ..., "error": ..., "identity": ...,
-                     "code": ...}`` where status is RUNNING, SUCCESS, FAILED or DEP_FAILED. SUCCESS is
-                     written last. The status carries the full identity it is about, so that the file
+                     "code": ..., "attempt": ..., "job": ...}`` where status is RUNNING, SUCCESS, FAILED or
+                     DEP_FAILED; ``attempt`` numbers the step's attempt folder (``.attempts/NNN``) and
+                     ``job`` is the iris job running it, if any. SUCCESS is written last. The status carries the full identity it is about, so that the file
                      that says "done" also says done *what*: reuse never depends on another file.
 ``.executor_lock``   the lease (see :mod:`rigging.lease`): who is running the step right now.
 ``.artifact.json``   the step's typed result and provenance (see :mod:`marin.execution.artifact`).
@@ -37,7 +38,9 @@ ALL_STATUSES = (STATUS_RUNNING, STATUS_SUCCESS, STATUS_FAILED, STATUS_DEP_FAILED
 @dataclass(frozen=True)
 class StatusRecord:
     """``identity``: the full identity of the step this status is about (None in records of older
-    runners); ``code``: the fingerprint digest of the function that made it (see code_fingerprint)."""
+    runners); ``code``: the fingerprint digest of the function that made it (see code_fingerprint);
+    ``attempt``: the number of its attempt folder under ``.attempts/``; ``job``: the iris job id
+    when the step runs (or ran) as an iris job."""
 
     status: str
     time: float
@@ -45,6 +48,8 @@ class StatusRecord:
     error: str | None = None
     identity: str | None = None
     code: str | None = None
+    attempt: int | None = None
+    job: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1)
@@ -64,6 +69,8 @@ def read_status(output_path: str) -> StatusRecord | None:
             data.get("error"),
             data.get("identity"),
             data.get("code"),
+            data.get("attempt") if isinstance(data.get("attempt"), int) else None,
+            data.get("job") if isinstance(data.get("job"), str) else None,
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         # A bare word is accepted too, so a hand-edited status file still reads.
@@ -79,8 +86,10 @@ def write_status(
     error: str | None = None,
     identity: str | None = None,
     code: str | None = None,
+    attempt: int | None = None,
+    job: str | None = None,
 ) -> StatusRecord:
-    record = StatusRecord(status, time.time(), holder, error, identity, code)
+    record = StatusRecord(status, time.time(), holder, error, identity, code, attempt, job)
     fsx.atomic_write(fsx.join(output_path, STATUS_FILE), record.to_json())
     return record
 

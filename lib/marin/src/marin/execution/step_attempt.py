@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from iris.attempt_log import AttemptLog, AttemptOutcome
 from rigging import filesystem as fsx
 from rigging.lease import Lease
 from rigging.log import get_logger
@@ -45,7 +46,7 @@ from marin.execution.executor_files import (
     write_info,
     write_status,
 )
-from marin.execution.interrupts import RunInterruption
+from marin.execution.interrupts import Interrupt, RunInterruption
 from marin.execution.output_reuse import OutputPathConflict, check_recorded_identity
 from marin.execution.run_report import Outcome, StepOutcome
 from marin.execution.step_executor import StepCall, StepExecutor
@@ -77,10 +78,12 @@ class RunSession:
             heartbeat_s=self.heartbeat_s,
         )
 
-    def write_status(self, spec: StepSpec, output_path: str, status: str, *, error: str | None = None) -> StatusRecord:
+    def write_status(self, spec: StepSpec, output_path: str, status: str, *, error: str | None = None,
+                     attempt: int | None = None, job: str | None = None) -> StatusRecord:
         code = spec.code_fingerprint
         return write_status(
-            output_path, status, holder=self.runner_id, error=error, identity=spec.identity, code=code.digest if code else None
+            output_path, status, holder=self.runner_id, error=error, identity=spec.identity, code=code.digest if code else None,
+            attempt=attempt, job=job,
         )
 
 
@@ -101,6 +104,8 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
     if cached_meanwhile is not None:
         return outcome(*cached_meanwhile)
 
+    attempt_log: AttemptLog | None = None
+    running: dict[str, Any] = {}
     try:
         status = read_status(output_path)
         try:
@@ -117,23 +122,37 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
         _clean_up_orphans(spec, output_path)
         logger.info("Step %s started: %s", spec.name, output_path)
         write_info(output_path, step_info(spec, output_path, dep_paths, session.prefix))
-        session.write_status(spec, output_path, STATUS_RUNNING)
-        result = session.executor.run(StepCall(spec, output_path, dep_paths, lease.lost_event, session.cancelled))
+        # A job an earlier (dead) runner started may still be running the step: the executor adopts it.
+        previous_job = status.job if status is not None and status.status == STATUS_RUNNING else None
+        if not session.executor.keeps_attempt_logs:
+            attempt_log = _begin_attempt_log(spec, output_path)
+        running = {"attempt": attempt_log.attempt if attempt_log else None, "job": previous_job}
+        session.write_status(spec, output_path, STATUS_RUNNING, **running)
+
+        def placed(job_id: str, attempt: int | None) -> None:
+            running.update(job=job_id, attempt=attempt)
+            session.write_status(spec, output_path, STATUS_RUNNING, **running)
+
+        call = StepCall(spec, output_path, dep_paths, lease.lost_event, session.cancelled, attempt_log, previous_job, placed)
+        result = session.executor.run(call)
         lease.check()
         save_artifact(output_path, result, step=spec.name, identity=spec.identity, prefix=session.prefix)
         # Confirm with the lock file itself, not only the heartbeat thread's last look.
         lease.heartbeat()
         lease.check()
+        _finish_attempt_log(attempt_log, AttemptOutcome.SUCCEEDED, "the step's function returned", 0)
         # SUCCESS goes last: a reader who sees it can trust the output and artifact are complete.
-        session.write_status(spec, output_path, STATUS_SUCCESS)
+        session.write_status(spec, output_path, STATUS_SUCCESS, **running)
         return outcome(Outcome.RAN, result=result)
     except BaseException as exc:  # a step's failure must never take the runner down
         message = f"{type(exc).__name__}: {exc}"
         if lease.lost:
             message = f"lost the lease (another runner took the step over); {message}"
+            _finish_attempt_log(attempt_log, AttemptOutcome.STOPPED, message, None)
         else:
+            _finish_attempt_log(attempt_log, *_ending_of(session.cancelled, message))
             try:
-                session.write_status(spec, output_path, STATUS_FAILED, error=message)
+                session.write_status(spec, output_path, STATUS_FAILED, error=message, **running)
             except Exception:
                 logger.exception("Could not record FAILED for %s", output_path)
         log_step_failure(spec.name, output_path, message, exc, message_only=lease.lost or session.cancelled.is_set())
@@ -212,6 +231,33 @@ def step_info(spec: StepSpec, output_path: str, dep_paths: Mapping[str, str], pr
         "resources": repr(spec.resources) if spec.resources is not None else None,
         "identity_record": spec.identity_record,
     }
+
+
+def _begin_attempt_log(spec: StepSpec, output_path: str) -> AttemptLog | None:
+    """A new attempt folder for a step the runner runs itself; a step runs without one if it cannot be made."""
+    try:
+        return AttemptLog.begin(output_path, engine="local")
+    except Exception as exc:  # noqa: BLE001 - a copy of the output is never a reason to fail the step
+        logger.warning("Step %s: cannot keep this attempt's output in %s: %s", spec.name, output_path, exc)
+        return None
+
+
+def _ending_of(cancelled: RunInterruption, message: str) -> tuple[AttemptOutcome, str, int]:
+    """How a step the runner ran itself ended, in the terms of an iris attempt (outcome, reason, exit code)."""
+    if cancelled.interrupt is Interrupt.SIGTERM:
+        return AttemptOutcome.PREEMPTED, f"the run received SIGTERM; {message}", 75
+    if cancelled.interrupt is Interrupt.CTRL_C:
+        return AttemptOutcome.STOPPED, f"the run was interrupted (Ctrl-C); {message}", 130
+    return AttemptOutcome.FAILED, message, 1
+
+
+def _finish_attempt_log(log: AttemptLog | None, outcome: AttemptOutcome, reason: str, exit_code: int | None) -> None:
+    if log is None:
+        return
+    try:
+        log.finish(outcome, reason, (exit_code,))
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("Could not record how attempt %d ended in %s: %s", log.attempt, log.url, exc)
 
 
 def _clean_up_orphans(spec: StepSpec, output_path: str) -> None:

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
 from fray.cluster import DistributedClient
+from iris.attempt_log import AttemptLog
 from rigging.lease import LeaseLostError
 
 from marin.execution.step_context import RunCancelled, StepContext
+from marin.execution.step_output import captured_into
 from marin.execution.step_spec import CALL_CONTEXT, CALL_NO_ARGS, StepSpec
 
 # How often a waiting runner thread looks at its lease and at Ctrl-C while a step runs.
@@ -38,16 +40,29 @@ _WATCH_INTERVAL_S = 0.5
 
 @dataclass(frozen=True)
 class StepCall:
-    """One call of a step's function: what it gets, and the runner's signals to stop."""
+    """One call of a step's function: what it gets, and the runner's signals to stop.
+
+    ``attempt_log`` receives the function's output (for executors that do not keep attempt logs
+    themselves); ``previous_job`` is the iris job a RUNNING status recorded, which an executor that
+    runs steps as jobs adopts while it still runs; ``placed(job_id, attempt)`` is how such an
+    executor tells the runner where the step now runs, for its status record.
+    """
 
     spec: StepSpec
     output_path: str
     dep_output_paths: Mapping[str, str]
     lease_lost: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    attempt_log: AttemptLog | None = None
+    previous_job: str | None = None
+    placed: Callable[[str, int | None], None] | None = None
 
 
 class StepExecutor(Protocol):
+    #: Whether the executor keeps each attempt's output in the step's ``.attempts/`` itself (iris
+    #: does); otherwise the runner opens the attempt and passes it in ``StepCall.attempt_log``.
+    keeps_attempt_logs: bool
+
     def run(self, call: StepCall) -> Any:
         """Call the step's function (blocking) and return its result; raise what it raises."""
         ...
@@ -88,8 +103,10 @@ class _RunnerSignals:
         return (_RunnerSignals, ())
 
 
-def _call_with_signals(spec: StepSpec, output_path: str, dep_output_paths: Mapping[str, str], signals: _RunnerSignals) -> Any:
-    return call_step_function(spec, output_path, dep_output_paths, signals.lease_lost, signals.cancelled)
+def _call_with_signals(spec: StepSpec, output_path: str, dep_output_paths: Mapping[str, str], signals: _RunnerSignals,
+                       attempt_log: AttemptLog | None = None) -> Any:
+    with captured_into(attempt_log):
+        return call_step_function(spec, output_path, dep_output_paths, signals.lease_lost, signals.cancelled)
 
 
 def _from_the_call(tb: TracebackType | None) -> TracebackType | None:
@@ -104,6 +121,8 @@ def _from_the_call(tb: TracebackType | None) -> TracebackType | None:
 class ClientStepExecutor:
     """Runs each step as a remote function of ``client`` with the step's ``resources``."""
 
+    keeps_attempt_logs = False
+
     def __init__(self, client: DistributedClient) -> None:
         self.client = client
 
@@ -116,7 +135,8 @@ class ClientStepExecutor:
         self.client.check_fits(spec.resources, what=f"Step {spec.name!r}")
         signals = _RunnerSignals(call.lease_lost, call.cancelled)
         future = self.client.remote(
-            _call_with_signals, spec, call.output_path, dict(call.dep_output_paths), signals, resources=spec.resources
+            _call_with_signals, spec, call.output_path, dict(call.dep_output_paths), signals, call.attempt_log,
+            resources=spec.resources,
         )
         try:
             return self._wait(call, future)
