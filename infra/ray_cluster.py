@@ -26,8 +26,9 @@ import yaml
 from infra.catalog import GPU_FAMILY_LABELS, GPU_TYPES, MACHINE_TYPES, tpu_generation
 from infra.settings import StackSettings, WorkerGroup
 
-# Steps go to the Ray cluster the node belongs to.
-MARIN_CLUSTER = "ray:auto"
+# Steps go to the Ray cluster the node belongs to, and a step no live node can hold yet (GPU and
+# TPU groups start at zero workers) waits for the autoscaler instead of being refused.
+MARIN_CLUSTER = "ray:autoscaling"
 HEAD_NODE_TYPE = "head"
 # What a node's tasks may reserve of its memory: the rest is Ray's object store and the system.
 _TASK_MEMORY_SHARE = 0.7

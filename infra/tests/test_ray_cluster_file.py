@@ -112,10 +112,22 @@ def test_every_node_runs_as_the_stacks_accounts_with_the_project_and_its_environ
     for commands in [config["setup_commands"], *(t["worker_setup_commands"] for n, t in types.items() if n != "head")]:
         text = "\n".join(commands)
         assert "'marin[ray,gcs] @ git+https://example.com/lab/marin.git@0123abc'" in text
-        assert "export MARIN_PREFIX=gs://lab-marin-prefix/marin" in text and "export MARIN_CLUSTER=ray:auto" in text
+        assert "export MARIN_PREFIX=gs://lab-marin-prefix/marin" in text and "export MARIN_CLUSTER=ray:autoscaling" in text
     for command in config["head_start_ray_commands"] + config["worker_start_ray_commands"]:
         assert command.startswith(". ~/.marin-env.sh && ")
     tpu_or_gpu = {g.name: g for g in stack_settings.cluster.workers if g.tpu_type or g.gpu_type}
     for name, group in tpu_or_gpu.items():
         extra = "jax[tpu]" if group.tpu_type else "jax[cuda12]"
         assert any(extra in command for command in types[name]["worker_setup_commands"])
+
+
+def test_the_nodes_cluster_setting_waits_for_the_autoscaler():
+    from fray.cluster.current import client_from_spec
+    from fray.cluster.ray_client import RayClient
+
+    from infra.ray_cluster import MARIN_CLUSTER
+
+    client = client_from_spec(MARIN_CLUSTER)
+    assert isinstance(client, RayClient)
+    assert (client.address, client.check_resources) == ("auto", False)
+    assert client_from_spec("ray:auto").check_resources is True  # the plain setting still checks

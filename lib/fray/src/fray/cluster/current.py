@@ -7,10 +7,16 @@ A setting, wherever it is given (``backend=`` of a zephyr run or a tokenize step
 * ``threads`` (also ``local``, ``local:threads``): ``LocalClient()``, threads of this process;
 * ``processes`` (also ``local:processes``): ``LocalClient(processes=True)``, local worker processes;
 * ``ray`` (also ``ray:auto``): the Ray cluster this machine belongs to;
+* ``ray:autoscaling``: the same, for a cluster that adds nodes on demand (``ray up``): work no live
+  node can hold yet waits for the autoscaler instead of failing at once (``check_resources=False``);
 * ``ray:local``: a private local Ray cluster, started on first use;
 * ``ray://HOST:PORT``: a Ray client connection;
 * ``slurm``: ``SlurmClient()``, the Slurm cluster of this machine's Slurm commands (``SLURM_CONF``),
-  its default partition; ``slurm:PARTITION``: that partition.
+  its default partition; ``slurm:PARTITION``: that partition;
+* ``iris:ENGINE`` (``iris:slurm``, ``iris:slurm:PARTITION``, ``iris:ray``, ``iris:ray:local``,
+  ``iris:ray://HOST:PORT``, ``iris:local``): steps run as iris jobs on ENGINE, with retries on
+  preemption and failure (see ``marin.execution.iris_steps``); any other work (a remote call, a
+  pipeline's shards) gets ENGINE's client, as if the setting were ENGINE alone.
 
 The current client, first match wins:
 
@@ -61,11 +67,27 @@ class ClusterConfigError(FrayError, ConfigError):
     """A cluster setting that names no known backend."""
 
 
+IRIS_PREFIX = "iris:"
+
+
+def split_orchestrator(setting: str) -> tuple[str | None, str]:
+    """``("iris", "slurm:gpu")`` for ``"iris:slurm:gpu"``; ``(None, setting)`` for a plain engine setting."""
+    text = setting.strip()
+    if text.startswith(IRIS_PREFIX):
+        return "iris", text.removeprefix(IRIS_PREFIX) or "local"
+    return None, text
+
+
 def client_from_spec(spec: str, *, what: str = "cluster setting") -> DistributedClient:
-    """A new client for a setting such as ``"processes"``, ``"ray:auto"`` or ``"ray://head:10001"``."""
-    text = spec.strip()
+    """A new client for a setting such as ``"processes"``, ``"ray:auto"`` or ``"ray://head:10001"``
+    (``iris:ENGINE``: ENGINE's client)."""
+    text = split_orchestrator(spec)[1]
     if text in _LOCAL_SETTINGS:
         return LocalClient(**_LOCAL_SETTINGS[text])
+    if text == "ray:autoscaling":
+        from fray.cluster.ray_client import RayClient
+
+        return RayClient("auto", check_resources=False)
     if text in _RAY_SETTINGS or text.startswith("ray://"):
         from fray.cluster.ray_client import RayClient
 
@@ -76,8 +98,8 @@ def client_from_spec(spec: str, *, what: str = "cluster setting") -> Distributed
         return SlurmClient(text.partition(":")[2] or None)
     raise ClusterConfigError(
         f"Unknown {what} {spec!r}. Use 'inline', 'threads', 'processes', 'ray' or 'slurm' (also 'local', "
-        "'local:processes', 'ray:auto', 'ray:local', 'ray://HOST:PORT' or 'slurm:PARTITION'), as backend=..., "
-        "in MARIN_CLUSTER or as 'cluster:' in marin.yaml."
+        "'local:processes', 'ray:auto', 'ray:autoscaling', 'ray:local', 'ray://HOST:PORT' or 'slurm:PARTITION'), as backend=..., "
+        "in MARIN_CLUSTER or as 'cluster:' in marin.yaml; 'iris:ENGINE' runs steps as iris jobs on one of them."
     )
 
 
