@@ -153,6 +153,31 @@ def resources_from_flags(
         raise InvalidJobSpec(str(exc)) from exc
 
 
+ENGINE_SETTINGS = "local, ray (or ray:auto), ray:local, ray://HOST:PORT, slurm or slurm:PARTITION"
+
+
+def engine_options(setting: str) -> dict[str, Any]:
+    """The ``JobSpec`` fields (backend, Ray address, Slurm partition) an engine setting names.
+
+    The settings are fray's cluster settings (``fray.cluster.current``) for the engines iris can
+    place replicas on; the thread and process flavours of ``local`` all mean child processes here.
+    """
+    text = setting.strip()
+    if text in ("", "local", "threads", "processes", "local:threads", "local:processes"):
+        return {"backend": "local"}
+    if text in ("ray", "ray:auto"):
+        return {"backend": "ray", "ray_address": "auto"}
+    if text == "ray:local":
+        return {"backend": "ray", "ray_address": None}
+    if text.startswith("ray://"):
+        return {"backend": "ray", "ray_address": text}
+    if text == "slurm":
+        return {"backend": "slurm"}
+    if text.startswith("slurm:") and text != "slurm:":
+        return {"backend": "slurm", "slurm_partition": text.removeprefix("slurm:")}
+    raise InvalidJobSpec(f"Unknown iris engine {setting!r}; choose one of {ENGINE_SETTINGS}.")
+
+
 def default_job_name(command: Sequence[str]) -> str:
     """The name a job gets without ``--name``: its program's file name, made safe for a folder."""
     return safe_name_from(os.path.basename(command[0])) if command else "job"

@@ -38,7 +38,8 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
-from fray.cluster import DistributedClient, current_client
+from fray.cluster import ClusterConfigError, DistributedClient, client_for, current_client
+from fray.cluster.current import configured_cluster, split_orchestrator
 from rigging import filesystem as fsx
 from rigging.config.discovery import discover_config
 from rigging.lease import DEFAULT_TTL_S
@@ -73,7 +74,7 @@ from marin.execution.run_defaults import (
 from marin.execution.run_report import Outcome, RunReport, StepOutcome, StepRunFailed
 from marin.execution.step_attempt import RunSession, attempt_step, record_dep_failed
 from marin.execution.step_context import LeaseLostError
-from marin.execution.step_executor import executor_for
+from marin.execution.step_executor import StepExecutor, executor_for
 from marin.execution.step_graph import (
     StepGraphError,
     collect_steps,
@@ -121,7 +122,10 @@ class StepRunner:
     over (a crashed runner on the same host is detected at once); ``poll_s`` is how often a
     runner waiting on another's step looks again. ``client`` is the fray client step functions run
     on (default: :func:`fray.cluster.current_client`: threads of this process unless configured
-    otherwise, e.g. ``MARIN_CLUSTER=ray:auto``). ``strict`` refuses to reuse cached outputs made
+    otherwise, e.g. ``MARIN_CLUSTER=ray:auto``). ``cluster`` is a cluster setting for this runner
+    instead of the configured one: ``"iris:slurm"`` (any ``iris:ENGINE``) runs each step as an iris
+    job with retries (:mod:`~marin.execution.iris_steps`), any other setting names the client steps
+    run on. ``strict`` refuses to reuse cached outputs made
     by other code than the steps' functions now (see :meth:`run`). ``overrides`` beat every other
     option (default: those of the ``marin run`` in progress, if any; see
     :mod:`marin.execution.run_defaults`).
@@ -140,6 +144,7 @@ class StepRunner:
         heartbeat_s: float | None = None,
         poll_s: float = 0.5,
         client: DistributedClient | None = None,
+        cluster: str | None = None,
         strict: bool = False,
         overrides: RunOverrides | None = None,
         existing_outputs: Mapping[str, str] | None = None,
@@ -157,6 +162,7 @@ class StepRunner:
         self.runner_id = uuid.uuid4().hex[:12]
         # Where step functions run; None: fray's current client when a run starts (see step_executor).
         self.client = client
+        self.cluster = cluster
         self.strict = strict
         self.existing_outputs = dict(existing_outputs or {})
 
@@ -203,6 +209,7 @@ class StepRunner:
             runner_strict=self.strict,
         )
         _ensure_logging()
+        executor = self._executor()  # a cluster setting that names nothing fails before anything is read
         self._check_prefix(writing=not options.dry_run)
         planned = self.plan(steps, run_only=options.run_only)
         logger.info("Running %d step(s) under %s (%d already done)", len(planned), self.prefix, sum(p.cached for p in planned))
@@ -211,7 +218,7 @@ class StepRunner:
         if options.dry_run:
             self._dry_run(planned, options.force_run_failed, report)
             return report
-        self._execute(planned, options, report)
+        self._execute(planned, options, report, executor)
         logger.info("Run finished: %s", report.summary())
         self._print_final_summaries(planned)
         if raise_on_failure and not report.ok:
@@ -310,12 +317,30 @@ class StepRunner:
 
     # -- scheduling -------------------------------------------------------------------------------
 
-    def _execute(self, planned: list[PlannedStep], options: RunOptions, report: RunReport) -> None:
+    def _executor(self) -> StepExecutor:
+        """Where steps run: the runner's client, else its cluster setting, else the configured one."""
+        if self.client is not None:
+            return executor_for(self.client)
+        setting = self.cluster if self.cluster is not None else configured_cluster()
+        orchestrator, engine = split_orchestrator(setting or "")
+        if orchestrator == "iris":
+            from iris.spec import InvalidJobSpec
+
+            from marin.execution.iris_steps import IrisStepExecutor
+
+            try:
+                return IrisStepExecutor(engine)
+            except InvalidJobSpec as exc:
+                where = "StepRunner(cluster=...)" if self.cluster is not None else "MARIN_CLUSTER or cluster: in marin.yaml"
+                raise ClusterConfigError(f"The cluster setting {setting!r} ({where}) names no engine iris knows: {exc}") from None
+        return executor_for(client_for(self.cluster, what="cluster") if self.cluster is not None else current_client())
+
+    def _execute(self, planned: list[PlannedStep], options: RunOptions, report: RunReport, executor: StepExecutor) -> None:
         session = RunSession(
             prefix=self.prefix,
             runner_id=self.runner_id,
             started_at=time.time(),
-            executor=executor_for(self.client if self.client is not None else current_client()),
+            executor=executor,
             # Fresh per run: it records which signal (Ctrl-C or SIGTERM) stopped this run, and a
             # step still finishing from an earlier run keeps its own.
             cancelled=RunInterruption(),

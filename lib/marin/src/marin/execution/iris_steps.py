@@ -1,0 +1,198 @@
+"""Steps as iris jobs: what a step needs becomes a job on a cluster engine (Slurm, Ray, local).
+
+With the cluster setting ``iris:ENGINE`` (``MARIN_CLUSTER=iris:slurm``, ``cluster: iris:ray`` in
+marin.yaml, ``StepRunner(cluster="iris:slurm:gpu")``), each step the runner must run is submitted
+to iris, which places its replicas through fray on ENGINE and retries it. The runner keeps doing
+everything around the call exactly as for other executors: it holds the step's lease (its
+heartbeat goes on while the job runs), writes ``.executor_info``, the status and the artifact.
+Cached steps never reach iris.
+
+* The step's ``ResourceConfig`` is the job's: resources per replica, ``replicas`` (a gang, started
+  together; multi-host training gets ``IRIS_COORDINATOR_ADDRESS``, ``IRIS_NUM_REPLICAS`` and
+  ``IRIS_REPLICA_INDEX``, which :mod:`levanter.distributed` reads), ``max_retries_preemption``,
+  ``max_retries_failure`` and ``time_limit_s``.
+* Each replica runs :mod:`marin.execution.step_job` on the call the runner wrote into the step's
+  ``.attempts/`` folder; replica 0 leaves the function's result there for the runner to record.
+* iris keeps every attempt's output (all replicas) in the step's ``.attempts/NNN/`` folder, on any
+  storage (:mod:`iris.attempt_log`); the job id and the attempt go into the step's RUNNING status,
+  so ``marin status`` shows them.
+* An interrupted run (Ctrl-C, SIGTERM) or a lost lease stops the job (its replicas get SIGTERM, so
+  a training step checkpoints first). A runner that died leaves its job running: the next runner
+  that takes the step's lease over adopts that job instead of starting a second one.
+* Work a step starts itself (a tokenizer's shards) runs inside the step's own allocation
+  (``MARIN_CLUSTER=local`` in the job), not as more jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+from fray.cluster import ResourceConfig
+from iris import JobState, JobStore, get_job, stop_job, submit_job
+from iris.attempt_log import ATTEMPTS_FOLDER, list_attempts, read_log
+from iris.spec import JobSpec, engine_options
+from rigging import filesystem as fsx
+from rigging.lease import LeaseLostError
+from rigging.log import get_logger
+from rigging.names import safe_name_from
+
+from marin.errors import MarinError
+from marin.execution.step_context import RunCancelled
+from marin.execution.step_executor import StepCall
+from marin.execution.step_job import CALL_FILE, result_url
+
+logger = get_logger("marin.execution.step_runner")
+
+#: Environment variables a step's job gets from the runner (every engine): Marin's own settings,
+#: object-store credentials and endpoints, and the offline and compiler settings that change
+#: nothing a step computes but everything about whether it can start. Slurm and local jobs inherit
+#: the whole environment anyway; a Ray worker has its node's.
+FORWARDED_PREFIXES = ("MARIN_", "AWS_", "GOOGLE_", "GCS_", "STORAGE_EMULATOR_HOST", "FSSPEC_", "HF_", "TRANSFORMERS_",
+                      "JAX_", "XLA_FLAGS", "WANDB_", "TOKENIZERS_")
+# How long the runner gives a stopping job to checkpoint and end before it gives up waiting.
+STOP_TIMEOUT_S = 120.0
+
+
+class StepJobFailed(MarinError, RuntimeError):
+    """A step's iris job ended without success: its budgets are spent, or it could not be placed."""
+
+
+@dataclass(frozen=True)
+class IrisEngine:
+    """Where iris places steps: an engine setting (``slurm``, ``slurm:gpu``, ``ray``, ``local``...)."""
+
+    setting: str
+
+    def __post_init__(self) -> None:
+        engine_options(self.setting)  # refuse an unknown engine where the setting is read
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return engine_options(self.setting)
+
+
+class IrisStepExecutor:
+    """Runs each step as an iris job on ``engine``; see the module docstring."""
+
+    keeps_attempt_logs = True
+
+    def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, poll_s: float = 0.5) -> None:
+        self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
+        self._store = store
+        self.poll_s = poll_s
+
+    @property
+    def store(self) -> JobStore:
+        # Opened on first use, so a dry run (which never runs a step) creates no iris folder.
+        if self._store is None:
+            self._store = JobStore()
+        return self._store
+
+    def __repr__(self) -> str:
+        return f"IrisStepExecutor({self.engine.setting!r})"
+
+    def run(self, call: StepCall) -> Any:
+        spec = call.spec
+        attempts = fsx.join(call.output_path, ATTEMPTS_FOLDER)
+        call_url = fsx.join(attempts, CALL_FILE)
+        job_id = self._adoptable(call.previous_job)
+        if job_id is not None:
+            logger.info("Step %s: iris job %s from an earlier runner is still running; waiting for it", spec.name, job_id)
+        else:
+            self._check_fits(spec.name, spec.resources)
+            fsx.makedirs(attempts)
+            fsx.rm(result_url(call_url))
+            fsx.atomic_write(call_url, cloudpickle.dumps((spec, call.output_path, dict(call.dep_output_paths))))
+            job_id = submit_job(self._job_spec(call, call_url), self.store)
+            logger.info("Step %s runs as iris job %s on %s", spec.name, job_id, self.engine.setting)
+        record = self._wait(call, job_id)
+        if record.state is JobState.SUCCEEDED:
+            with fsx.open_url(result_url(call_url), "rb") as handle:
+                return cloudpickle.load(handle)
+        raise StepJobFailed(self._failure_message(call, record))
+
+    # -- submitting ---------------------------------------------------------------------------------
+
+    def _job_spec(self, call: StepCall, call_url: str) -> JobSpec:
+        resources = call.spec.resources or ResourceConfig()
+        env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIXES)}
+        env["MARIN_CLUSTER"] = "local"  # a step's own sub-work runs in its allocation
+        return JobSpec(
+            name=f"{safe_name_from(call.spec.name)}-{call.spec.short_hash}",
+            command=(sys.executable, "-m", "marin.execution.step_job", call_url),
+            resources=resources,
+            replicas=resources.replicas,
+            max_retries_failure=resources.max_retries_failure,
+            max_retries_preemption=resources.max_retries_preemption,
+            time_limit_s=resources.time_limit_s,
+            cwd=os.getcwd(),
+            env=tuple(sorted(env.items())),
+            attempts_folder=call.output_path,
+            **self.engine.options,
+        )
+
+    def _check_fits(self, name: str, resources: ResourceConfig | None) -> None:
+        """Slurm refuses a request no partition can hold before anything is submitted (Ray's and the
+        local engine's checks run in the job's supervisor, whose failure names the request too)."""
+        options = self.engine.options
+        if options["backend"] != "slurm":
+            return
+        from fray.cluster.slurm_client import SlurmClient
+
+        SlurmClient(options.get("slurm_partition")).check_fits(resources or ResourceConfig(), what=f"Step {name!r}")
+
+    def _adoptable(self, job_id: str | None) -> str | None:
+        if job_id is None:
+            return None
+        record = self.store.get(job_id)
+        return job_id if record is not None and not get_job(job_id, self.store).state.finished else None
+
+    # -- waiting ------------------------------------------------------------------------------------
+
+    def _wait(self, call: StepCall, job_id: str) -> Any:
+        reported: int | None = None
+        while True:
+            record = get_job(job_id, self.store)
+            if record.attempts and record.attempts != reported and call.placed is not None:
+                folder_attempt = _folder_attempt(call.output_path, job_id, record.attempts)
+                if folder_attempt is not None:  # the supervisor opens the folder just after the attempt starts
+                    reported = record.attempts
+                    call.placed(job_id, folder_attempt)
+            if record.state.finished:
+                return record
+            if call.cancelled.is_set() or call.lease_lost.is_set():
+                stop_job(job_id, self.store, timeout=STOP_TIMEOUT_S)
+                name = call.spec.name
+                if call.cancelled.is_set():
+                    raise RunCancelled(f"The run was interrupted; stopped step {name!r}'s iris job {job_id}.")
+                raise LeaseLostError(f"Step {name!r} lost its lease on {call.output_path}; stopped its iris job {job_id}.")
+            time.sleep(self.poll_s)
+
+    def _failure_message(self, call: StepCall, record: Any) -> str:
+        text = f"iris job {record.job_id} {record.state.value.lower()}: {record.message}"
+        tail = _log_tail(call.output_path, record.job_id)
+        if tail:
+            text += f"\nLast lines of its log:\n{tail}"
+        return text + f"\nEvery attempt's log: marin logs {call.output_path}"
+
+
+def _folder_attempt(output_path: str, job_id: str, job_attempt: int) -> int | None:
+    """The number of the step's attempt folder holding ``job_id``'s attempt ``job_attempt``."""
+    for listing in reversed(list_attempts(output_path)):
+        record = listing.record
+        if record is not None and record.job_id == job_id and record.job_attempt == job_attempt:
+            return listing.attempt
+    return None
+
+
+def _log_tail(output_path: str, job_id: str, lines: int = 15) -> str:
+    for listing in reversed(list_attempts(output_path)):
+        if listing.record is not None and listing.record.job_id == job_id and listing.logs:
+            text = read_log(listing.logs[0]).decode("utf-8", errors="replace")
+            return "\n".join(text.rstrip().splitlines()[-lines:])
+    return ""

@@ -1,0 +1,93 @@
+"""``python -m marin.execution.step_job CALL_URL``: one replica of a step run as an iris job.
+
+The runner (:mod:`marin.execution.iris_steps`) writes the call, ``(spec, output path, dependency
+paths)`` pickled with cloudpickle, into the step's folder, and iris starts this module once per
+replica, wherever its engine places it. It calls the step's function as the runner would in a
+thread, with two differences that make a preempted step round-trip:
+
+* SIGTERM (a preemption, ``iris job stop``, a Slurm time-limit warning) and Ctrl-C set the step's
+  stop signal, so a training step checkpoints and stops; the process then exits with
+  :data:`iris.PREEMPTED_EXIT_CODE` (75) after SIGTERM, and iris runs it again within the step's
+  preemption budget, resuming from the checkpoint. A second signal exits at once, with the same code.
+* The lease is the runner's (it heartbeats while the job runs), so ``ctx.lost_lease`` never fires
+  here; a runner that loses its lease stops the job.
+
+Only replica 0 writes the result the runner records (multi-host steps compute it on every
+process; the runner writes every record of the step). Exit status: 0 when the function returned,
+75 when it stopped for SIGTERM, 130 for Ctrl-C, 1 when it raised (the traceback is in the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+
+import cloudpickle
+from iris.spec import PREEMPTED_EXIT_CODE
+from rigging import filesystem as fsx
+from rigging.log import get_logger, setup_logging
+
+from marin.execution.interrupts import Interrupt, RunInterruption
+from marin.execution.step_executor import call_step_function
+
+logger = get_logger("marin.execution.step_job")
+
+CALL_FILE = "step-call.pkl"
+RESULT_FILE = "step-result.pkl"
+CTRL_C_EXIT_CODE = 130
+
+
+def result_url(call_url: str) -> str:
+    """Where replica 0 leaves the function's result: beside the call."""
+    return call_url.rsplit("/", 1)[0] + "/" + RESULT_FILE
+
+
+def _stop_on_signals(stop: RunInterruption) -> None:
+    interrupts = {signal.SIGTERM: Interrupt.SIGTERM, signal.SIGINT: Interrupt.CTRL_C}
+
+    def on_signal(signum: int, frame: object) -> None:
+        interrupt = interrupts[signal.Signals(signum)]
+        if stop.is_set():
+            logger.error("second %s: exiting now, without waiting for the step", interrupt.value)
+            logging.shutdown()
+            os._exit(PREEMPTED_EXIT_CODE if interrupt is Interrupt.SIGTERM else CTRL_C_EXIT_CODE)
+        logger.warning("%s: asking the step to save what lets a rerun resume, and stop", interrupt.value)
+        stop.interrupt_with(interrupt)
+
+    for signum in interrupts:
+        signal.signal(signum, on_signal)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m marin.execution.step_job CALL_URL", file=sys.stderr)
+        return 2
+    setup_logging()
+    call_url = argv[0]
+    with fsx.open_url(call_url, "rb") as handle:
+        spec, output_path, dep_paths = cloudpickle.load(handle)
+    replica = int(os.environ.get("IRIS_REPLICA_INDEX", "0"))
+    stop = RunInterruption()
+    _stop_on_signals(stop)
+    logger.info("Step %s (replica %d of iris job %s, attempt %s): %s", spec.name, replica,
+                os.environ.get("IRIS_JOB_ID", "?"), os.environ.get("IRIS_ATTEMPT", "?"), output_path)
+    try:
+        result = call_step_function(spec, output_path, dep_paths, threading.Event(), stop)
+    except BaseException:  # noqa: BLE001 - reported through the exit status, the traceback kept in the log
+        traceback.print_exc()
+        if stop.interrupt is Interrupt.SIGTERM:
+            logger.warning("Step %s stopped for SIGTERM; exiting %d so it is run again", spec.name, PREEMPTED_EXIT_CODE)
+            return PREEMPTED_EXIT_CODE
+        return CTRL_C_EXIT_CODE if stop.interrupt is Interrupt.CTRL_C else 1
+    if replica == 0:
+        fsx.atomic_write(result_url(call_url), cloudpickle.dumps(result))
+    logger.info("Step %s finished", spec.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
