@@ -1,4 +1,5 @@
-"""Damaged checkpoints and full disks: an unreadable newest checkpoint is moved aside with a WARNING
+"""Damaged checkpoints and full disks: an unreadable newest checkpoint (or one whose files no longer
+match their checksums) is moved aside with a WARNING
 and the one before it resumed (or training starts afresh, saying so); a checkpoint of another model
 is still refused and never moved; a full disk during a save is reported as such."""
 
@@ -61,7 +62,18 @@ def _data_files(step_dir):
     return glob.glob(f"{step_dir}/state/d/*") + glob.glob(f"{step_dir}/state/ocdbt.process_*/d/*")
 
 
+def _flip_one_bit(step_dir):
+    # Orbax reads a flipped bit as other numbers without an error; only the checksum manifest sees it.
+    path = max(_data_files(step_dir), key=os.path.getsize)
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        data[len(data) // 2] ^= 0x01
+        f.seek(0)
+        f.write(data)
+
+
 DAMAGE = {
+    "one bit flipped in array data": _flip_one_bit,
     "truncated array data": lambda d: [_truncate(p) for p in _data_files(d)],
     "array data deleted": lambda d: [os.remove(p) for p in _data_files(d)],
     "garbage _METADATA": lambda d: _scribble(f"{d}/state/_METADATA"),
@@ -214,6 +226,18 @@ def test_the_trainer_resumes_from_the_newest_readable_checkpoint(finished_run, t
     assert any(name.startswith(f"{2 * N}.corrupt-") for name in os.listdir(os.path.join(output, "checkpoints")))
     assert f"{os.path.join(output, 'checkpoints', str(2 * N))} cannot be read" in caplog.text
     assert [r["step"] for r in read_metrics(result.metrics_path)] == list(range(1, 2 * N + 1))
+
+
+def test_the_trainer_resumes_past_a_flipped_bit_on_the_uninterrupted_trajectory(finished_run, tmp_path, caplog):
+    output = shutil.copytree(finished_run, tmp_path / "run")
+    DAMAGE["one bit flipped in array data"](os.path.join(output, "checkpoints", str(2 * N)))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        result = _train(output)
+    assert result.resumed_from == N and "checksum" in caplog.text
+    # Steps N+1..2N are trained again from the good checkpoint: the same losses, bit for bit.
+    losses = {r["step"]: r["loss"] for r in read_metrics(result.metrics_path) if "loss" in r}
+    original = {r["step"]: r["loss"] for r in read_metrics(os.path.join(finished_run, "metrics.jsonl")) if "loss" in r}
+    assert losses and losses == original
 
 
 def test_the_trainer_starts_afresh_when_no_checkpoint_can_be_read(finished_run, tmp_path, caplog):

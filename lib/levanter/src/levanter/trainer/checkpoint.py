@@ -17,11 +17,14 @@ has no driver for those stores; it costs local disk for one checkpoint and an up
 an asynchronous save runs in the background. Listing, keep-last pruning, the set-aside below and the
 disk-full report work the same on both paths.
 
-What goes wrong on real disks is handled here, not in the trainer: :meth:`Checkpointer.restore_latest`
-moves a committed checkpoint whose files no longer read back (truncated, deleted, garbled) aside
-to ``<step>.corrupt-<UTC time>`` with a WARNING and resumes from the one before it (a name Orbax
-never lists, so it is kept for inspection but never picked again); a full disk during a save is
-reported as :class:`CheckpointDiskFullError` instead of Orbax's error from its writer thread.
+What goes wrong on real disks is handled here, not in the trainer: every committed step gets a
+manifest of its files' sizes and checksums (:mod:`levanter.trainer.checkpoint_manifest`), checked
+before the step is restored; :meth:`Checkpointer.restore_latest` moves a committed checkpoint whose
+files no longer read back (truncated, deleted, garbled) or no longer match their checksums (a
+flipped bit, which Orbax would read as different numbers) aside to ``<step>.corrupt-<UTC time>``
+with a WARNING and resumes from the one before it (a name Orbax never lists, so it is kept for
+inspection but never picked again); a full disk during a save is reported as
+:class:`CheckpointDiskFullError` instead of Orbax's error from its writer thread.
 
 Another run's checkpoint can be a starting point: :func:`committed_steps` lists a ``checkpoints/``
 folder without changing it, and :func:`read_state_fields` reads some fields of a step's state (the
@@ -38,6 +41,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -45,6 +49,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from levanter.errors import LevanterError
+from levanter.trainer.checkpoint_manifest import verify_manifest, write_manifest
 from levanter.trainer.checkpoint_staging import COMMIT_MARKER, CheckpointStaging, UploadError, orbax_writes_natively
 from rigging import filesystem as fsx
 
@@ -167,7 +172,11 @@ def unflatten_state(flat: dict[str, Any], template: Any) -> Any:
 
 class Checkpointer:
     """Saves every ``every_steps`` steps and/or ``every_minutes`` minutes; keeps the newest
-    ``keep_last`` (None: all) plus every step divisible by ``keep_every``."""
+    ``keep_last`` (None: all) plus every step divisible by ``keep_every``.
+
+    ``checksums``: write each step's checksum manifest and verify it on restore (False: neither,
+    which only the benchmark of their cost wants).
+    """
 
     def __init__(
         self,
@@ -178,8 +187,13 @@ class Checkpointer:
         keep_last: int | None = 2,
         keep_every: int | None = None,
         asynchronous: bool = True,
+        checksums: bool = True,
     ):
         self.directory = fsx.absolute(directory)
+        self._checksums = checksums
+        # Native saves write their manifest here once committed (staged ones in the upload thread).
+        self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-checksums")
+        self._sealing: Future | None = None
         self.every_steps = every_steps
         self.every_minutes = every_minutes
         self._asynchronous = asynchronous
@@ -226,9 +240,8 @@ class Checkpointer:
     # -- save / restore ---------------------------------------------------------------------------
 
     def save(self, step: int, state: Any) -> None:
-        if self._staging is not None:
-            with self._writing():  # the previous save's upload; it must finish before Orbax writes again
-                self._staging.wait()
+        with self._writing():  # the previous save's manifest and upload; they finish before Orbax writes again
+            self._finish_sealing()
         if step in self.all_steps():
             return
         flat, _ = flatten_state(state)
@@ -236,11 +249,27 @@ class Checkpointer:
         with self._writing():  # an asynchronous save's failure surfaces in the next save (or wait)
             self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat)), force=True)
             if self._staging is not None:
-                self._staging.upload_when_committed(
-                    step, self._manager.wait_until_finished, asynchronous=self._asynchronous
-                )
+                self._staging.upload_when_committed(step, lambda: self._seal(step), asynchronous=self._asynchronous)
+            elif self._asynchronous:
+                self._sealing = self._sealer.submit(self._seal, step)
+            else:
+                self._seal(step)
         self._last_save_time = time.monotonic()
         logger.info("Checkpoint of step %d handed to the writer in %.2fs (%s).", step, time.monotonic() - started, self.directory)
+
+    def _seal(self, step: int) -> None:
+        """Once Orbax has committed ``step``, write its checksum manifest (before a staged step is uploaded)."""
+        self._manager.wait_until_finished()
+        if self._checksums and jax.process_index() == 0:  # the commit is the primary's, with every process's files
+            folder = self.path_of(step) if self._staging is None else self._staging.local_path_of(step)
+            write_manifest(folder, exclude=(COMMIT_MARKER,))
+
+    def _finish_sealing(self) -> None:
+        if self._staging is not None:
+            self._staging.wait()
+        sealing, self._sealing = self._sealing, None
+        if sealing is not None:
+            sealing.result()
 
     def all_steps(self) -> list[int]:
         if self._staging is not None:
@@ -269,9 +298,11 @@ class Checkpointer:
             for k, v in flat_template.items()
         }
         if self._staging is None:
+            self._verify(step, self.path_of(step))
             return unflatten_state(self._restore_flat(step, abstract), template)
         self._download(step)
         try:
+            self._verify(step, self._staging.local_path_of(step))  # what was downloaded, so the copy is checked too
             return unflatten_state(self._restore_flat(step, abstract), template)
         finally:
             self._staging.discard_local(step)
@@ -285,6 +316,30 @@ class Checkpointer:
         with self._reading(step):
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         return restored["state"]
+
+    def _verify(self, step: int, folder: str) -> None:
+        """Raise :class:`UnreadableCheckpointError` when the step's files differ from its manifest."""
+        if not self._checksums:
+            return
+        with self._reading(step):
+            verification = verify_manifest(folder)
+        if not verification.has_manifest:
+            logger.warning(
+                "Checkpoint %s has no checksum manifest (it was written before checkpoints carried one, or the run "
+                "stopped between its commit and the manifest): its files are not verified.", self.path_of(step),
+            )
+            return
+        if verification.problems:
+            problems = verification.problems
+            shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+            raise UnreadableCheckpointError(
+                f"Checkpoint {self.path_of(step)} cannot be read: {shown} (its files changed after it was written: "
+                "disk or copy corruption, or an edit)."
+            )
+        logger.info(
+            "Checkpoint %s verified: %d files, %s in %.2fs.",
+            self.path_of(step), verification.files, _size(verification.num_bytes), verification.seconds,
+        )
 
     def _download(self, step: int) -> None:
         # Failing to copy a listed step says nothing about its files: it is left in place, not set aside.
@@ -438,13 +493,13 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until every started save is committed to disk (and uploaded, when staged)."""
         with self._writing():
-            if self._staging is not None:
-                self._staging.wait()
+            self._finish_sealing()
             self._manager.wait_until_finished()
 
     def close(self) -> None:
         self.wait()
         self._manager.close()
+        self._sealer.shutdown()
         if self._staging is not None:
             self._staging.close()
 
@@ -497,6 +552,11 @@ def read_state_fields(step_url: str, template: Any, fields: Sequence[str]) -> An
         if take
     }
     with _readable_copy(step_url) as local_step:
+        verification = verify_manifest(local_step)
+        if verification.problems:
+            raise CheckpointError(f"Checkpoint {step_url} cannot be read: {'; '.join(verification.problems[:3])}.")
+        if not verification.has_manifest:
+            logger.warning("Checkpoint %s has no checksum manifest: its files are not verified.", step_url)
         state_dir = epath.Path(local_step) / "state"
         handler = ocp.PyTreeCheckpointHandler()
         try:
