@@ -46,13 +46,15 @@ def _cluster_file(settings: StackSettings, args: argparse.Namespace) -> None:
         print(f"wrote {args.output}: `ray up {args.output}` launches it", file=sys.stderr)
 
 
+_PLAN_KEYS = ("name", "accountId", "repositoryId", "service", "roleId", "role", "member")
+
+
 def _plan(settings: StackSettings, _args: argparse.Namespace) -> None:
     from infra.offline import plan
 
     for resource in plan(settings):
         inputs = resource.inputs
-        detail = ", ".join(f"{key}={inputs[key]}" for key in ("name", "accountId", "service", "roleId", "role", "member")
-                           if key in inputs)
+        detail = ", ".join(f"{key}={inputs[key]}" for key in _PLAN_KEYS if key in inputs)
         print(f"{resource.type.rpartition(':')[2]:<18} {resource.name:<26} {detail}")
 
 

@@ -1,0 +1,45 @@
+"""docs/infra.md keeps to the program: its shell blocks are run or marked cloud-only, and its list of
+what the default stack creates is the list the program declares for the page's own settings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from infra.offline import plan
+from infra.settings import StackSettings, load_settings
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "infra.md"
+TEXT = PAGE.read_text()
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+
+
+def test_every_shell_block_is_run_by_the_docs_test_or_marked_as_needing_the_cloud():
+    blocks = [(match.group(1).split(), match.start()) for match in FENCE.finditer(TEXT)]
+    shell = [(info, start) for info, start in blocks if info[:1] in (["bash"], ["sh"], ["shell"])]
+    assert len([info for info, _ in shell if info == ["bash", "run"]]) >= 4
+    for info, start in shell:
+        assert info in (["bash", "run"], ["bash", "no-run"]), info
+        if info == ["bash", "no-run"]:
+            before = TEXT[max(0, start - 400):start]
+            assert re.search(r"cloud-only|account", before), TEXT[start:start + 80]
+
+
+def _page_settings(folder: Path) -> StackSettings:
+    """The settings file the page writes, read as ``python -m infra.cli`` reads it."""
+    heredoc = re.search(r"cat > infra/stacks/dev.yaml <<'EOF'\n(.*?\n)EOF\n", TEXT, re.DOTALL)
+    assert heredoc is not None
+    path = folder / "dev.yaml"
+    path.write_text(heredoc.group(1))
+    return load_settings(str(path))
+
+
+def test_the_list_of_what_the_default_stack_creates_is_what_the_program_declares(tmp_path):
+    section = TEXT.split("## What the default stack creates", 1)[1].split("\n## ", 1)[0]
+    listed = set()
+    for row in section.splitlines():
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if len(cells) == 3 and cells[1].startswith("`"):
+            listed.update(re.findall(r"`([a-z0-9-]+)`", cells[1]))
+    declared = {resource.name for resource in plan(_page_settings(tmp_path))}
+    assert declared == listed
