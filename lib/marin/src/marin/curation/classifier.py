@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from rigging import filesystem as fsx
 
+from marin.curation.damaged_input import OnDamagedInput
 from marin.curation.steps import (
     CurationError,
     Mode,
@@ -183,6 +184,7 @@ def classifier_filtered(
     output_format: OutputFormat = "jsonl",
     version: str | None = None,
     backend: Any = None,
+    on_damaged_input: OnDamagedInput = "fail",
 ) -> LazyStep:
     """A lazy step writing ``score`` per document and keeping those >= ``threshold``.
 
@@ -205,5 +207,5 @@ def classifier_filtered(
     rule = {"threshold": None if top_fraction is not None else threshold, "top_fraction": top_fraction}
     return curation_step(
         name, "quality_classifier", source, rule, make_annotator, text_field=text_field, mode=mode,
-        output_format=output_format, extra_deps=(classifier,), version=version, backend=backend,
+        output_format=output_format, extra_deps=(classifier,), version=version, backend=backend, on_damaged_input=on_damaged_input,
     )

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from marin.curation.damaged_input import OnDamagedInput
 from marin.curation.steps import (
     CurationError,
     Mode,
@@ -111,6 +112,7 @@ def decontaminated(
     output_format: OutputFormat = "jsonl",
     version: str | None = None,
     backend: Any = None,
+    on_damaged_input: OnDamagedInput = "fail",
 ) -> LazyStep:
     """A lazy step removing (``mode="remove"``) or marking (``"mark"``) documents that overlap ``eval_sets``.
 
@@ -133,5 +135,5 @@ def decontaminated(
     return curation_step(
         name, "decontaminate", source, {"config": config, "eval_sets": evals.identity, "eval_text_fields": fields},
         make_annotator, text_field=text_field, mode=mode, output_format=output_format,
-        extra_deps=evals.deps, version=version, backend=backend,
+        extra_deps=evals.deps, version=version, backend=backend, on_damaged_input=on_damaged_input,
     )

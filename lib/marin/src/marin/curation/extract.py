@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from rigging import filesystem as fsx
 
+from marin.curation.damaged_input import DamagedInputError, OnDamagedInput
 from marin.curation.steps import Mode, OutputFormat, Verdict, curation_step
+from marin.curation.warc import warc_records
 from marin.execution.lazy import LazyStep
 
 Extractor = Literal["resiliparse", "trafilatura"]
@@ -100,26 +103,27 @@ class WebReader:
         with fsx.open_url(path, "rb") as handle:
             body = handle.read()
         if lowered.endswith(".gz"):
-            body = gzip.decompress(body)
+            try:
+                body = gzip.decompress(body)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+                raise DamagedInputError(path, f"cannot be decompressed ({error})", None, len(body)) from None
         yield page_record(body, path, None, None, self.extractor)
 
     def _warc(self, path: str) -> Iterator[dict]:
-        from warcio.archiveiterator import ArchiveIterator
+        for record, content in warc_records(path, _is_html_response):
+            yield page_record(
+                content,
+                record.rec_headers.get_header("WARC-Target-URI"),
+                record.http_headers.get_header("Content-Language"),
+                _header_charset(record.http_headers.get_header("Content-Type")),
+                self.extractor,
+            )
 
-        with fsx.open_url(path, "rb") as handle:
-            for record in ArchiveIterator(handle):
-                if record.rec_type != "response" or record.http_headers is None:
-                    continue
-                content_type = record.http_headers.get_header("Content-Type") or ""
-                if "html" not in content_type.lower():
-                    continue
-                yield page_record(
-                    record.content_stream().read(),
-                    record.rec_headers.get_header("WARC-Target-URI"),
-                    record.http_headers.get_header("Content-Language"),
-                    _header_charset(content_type),
-                    self.extractor,
-                )
+
+def _is_html_response(record: Any) -> bool:
+    if record.rec_type != "response" or record.http_headers is None:
+        return False
+    return "html" in (record.http_headers.get_header("Content-Type") or "").lower()
 
 
 def _has_text(record: dict) -> Verdict:
@@ -135,11 +139,12 @@ def extracted(
     output_format: OutputFormat = "jsonl",
     version: str | None = None,
     backend: Any = None,
+    on_damaged_input: OnDamagedInput = "fail",
 ) -> LazyStep:
     """A lazy step extracting documents from HTML/WARC files (a file, folder, glob, URL or list)."""
     if extractor not in ("resiliparse", "trafilatura"):
         raise ValueError(f"extractor must be 'resiliparse' or 'trafilatura', not {extractor!r}")
     return curation_step(
         name, "extract", source, {"extractor": extractor}, lambda ctx: _has_text, mode=mode, output_format=output_format,
-        reader=WebReader(extractor), accept=is_web_input, version=version, backend=backend,
+        reader=WebReader(extractor), accept=is_web_input, version=version, backend=backend, on_damaged_input=on_damaged_input,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from marin.curation.damaged_input import OnDamagedInput
 from marin.curation.steps import FieldRule, Mode, OutputFormat, Verdict, curation_step
 from marin.execution.lazy import LazyStep
 
@@ -62,10 +63,11 @@ def language_filtered(
     output_format: OutputFormat = "jsonl",
     version: str | None = None,
     backend: Any = None,
+    on_damaged_input: OnDamagedInput = "fail",
 ) -> LazyStep:
     """A lazy step writing ``language``/``language_score`` per document and keeping the wanted ones."""
     rule = LanguageFilter(tuple(sorted(languages)), float(threshold))
     return curation_step(
         name, "language", source, rule, lambda ctx: FieldRule(rule, text_field),
-        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend,
+        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend, on_damaged_input=on_damaged_input,
     )

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from marin.curation.damaged_input import OnDamagedInput
 from marin.curation.steps import FieldRule, Mode, OutputFormat, Verdict, curation_step
 from marin.execution.lazy import LazyStep
 
@@ -213,10 +214,11 @@ def quality_filtered(
     output_format: OutputFormat = "jsonl",
     version: str | None = None,
     backend: Any = None,
+    on_damaged_input: OnDamagedInput = "fail",
 ) -> LazyStep:
     """A lazy step applying the C4 and Gopher rules (either may be ``None``); reasons name the rule."""
     rules = QualityRules(gopher, c4, rewrite)
     return curation_step(
         name, "quality_heuristics", source, rules, lambda ctx: FieldRule(rules, text_field),
-        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend,
+        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend, on_damaged_input=on_damaged_input,
     )

@@ -13,10 +13,15 @@ its ``reason``, and later steps pass such documents on untouched. The step's res
 (:class:`CuratedDataset`) sums the shard counts into a summary: documents and bytes in and out, and
 by reason. Outputs depend only on the inputs and the config, never on the backend, so ``inline``
 and ``processes`` write identical bytes, and a rerun skips finished shards.
+
+An input file that cannot be read to its end fails the step, naming the file and how far it was
+read; with ``on_damaged_input="skip"`` the step keeps what was read before the damage and its
+summary counts the damaged files (:mod:`marin.curation.damaged_input`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -32,6 +37,13 @@ from zephyr.execute import execute
 from zephyr.readers import input_format, read_jsonl, read_parquet, read_text
 from zephyr.sinks import Sink
 
+from marin.curation.damaged_input import (
+    DamagedFile,
+    GuardedReader,
+    OnDamagedInput,
+    check_on_damaged_input,
+    damage_summary,
+)
 from marin.datasets.sources import _file_identity
 from marin.errors import MarinError
 from marin.execution.artifact import register_result_type
@@ -85,7 +97,9 @@ class CuratedDataset:
     ``tokenized()`` reads; ``splits`` says the same for the tokenize step). ``removed_files``: the
     shards of removed documents, for inspection.
     ``summary``: ``documents_in``, ``bytes_in``, ``documents_out``, ``bytes_out``, ``removed``
-    (reason -> documents and bytes), ``marked`` (the same for ``mode="mark"``), ``hits``.
+    (reason -> documents and bytes), ``marked`` (the same for ``mode="mark"``), ``hits``, and
+    with ``on_damaged_input="skip"``, ``damaged`` (files read only in part: how many, the documents
+    read from them, the bytes left unread where known, and each file with its problem).
     ``details``: figures particular to the step (a dedup step's bands and rows, lines cut, ...).
     """
 
@@ -189,7 +203,9 @@ class Annotate:
     annotator: Callable[[dict], Verdict]
     text_field: str = "text"
 
-    def __call__(self, record: dict) -> tuple[dict, tuple[str, ...], int]:
+    def __call__(self, record: dict | DamagedFile) -> tuple[dict | DamagedFile, tuple[str, ...], int]:
+        if isinstance(record, DamagedFile):  # counted by the sink, with the shard
+            return record, (), 0
         size_in = len(record[self.text_field].encode("utf-8"))
         if record.get("kept") is False:
             return record, (), size_in
@@ -286,6 +302,9 @@ class CurationSink(Sink):
                    "removed": _ShardWriter(paths["removed"], self.output_format)}
         try:
             for record, hits, size_in in items:
+                if isinstance(record, DamagedFile):
+                    stats.setdefault("damaged", []).append(dataclasses.asdict(record))
+                    continue
                 size = len(record[self.text_field].encode("utf-8"))
                 stats["documents_in"] += 1
                 stats["bytes_in"] += size_in
@@ -329,7 +348,7 @@ def _count(by_reason: Mapping[str, Mapping[str, int]]) -> int:
     return sum(bucket["documents"] for bucket in by_reason.values())
 
 
-def merge_stats(shards: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_stats(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     total = _empty_stats()
     hits: Counter = Counter()
     for stats in shards:
@@ -344,6 +363,9 @@ def merge_stats(shards: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total["removed"] = dict(sorted(total["removed"].items()))
     total["marked"] = dict(sorted(total["marked"].items()))
     total["hits"] = dict(sorted(hits.items()))
+    damaged = [entry for stats in shards for entry in stats.get("damaged", ())]
+    if damaged:
+        total["damaged"] = damage_summary(damaged)
     return total
 
 
@@ -357,16 +379,23 @@ def run_curation(
     mode: Mode = "remove",
     output_format: OutputFormat = "jsonl",
     backend: Any = None,
+    on_damaged_input: OnDamagedInput = "fail",
 ) -> CuratedDataset:
     """Annotate every record of ``files`` (one shard per file) into ``output_path``; resumable."""
     check_output_options(mode, output_format)
+    check_on_damaged_input(on_damaged_input)
     if not files:
         raise CurationError("a curation step needs at least one input file")
     files = list(files)
-    dataset = Dataset.from_list(files, num_shards=len(files)).flat_map(reader).map(Annotate(annotator, text_field))
+    guarded = GuardedReader(reader, on_damaged_input)
+    dataset = Dataset.from_list(files, num_shards=len(files)).flat_map(guarded).map(Annotate(annotator, text_field))
     if backend is None:
         backend = default_backend(len(files), files, "curation shards")
-    return write_curated(dataset, CurationSink(output_path, output_format, mode, text_field), backend=backend)
+    result = write_curated(dataset, CurationSink(output_path, output_format, mode, text_field), backend=backend)
+    if on_damaged_input == "skip" and "damaged" not in result.summary:
+        # with skip the count is always there: a clean run reads as zero damaged files, not as no count
+        result = dataclasses.replace(result, summary={**result.summary, "damaged": damage_summary([])})
+    return result
 
 
 def check_output_options(mode: str, output_format: str) -> None:
@@ -420,13 +449,18 @@ def curation_step(
     accept: Callable[[str], bool] | None = None,
     version: str | None = None,
     backend: Any = None,
+    on_damaged_input: OnDamagedInput = "fail",
 ) -> LazyStep:
     """A lazy curation step: ``make_annotator(ctx)`` builds the annotator when the step runs.
 
     The hash covers ``kind``, the step's ``config`` (a frozen dataclass), the input's identity,
-    ``text_field``, ``mode`` and ``output_format``; ``backend`` only chooses where shards run.
+    ``text_field``, ``mode`` and ``output_format``, and ``on_damaged_input`` when it is ``"skip"``
+    (an output that may lack the end of a damaged file is not the default's, which fails; the
+    default is left out, so identities made before the option existed hold); ``backend`` only
+    chooses where shards run.
     """
     check_output_options(mode, output_format)
+    check_on_damaged_input(on_damaged_input)
     resolved = resolve_input(source, accept=accept)
 
     def run(ctx) -> CuratedDataset:
@@ -439,6 +473,7 @@ def curation_step(
             mode=mode,
             output_format=output_format,
             backend=backend,
+            on_damaged_input=on_damaged_input,
         )
 
     return lazy_step(
@@ -452,6 +487,7 @@ def curation_step(
             "text_field": text_field,
             "mode": mode,
             "output_format": output_format,
+            **({"on_damaged_input": on_damaged_input} if on_damaged_input != "fail" else {}),
         },
         version=version,
     )
