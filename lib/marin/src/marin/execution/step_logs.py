@@ -148,6 +148,9 @@ class _Printer:
             self.offsets[url] = offset
         return printed
 
+    def line(self, text: str) -> None:
+        self._text(text + "\n")
+
     def _text(self, text: str) -> None:
         if not self._at_line_start:
             self._bytes(b"\n")
@@ -164,6 +167,10 @@ class _Printer:
             sys.stdout.write(data.decode("utf-8", errors="replace"))
             sys.stdout.flush()
         self._at_line_start = data.endswith(b"\n")
+
+
+def _finished(listing: AttemptListing) -> bool:
+    return listing.record is not None and listing.record.finished
 
 
 def _replica_number(url: str) -> int:
@@ -185,6 +192,8 @@ def _follow(folder: str, printer: _Printer, only: int | None) -> None:
             if current is not None and listing.attempt == current.attempt:
                 printer.current = listing  # its record and replica logs as they are now
                 printer.drain(listing)
+                if _finished(listing) and not _finished(current):
+                    printer.line(f"=== {listing.describe()}")  # how the attempt followed so far ended
             elif current is None or listing.attempt > current.attempt:
                 printer.attempt(listing)
         newest = printer.current
@@ -193,7 +202,7 @@ def _follow(folder: str, printer: _Printer, only: int | None) -> None:
             if status != STATUS_RUNNING:
                 return
             continue
-        finished = newest.record is not None and newest.record.finished
+        finished = _finished(newest)
         if status == STATUS_RUNNING:
             orphaned_since = None
             continue

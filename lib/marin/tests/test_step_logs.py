@@ -1,0 +1,128 @@
+"""``marin logs``: a step's attempts and their replicas' output, from local and s3:// prefixes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from iris.attempt_log import AttemptLog, AttemptOutcome
+from marin.cli import main
+from marin.execution import step_logs
+from rigging import filesystem as fsx
+
+WAIT_S = 30
+
+
+def _step(prefix: str, relative: str, status: str = "SUCCESS") -> str:
+    folder = fsx.join(prefix, relative)
+    name = relative.rsplit("-", 1)[0]
+    fsx.atomic_write(fsx.join(folder, ".executor_info"), json.dumps({"name": name, "identity": "ab12cd34" + "0" * 56}))
+    _set_status(folder, status)
+    return folder
+
+
+def _set_status(folder: str, status: str) -> None:
+    fsx.atomic_write(fsx.join(folder, ".executor_status"), json.dumps({"status": status, "time": time.time()}))
+
+
+def _two_attempts(folder: str) -> None:
+    first = AttemptLog.begin(folder, replicas=2, engine="ray", job_id="train-x-1", job_attempt=1)
+    first.append(0, b"zero says hi\n")
+    first.append(1, b"one says hi\n")
+    first.finish(AttemptOutcome.PREEMPTED, "spot instance reclaimed", [75, None])
+    second = AttemptLog.begin(folder)
+    second.append(0, b"all done\n")
+    second.finish(AttemptOutcome.SUCCEEDED, "", [0])
+
+
+def test_logs_prints_every_attempt_then_its_replicas(tmp_path, capsys):
+    prefix = str(tmp_path / "prefix")
+    _two_attempts(_step(prefix, "train/x-ab12cd34"))
+    assert main(["logs", "train/x", "--prefix", prefix]) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        "=== attempt 1 (iris job train-x-1, its attempt 1, on ray): PREEMPTED (exit 75, ?) after "
+        + out.split("after ", 1)[1].split("\n", 1)[0] + "\n"
+        "--- replica 0\nzero says hi\n--- replica 1\none says hi\n"
+        "=== attempt 2 (local): SUCCEEDED (exit 0) after " + out.rsplit("after ", 1)[1].split("\n", 1)[0] + "\n"
+        "all done\n"
+    )
+    assert "spot instance reclaimed" in out.split("\n", 1)[0]
+
+    assert main(["logs", "train/x-ab12cd34", "--prefix", prefix, "--attempt", "2"]) == 0
+    assert capsys.readouterr().out.split("\n")[1:] == ["all done", ""]
+    assert main(["logs", "train/x", "--prefix", prefix, "--attempt", "5"]) == 2
+    assert "no attempt 5 (attempts: 1, 2)" in capsys.readouterr().err
+
+    assert main(["logs", str(tmp_path / "prefix" / "train" / "x-ab12cd34"), "--prefix", prefix, "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [a["record"]["outcome"] for a in listing["attempts"]] == ["PREEMPTED", "SUCCEEDED"]
+    assert listing["status"] == "SUCCESS" and list(listing["attempts"][1]["log_bytes"].values()) == [len(b"all done\n")]
+
+
+def test_a_step_without_attempts_says_so_and_an_unknown_one_names_the_closest(tmp_path, capsys):
+    prefix = str(tmp_path / "prefix")
+    _step(prefix, "tokenized/stories-ab12cd34")
+    assert main(["logs", "tokenized/stories", "--prefix", prefix]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "no attempts recorded" in out
+    assert main(["logs", "tokenized/storys", "--prefix", prefix]) == 2
+    err = capsys.readouterr().err
+    assert "no step output found for 'tokenized/storys'" in err and "closest: tokenized/stories" in err
+
+
+def test_follow_prints_output_as_it_arrives_and_attempts_that_start_meanwhile(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(step_logs, "POLL_S", 0.02)
+    prefix = str(tmp_path / "prefix")
+    folder = _step(prefix, "train/x-ab12cd34", status="RUNNING")
+    first = AttemptLog.begin(folder)
+    first.append(0, b"before following\n")
+    printed = []
+
+    def follow():
+        printed.append(main(["logs", "train/x", "--prefix", prefix, "--follow"]))
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    for i in range(5):
+        first.append(0, f"tick {i}\n".encode())
+        time.sleep(0.03)
+    first.finish(AttemptOutcome.PREEMPTED, "preempted", [75])
+    time.sleep(0.1)  # the step is still RUNNING: the follower must wait for the next attempt
+    assert follower.is_alive()
+    second = AttemptLog.begin(folder)
+    second.append(0, b"second attempt\n")
+    second.finish(AttemptOutcome.SUCCEEDED, "", [0])
+    _set_status(folder, "SUCCESS")
+    follower.join(timeout=WAIT_S)
+    assert not follower.is_alive() and printed == [0]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("=== attempt 1 (local): RUNNING")
+    assert lines[1:7] == ["before following", "tick 0", "tick 1", "tick 2", "tick 3", "tick 4"]
+    assert lines[7].startswith("=== attempt 1 (local): PREEMPTED (exit 75)")  # how the followed attempt ended
+    assert lines[8].startswith("=== attempt 2 (local): ") and lines[9] == "second attempt"
+    # Seen already ended, its header says so; seen running, its end is printed after its output.
+    ends = [line for line in lines[8:] if line.startswith("=== attempt 2 (local): SUCCEEDED")]
+    assert len(ends) == 1 and lines[8:] in (ends + ["second attempt"], [lines[8], "second attempt"] + ends)
+
+
+def test_follow_ends_quietly_with_130_on_ctrl_c(tmp_path, capsys, monkeypatch):
+    prefix = str(tmp_path / "prefix")
+    AttemptLog.begin(_step(prefix, "train/x-ab12cd34", status="RUNNING")).append(0, b"running\n")
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(step_logs.time, "sleep", interrupted)
+    assert main(["logs", "train/x", "--prefix", prefix, "--follow"]) == 130
+    captured = capsys.readouterr()
+    assert "running" in captured.out and "Traceback" not in captured.err + captured.out
+
+
+def test_logs_reads_attempts_on_an_s3_prefix(s3_prefix, capsys):
+    _two_attempts(_step(s3_prefix, "train/x-ab12cd34"))
+    assert main(["logs", "train/x", "--prefix", s3_prefix, "--attempt", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "--- replica 0\nzero says hi\n--- replica 1\none says hi\n" in out and "PREEMPTED" in out
