@@ -18,6 +18,7 @@ BASES = {
     "zephyr": "zephyr.errors.ZephyrError",
     "levanter": "levanter.errors.LevanterError",
     "marin": "marin.errors.MarinError",
+    "infra": "infra.errors.InfraError",
 }
 # The root every base derives from, and how a preempted run exits (not an error: SystemExit with
 # the preemption exit code).
