@@ -2,9 +2,9 @@
 
 Built on Slurm's own commands (``sbatch``, ``scontrol show job``, ``scancel``, ``sinfo``), not on
 submitit: submitit reads job states from ``sacct``, which a Slurm without ``slurmdbd`` does not
-have; on such a cluster (our test cluster is one) its jobs never leave the UNKNOWN state in its
-eyes, even after they finish. Here the controller's live view plus the worker's own record in the
-job folder is enough.
+have; on our test cluster submitit 1.5.4's ``job.state`` stayed ``UNKNOWN`` while the job ran and
+after it completed (only its result file said it was done), so a timeout, a cancel or a lost node
+look alike. Here the controller's live view plus the worker's own record in the job folder is enough.
 
 Each job has a folder under ``job_root`` (default ``~/.cache/fray/slurm``, or ``FRAY_SLURM_DIR``),
 which must be on storage the submitting machine and the nodes share; Python is this process's

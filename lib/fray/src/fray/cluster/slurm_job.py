@@ -54,6 +54,10 @@ WAIT_POLL_S = 0.2
 # A worker writes its exit code before it exits; on shared storage the file may show up a moment
 # after Slurm reports the job ended.
 RECORD_GRACE_S = 3.0
+# How long Slurm may go on calling a job RUNNING after its command's exit code was recorded, and
+# how often it is asked meanwhile.
+SLURM_SETTLE_S = 30.0
+ENDING_POLL_S = 0.2
 
 _WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD",
             "SPECIAL_EXIT", "RESIZING"}
@@ -105,6 +109,7 @@ class SlurmJob:
         self._record: SlurmJobRecord | None = None
         self._queried_at = float("-inf")
         self._forgotten = False  # the controller answered that it no longer knows the job
+        self._ended_at: float | None = None  # when the worker's exit code first showed up
 
     def __repr__(self) -> str:
         return f"SlurmJob({self.job_id!r}, {self.name!r})"
@@ -121,9 +126,9 @@ class SlurmJob:
         except (OSError, ValueError):
             return None
 
-    def _query(self, *, fresh: bool = False) -> SlurmJobRecord | None:
-        """Slurm's record, asked at most every ``poll_interval_s`` (iris polls its replicas ten times a second)."""
-        if fresh or time.monotonic() - self._queried_at >= self.timings.poll_interval_s:
+    def _query(self, *, interval_s: float) -> SlurmJobRecord | None:
+        """Slurm's record, asked at most every ``interval_s`` (iris polls its replicas ten times a second)."""
+        if time.monotonic() - self._queried_at >= interval_s:
             try:
                 self._record = job_record(self.job_id, timeout=self.timings.command_timeout_s)
                 self._forgotten = self._record is None
@@ -136,8 +141,16 @@ class SlurmJob:
         if self._final is not None:
             return self._final[0]
         code = self._recorded_exit_code()
-        record = self._query(fresh=code is not None)
+        # Once the command has ended, ask more often: only Slurm can say whether it was a time limit.
+        interval = self.timings.poll_interval_s if code is None else min(self.timings.poll_interval_s, ENDING_POLL_S)
+        record = self._query(interval_s=interval)
         state = record.state if record is not None else None
+        if code is not None and state in _ACTIVE | _WAITING:
+            # At a time limit or a cancel the command may end (and be recorded) before the controller
+            # moves the job from RUNNING/COMPLETING to TIMEOUT or CANCELLED: wait for its word, a while.
+            self._ended_at = self._ended_at or time.monotonic()
+            if time.monotonic() - self._ended_at < SLURM_SETTLE_S:
+                return JobStatus.RUNNING if self._started else JobStatus.PENDING
         if code is None and state in _WAITING:
             return JobStatus.PENDING
         if code is None and state in _ACTIVE:
