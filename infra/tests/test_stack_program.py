@@ -103,13 +103,21 @@ def test_tpu_groups_add_the_tpu_api_and_only_the_tpu_node_calls(stacks):
         assert all(r.inputs["disableOnDestroy"] is False for r in of_type(resources, API))
 
 
+def public_or_primitive(resources: list[DeclaredResource]) -> list[tuple[str, str]]:
+    """(resource, value) for every public member or primitive role anywhere in the inputs."""
+    return [(r.name, value) for r in resources for value in strings(r.inputs) if value in PUBLIC_MEMBERS | PRIMITIVE_ROLES]
+
+
+def test_the_scan_finds_a_public_member_or_primitive_role_nested_anywhere():
+    nested = DeclaredResource("t", "policy", {"bindings": [{"role": "roles/editor", "members": ["user:a@b.c"]},
+                                                           {"role": "roles/run.invoker", "members": ["allUsers"]}]})
+    assert public_or_primitive([nested]) == [("policy", "roles/editor"), ("policy", "allUsers")]
+
+
 def test_no_public_member_and_no_primitive_role_anywhere(stacks):
     for settings in stacks.values():
         resources = plan(settings)
-        for resource in resources:
-            found = set(strings(resource.inputs))
-            assert not found & PUBLIC_MEMBERS, (resource.name, found & PUBLIC_MEMBERS)
-            assert not found & PRIMITIVE_ROLES, (resource.name, found & PRIMITIVE_ROLES)
+        assert public_or_primitive(resources) == []
         # The scan sees grants: every declared member is a service account or a named invoker.
         members = {member for _, _, member in grants(resources)}
         assert members and all(m.startswith(("serviceAccount:", "group:", "user:")) for m in members)
