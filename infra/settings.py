@@ -189,9 +189,10 @@ def check_bucket_name(name: str, field_path: str = "bucket.name") -> None:
 
 def _check_cluster(settings: StackSettings) -> None:
     cluster = settings.cluster
-    if not _NAME.match(cluster.name) or len(settings.account_id("workers")) > 30:
-        raise _fail("cluster.name", f"{cluster.name!r} must be lowercase letters, digits and dashes, start with a "
-                                    "letter, and at most 22 characters (it names the service accounts).")
+    # It names the service accounts, whose ids are 6 to 30 characters: <name>-web ... <name>-workers.
+    if not _NAME.match(cluster.name) or len(settings.account_id("workers")) > 30 or len(settings.account_id("web")) < 6:
+        raise _fail("cluster.name", f"{cluster.name!r} must be 2 to 22 lowercase letters, digits and dashes, "
+                                    "starting with a letter (it names the service accounts).")
     if not cluster.project_requirement.strip():
         raise _fail("cluster.project_requirement", "is empty; say what every node installs, e.g. "
                                                    "\"marin[ray,gcs] @ git+https://github.com/<your org>/marin.git@<commit>\".")

@@ -113,3 +113,13 @@ def test_a_bad_setting_stops_the_program_before_any_resource_is_declared(setting
         plan(bad)
     # The same program with good settings does declare resources: the empty list above is the check's doing.
     assert len(plan(settings_with())) > 5
+
+
+@pytest.mark.parametrize("name", ["a", "x" * 23, "Marin", "1marin", "marin_"])
+def test_a_cluster_name_that_cannot_name_service_accounts_is_refused(settings_with, name):
+    settings = settings_with()
+    settings = dataclasses.replace(settings, cluster=dataclasses.replace(settings.cluster, name=name))
+    with pytest.raises(StackSettingsError, match="cluster.name.*2 to 22"):
+        check_settings(settings)
+    ok = dataclasses.replace(settings, cluster=dataclasses.replace(settings.cluster, name="ab"))
+    check_settings(ok)
