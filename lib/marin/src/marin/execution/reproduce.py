@@ -246,10 +246,11 @@ def describe(reproduction: Reproduction) -> list[str]:
     """The report printed by ``marin reproduce``: the verdict first."""
     comparison = reproduction.comparison
     arrays = f", {comparison.arrays:,} arrays" if comparison.arrays else ""
-    left_out = f"; left out: {', '.join(comparison.left_out)}" if comparison.left_out else ""
+    left_out = f"; left out: {', '.join(_grouped(comparison.left_out))}" if comparison.left_out else ""
     lines: list[str] = []
     if comparison.identical:
-        lines.append(f"bit-identical: {reproduction.step.name} ({comparison.files:,} files{arrays} compared{left_out})")
+        files = f"{comparison.files:,} file{'s' if comparison.files != 1 else ''}"
+        lines.append(f"bit-identical: {reproduction.step.name} ({files}{arrays} compared{left_out})")
     else:
         first = comparison.differences[0]
         lines.append(f"different: {reproduction.step.name}: first difference in {first.path}: {first.what}")
@@ -259,6 +260,15 @@ def describe(reproduction: Reproduction) -> list[str]:
     for name, path in reproduction.inputs.items():
         lines.append(f"  input:    {name}: {path} (read only)")
     return lines
+
+
+def _grouped(paths: list[str]) -> list[str]:
+    """Paths, those inside a folder written as ``FOLDER/ (N files)`` (attempt logs can be many)."""
+    folders: dict[str, int] = {}
+    for path in paths:
+        top = path.split("/", 1)[0] + "/" if "/" in path else path
+        folders[top] = folders.get(top, 0) + 1
+    return [f"{top} ({count} files)" if top.endswith("/") else top for top, count in folders.items()]
 
 
 __all__ = ["ReproduceError", "ReproduceRequest", "Reproduction", "RerunFailed", "describe", "reproduce"]
