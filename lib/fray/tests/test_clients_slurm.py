@@ -220,3 +220,13 @@ def test_slurm_settings_make_slurm_clients(slurm_cluster):
     assert isinstance(client, SlurmClient) and client.partition is None
     client = client_from_spec("slurm:debug")
     assert isinstance(client, SlurmClient) and client.partition == "debug"
+
+
+def submit_from_inside_a_job(job_root: str) -> int:
+    # Runs as a Slurm job, whose environment holds the SLURM_* variables of its own allocation.
+    assert os.environ.get("SLURM_JOB_ID")
+    return SlurmClient(job_root=job_root, poll_interval_s=0.2).remote(square, 5, resources=SMALL).result(timeout=TIMEOUT)
+
+
+def test_a_job_can_submit_jobs_of_its_own(client):
+    assert client.remote(submit_from_inside_a_job, client.job_root, resources=SMALL).result(timeout=2 * TIMEOUT) == 25

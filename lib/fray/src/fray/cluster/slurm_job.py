@@ -248,6 +248,9 @@ class SlurmJob:
         seconds gets SIGKILL now. Returns once the job has ended."""
         if self.status().finished:
             return
+        if self._recorded_exit_code() is not None:  # the command has ended: only Slurm's word is missing
+            self.wait(timeout=SLURM_SETTLE_S)
+            return
         self._stopped = True
         self._scancel([])
         grace_until = time.monotonic() + self.timings.terminate_grace_s

@@ -51,9 +51,21 @@ def write_atomically(path: str, text: str) -> None:
 def node_address() -> str:
     """``HOST:PORT``: this node's address as other nodes reach it, and a port free on it now."""
     host = socket.gethostbyname(socket.gethostname())
+    if host.startswith("127."):  # a hosts file that maps the node's name to loopback (Debian's 127.0.1.1)
+        host = _address_towards(os.environ.get("SLURM_SUBMIT_HOST", "")) or host
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return f"{host}:{probe.getsockname()[1]}"
+
+
+def _address_towards(peer: str) -> str | None:
+    """This node's address on the route to ``peer`` (no packet is sent: a UDP socket only picks a route)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((peer, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
 
 
 class Forwarder:
