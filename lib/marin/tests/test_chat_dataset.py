@@ -395,3 +395,28 @@ def test_a_tiny_sft_run_halves_the_assistant_token_loss(tmp_path):
     # The loss is over the replies only: far fewer tokens than the windows hold.
     tokens = [record["loss_tokens"] for record in read_metrics(result.metrics_path) if "loss_tokens" in record]
     assert 0 < tokens[0] < 8 * 127 / 3
+
+
+def test_sft_whose_replies_lie_past_every_window_is_refused_before_training(word_tokenizers, tmp_path):
+    # A 400-token user turn and a two-word reply: at seq_len=64 the reply lands past the last full
+    # window, so every training step would see prompt tokens only (loss 0.0000 throughout).
+    long_turn = [{"role": "user", "content": "Hi " * 200}, {"role": "assistant", "content": "Hello there."}]
+    source = _write_jsonl(tmp_path / "chats.jsonl", [long_turn])
+    data = chat_dataset("chat/long", source=str(source), tokenizer=str(word_tokenizers["header"]))
+    model = sft("checkpoints/long-sft", model=TINY, datasets={data: 1.0}, batch_size=2, seq_len=64, num_train_steps=2)
+    runner = StepRunner(prefix=str(tmp_path / "prefix"))
+    with pytest.raises(StepRunFailed, match=r"NoRepliesInWindowsError: .*none of its \d+ reply tokens.*seq_len=64.*from the left"):
+        runner.run([model])
+    assert not (Path(runner.output_path_for(model)) / "metrics.jsonl").exists()
+
+
+def test_sft_can_refuse_conversations_cut_by_the_windows(word_tokenizers, tmp_path):
+    source = _write_jsonl(tmp_path / "chats.jsonl", [MULTI_TURN] * 40)
+    data = chat_dataset("chat/multi", source=str(source), tokenizer=str(word_tokenizers["header"]))
+    model = sft("checkpoints/multi-sft", model=TINY, datasets={data: 1.0}, batch_size=2, seq_len=16, num_train_steps=2,
+                on_cut_conversation="refuse")
+    with pytest.raises(StepRunFailed, match=r"CutConversationError: .* of 40 conversations are cut by a window boundary"):
+        StepRunner(prefix=str(tmp_path / "prefix")).run([model])
+    with pytest.raises(TrainConfigError, match="on_cut_conversation"):
+        sft("checkpoints/x", model=TINY, datasets={data: 1.0}, batch_size=2, seq_len=16, num_train_steps=2,
+            on_cut_conversation="skip")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from levanter.data.loader import DataLoader, EvalBatches
 from levanter.data.mixture import DEFAULT_BLOCK_SIZE
 from levanter.data.pairs import PairDataError, is_pair_cache
+from levanter.data.reply_coverage import check_reply_coverage
 from levanter.data.windows import TokenWindows, split_heldout
 from zephyr.token_cache import TokenCache
 
@@ -56,11 +57,15 @@ def build_text_data(
     vocab_size: int | None = None,
     verify_checksums: bool = True,
     model: str = "the model",
+    on_cut_conversation: str = "warn",
 ) -> TextData:
     """The train loader and validation sets over ``sources``.
 
     ``vocab_size``: the model's vocabulary; every cache must hold only ids below it (None: no check).
     ``model``: how the error names the model when they do not.
+    ``on_cut_conversation``: for chat caches (with a loss mask), ``"warn"`` logs how many
+    conversations the windows cut and what becomes of their reply tokens, ``"refuse"`` raises
+    instead; windows with no reply token at all are refused either way (:mod:`levanter.data.reply_coverage`).
     ``verify_checksums``: hash every cache file when opening it (sizes are checked either way).
     """
     if not sources:
@@ -76,6 +81,7 @@ def build_text_data(
             held = TokenWindows.over(_open_cache(source.validation, vocab_size, verify_checksums, model), seq_len, vocab_size)
         else:
             windows, held = split_heldout(windows, heldout_fraction)
+        check_reply_coverage(windows, held, on_cut_conversation)
         train_sets.append(windows)
         validation[source.name] = EvalBatches(
             held, batch_size=eval_batch_size or batch_size, process_index=process_index, process_count=process_count

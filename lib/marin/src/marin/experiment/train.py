@@ -136,6 +136,7 @@ def train_lm(
     resume_optimizer: bool = False,
     lora: LoraConfig | None = None,
     dpo: DpoConfig | None = None,
+    on_cut_conversation: str = "warn",
 ) -> LazyStep:
     """A lazy handle that trains ``model`` on the weighted mixture ``datasets`` (``{tokenized handle: weight}``).
 
@@ -147,6 +148,10 @@ def train_lm(
     ``resume_optimizer=True`` also takes the optimizer state of our own checkpoint.
     ``lora=LoraConfig(...)`` trains low-rank adapters on the (initial) model instead of its weights.
     ``dpo=`` trains on preference pairs; declare it with :func:`marin.experiment.dpo.dpo`.
+    ``on_cut_conversation``: for chat datasets, ``"warn"`` logs how many conversations the
+    ``seq_len`` windows cut and how many reply tokens that costs, ``"refuse"`` fails the step before
+    training instead (data whose windows hold no reply at all is refused either way); not part of
+    the hash, since it never changes what a run that trains learns.
     Nothing runs until the handle is lowered and run.
     """
     optimizer = optimizer or AdamConfig(learning_rate=3e-4)
@@ -159,6 +164,8 @@ def train_lm(
     model = _model_of(model, initial)
     _check_request(model, datasets, batch_size, seq_len, num_train_steps)
     _check_objective_data(datasets, dpo, batch_size, microbatch_size)
+    if on_cut_conversation not in ("warn", "refuse"):
+        raise TrainConfigError(f"on_cut_conversation must be 'warn' or 'refuse', got {on_cut_conversation!r}.")
     if lora is not None and not isinstance(lora, LoraConfig):
         raise TrainConfigError(f"lora must be a LoraConfig(r=..., target_modules=...), got {type(lora).__name__}.")
     if lora is not None and resume_optimizer:
@@ -179,7 +186,8 @@ def train_lm(
         profile=profile,
     )
     weights = {handle: float(weight) for handle, weight in datasets.items()}
-    request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples, initial, lora=lora, dpo=dpo)
+    request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples, initial, lora=lora, dpo=dpo,
+                              on_cut_conversation=on_cut_conversation)
 
     def run(ctx) -> TrainedModel:
         return _trained_model(request, run_training(ctx, request))

@@ -56,6 +56,7 @@ class TrainingRequest:
     initialize_from: InitializeFrom | None = None
     lora: LoraConfig | None = None
     dpo: DpoConfig | None = None
+    on_cut_conversation: str = "warn"  # chat data: what a conversation cut by the seq_len windows does
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
             # out-of-range gather, which XLA turns into silent garbage, not an error).
             vocab_size=first.vocab_size,
             model=f"the {type(request.model).__name__} model, sized for tokenizer {first.tokenizer_source},",
+            on_cut_conversation=request.on_cut_conversation,
         )
         train_source, eval_sources = data.train, data.validation
     initial = request.initialize_from.locate(ctx) if request.initialize_from is not None else None
