@@ -40,7 +40,7 @@ from marin.execution.output_comparison import OutputComparison, Placement, compa
 from marin.execution.output_reuse import OutputPathConflict, check_recorded_identity
 from marin.execution.run_defaults import RunOverrides
 from marin.execution.run_report import RunReport
-from marin.execution.script_launch import run_script
+from marin.execution.script_launch import prefix_in_environment, run_script
 from marin.execution.step_graph import collect_steps
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
@@ -110,7 +110,8 @@ def reproduce(request: ReproduceRequest) -> Reproduction:
         raise ReproduceError(f"{rerun} already holds files; give a scratch prefix where step {spec.name!r} has no output yet.")
     names = {dep.identity: dep.name for dep in spec.deps}
     logger.info("Reproducing %s (%s) from %s in %s", spec.name, spec.short_hash, original, rerun)
-    report = rerun_runner.run([target], raise_on_failure=False)
+    with prefix_in_environment(scratch):  # for anything in the step that reads the prefix itself
+        report = rerun_runner.run([target], raise_on_failure=False)
     outcome = report.outcome_of(spec.name)
     if not outcome.outcome.succeeded:
         raise RerunFailed(f"The rerun of {spec.name!r} failed ({outcome.error}); its folder is kept: {rerun}")

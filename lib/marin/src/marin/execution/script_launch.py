@@ -9,10 +9,11 @@ whatever the script raised.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +28,30 @@ def run_script(
     take_run: Callable[[Any, list[Any]], Any] | None = None,
 ) -> Launch:
     """Run ``script`` as ``__main__`` inside ``launch(overrides, take_run=take_run)``; the launch, once it ended."""
-    saved_argv, saved_path, saved_prefix = sys.argv, list(sys.path), os.environ.get("MARIN_PREFIX")
-    if overrides.prefix:
-        os.environ["MARIN_PREFIX"] = overrides.prefix
+    saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [str(script), *script_args]
     sys.path.insert(0, str(script.resolve().parent))
     try:
-        with launch(overrides, take_run=take_run) as launched:
+        with prefix_in_environment(overrides.prefix), launch(overrides, take_run=take_run) as launched:
             runpy.run_path(str(script), run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-        if saved_prefix is None:
-            os.environ.pop("MARIN_PREFIX", None)
-        else:
-            os.environ["MARIN_PREFIX"] = saved_prefix
     return launched
 
 
-__all__ = ["run_script"]
+@contextlib.contextmanager
+def prefix_in_environment(prefix: str | None) -> Iterator[None]:
+    """``MARIN_PREFIX`` set to ``prefix`` (when given) for the block, as it was afterwards."""
+    saved = os.environ.get("MARIN_PREFIX")
+    if prefix:
+        os.environ["MARIN_PREFIX"] = prefix
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MARIN_PREFIX", None)
+        else:
+            os.environ["MARIN_PREFIX"] = saved
+
+
+__all__ = ["prefix_in_environment", "run_script"]
