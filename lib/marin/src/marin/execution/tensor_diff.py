@@ -47,7 +47,7 @@ def array_difference(original: np.ndarray, rerun: np.ndarray) -> str | None:
         largest = float(gap[where]) if a.shape else float(gap)
         size = f"largest absolute difference {largest:.6g}"
         if a.shape:
-            size += f" at index {tuple(int(i) for i in where)} ({a[where]!r} in the original, {b[where]!r} in the rerun)"
+            size += f" at index {tuple(int(i) for i in where)} ({a[where].item()!r} in the original, {b[where].item()!r} in the rerun)"
         else:
             size += f" ({a.item()!r} in the original, {b.item()!r} in the rerun)"
     except (TypeError, ValueError):  # not numbers (strings, objects): the count says enough
