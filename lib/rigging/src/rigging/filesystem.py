@@ -136,9 +136,10 @@ def ls(url: str, detail: bool = False) -> list:
     entries = fs.ls(path, detail=detail)
     protocol = _protocol_prefix(url)
     if detail:
-        for entry in entries:
-            entry["name"] = protocol + entry["name"] if protocol and "://" not in entry["name"] else entry["name"]
-        return entries
+        # Copies: the dicts may be the filesystem's own listing cache (s3fs, gcsfs), which must keep
+        # its bare names, or its later exists()/info() calls stop finding these files.
+        return [{**entry, "name": protocol + entry["name"] if protocol and "://" not in entry["name"] else entry["name"]}
+                for entry in entries]
     return [protocol + e if protocol and "://" not in e else e for e in entries]
 
 
