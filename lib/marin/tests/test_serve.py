@@ -12,6 +12,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
+from iris.attempt_log import AttemptLog, AttemptOutcome
 from levanter.tokenization import load_tokenizer, save_tokenizer, train_bpe_tokenizer
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
@@ -20,6 +21,7 @@ from marin.serve.paths import PathOutsidePrefixError, clean_relative
 from zephyr.token_cache import finalize_token_cache, write_token_cache_shard
 
 TRAIN_STEPS = 7
+LOG_LINES = 20_000  # ~200 KB: more than one window of the log view
 EVAL_EVERY = 3
 
 
@@ -76,6 +78,15 @@ def served(tmp_path_factory, synthetic_stories):
     (tokens / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 2.0e9}))
     (tokens / ".artifact.json").write_text(json.dumps({"result": {"tokenizer_source": tokenizer_dir}}))
 
+    # The training step's attempts: preempted on two replicas through an iris job, then succeeded.
+    first = AttemptLog.begin(str(train), replicas=2, engine="slurm", job_id="train-tiny-3f2a", job_attempt=1)
+    first.append(0, b"step 1 loss 4.5\n")
+    first.append(1, b"replica 1 ready\n")
+    first.finish(AttemptOutcome.PREEMPTED, "node went away", [75, 75])
+    second = AttemptLog.begin(str(train), engine="slurm", job_id="train-tiny-3f2a", job_attempt=2)
+    second.append(0, b"resumed from step 1\n" + b"".join(f"line {i}\n".encode() for i in range(LOG_LINES)))
+    second.finish(AttemptOutcome.SUCCEEDED, "", [0])
+
     # A step whose record of what ran is damaged.
     broken = Path(prefix) / "broken" / "step-fedcba98"
     broken.mkdir(parents=True)
@@ -127,6 +138,30 @@ def test_step_page_diffs_against_another_version(served):
     assert any("hash_attrs.rows changed" in line for line in detail["differences"])
     page = client.get("/step", params={"path": first["path"], "compare": second["path"]})
     assert "hash_attrs.rows changed" in page.text
+
+
+def test_step_page_lists_attempts_and_a_log_opens_at_its_tail(served):
+    client = served["client"]
+    path = served["steps"]["checkpoints/tiny"]["path"]
+    page = client.get("/step", params={"path": path}).text
+    rows = re.findall(r'<tr data-attempt="(\d+)" data-outcome="(\w+)">(.*?)</tr>', page)
+    assert [(n, outcome) for n, outcome, _ in rows] == [("1", "PREEMPTED"), ("2", "SUCCEEDED")]
+    assert "train-tiny-3f2a" in rows[0][2] and "75, 75" in rows[0][2] and "node went away" in rows[0][2]
+    assert rows[0][2].count('class="log-link"') == 2 and rows[1][2].count('class="log-link"') == 1
+    attempts = client.get("/api/attempts", params={"path": path}).json()["attempts"]
+    assert [(a["engine"], a["job_attempt"], a["replicas"]) for a in attempts] == [("slurm", 1, [0, 1]), ("slurm", 2, [0])]
+
+    log = client.get("/log", params={"path": path, "attempt": 1, "replica": 1})
+    assert log.status_code == 200 and "replica 1 ready" in log.text and "node went away" in log.text
+    tail = client.get("/api/log", params={"path": path, "attempt": 2}).json()
+    written = "resumed from step 1\n" + "".join(f"line {i}\n" for i in range(LOG_LINES))
+    assert tail["size"] == tail["end"] == len(written) and written.endswith(tail["text"])
+    assert 0 < len(tail["text"]) <= 64 * 1024 < len(written)  # a window, not the whole log
+    earlier = client.get("/api/log", params={"path": path, "attempt": 2, "before": tail["start"]}).json()
+    assert earlier["end"] == tail["start"] and written[earlier["start"] : tail["end"]] == earlier["text"] + tail["text"]
+    html = client.get("/log", params={"path": path, "attempt": 2}).text
+    assert 'id="earlier"' in html and 'id="follow"' not in html  # finished: nothing to follow
+    assert client.get("/log", params={"path": path, "attempt": 3}).status_code == 404
 
 
 def test_training_chart_draws_every_metrics_point(served):

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from marin.execution.executor_files import CorruptRecordError
 from marin.serve import pages
+from marin.serve.attempts import LOG_WINDOW_BYTES, log_url, read_window, step_attempts
 from marin.serve.data import kind_of, read_page
 from marin.serve.errors import ServeError, UnreadableError
 from marin.serve.paths import clean_relative, resolve
@@ -81,7 +82,7 @@ def create_app(prefix: str) -> FastAPI:
         path = clean_relative(path)
         detail = step_detail(prefix, path)
         differences = version_differences(prefix, path, clean_relative(compare)) if compare else None
-        return pages.step_page(detail, prefix, compare, differences)
+        return pages.step_page(detail, prefix, compare, differences, step_attempts(prefix, path))
 
     @app.get("/api/step")
     def step_json(path: str, compare: str | None = None) -> dict[str, Any]:
@@ -96,7 +97,32 @@ def create_app(prefix: str) -> FastAPI:
             "other_versions": [row.path for row in detail.other_versions],
             "files": detail.files,
             "differences": version_differences(prefix, path, clean_relative(compare)) if compare else None,
+            "attempts": [row.to_json() for row in step_attempts(prefix, path)],
         }
+
+    # -- attempts and their logs ------------------------------------------------------------------
+
+    @app.get("/api/attempts")
+    def attempts_json(path: str) -> dict[str, Any]:
+        path = clean_relative(path)
+        return {"path": path, "attempts": [row.to_json() for row in step_attempts(prefix, path)]}
+
+    @app.get("/log", response_class=HTMLResponse)
+    def log_page(path: str, attempt: int, replica: int = 0, offset: int | None = None, before: int | None = None) -> str:
+        path = clean_relative(path)
+        window = read_window(log_url(prefix, path, attempt, replica), offset=offset, before=before)
+        rows = step_attempts(prefix, path)
+        current = next((row for row in rows if row.attempt == attempt), None)
+        return pages.log_page(path, attempt, replica, window, current, prefix)
+
+    @app.get("/api/log")
+    def log_json(path: str, attempt: int, replica: int = 0, offset: int | None = None, before: int | None = None,
+                 limit: int = LOG_WINDOW_BYTES) -> dict[str, Any]:
+        path = clean_relative(path)
+        window = read_window(log_url(prefix, path, attempt, replica), offset=offset, before=before, limit=limit)
+        current = next((row for row in step_attempts(prefix, path) if row.attempt == attempt), None)
+        return {"path": path, "attempt": attempt, "replica": replica, **window.to_json(),
+                "finished": current is not None and current.finished, "outcome": current.outcome if current else None}
 
     # -- training runs and evaluations ------------------------------------------------------------
 

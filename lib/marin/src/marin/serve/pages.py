@@ -8,6 +8,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
+from marin.serve.attempts import AttemptRow, LogWindow
 from marin.serve.charts import line_chart, lineage_graph
 from marin.serve.data import CUT_KEY, Page
 from marin.serve.runs import CHARTS, chart_series
@@ -26,6 +27,8 @@ pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
 .lineage text{font-size:11px}.lineage rect{fill:#eef3fb;stroke:#8aa4cc}.lineage rect.self{fill:#fff3d6;stroke:#c9a13b}
 .tok span:nth-child(odd){background:#dcebff}.tok span:nth-child(even){background:#ffe6cc}.tok{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
 .error{border:1px solid #c62828;background:#fdecea;padding:10px}
+.SUCCEEDED{color:#1a7f37}.TIMED_OUT,.UNREADABLE{color:#c62828}.PREEMPTED,.STOPPED{color:#b26a00}
+pre.log{max-height:70vh;white-space:pre-wrap}
 """
 
 
@@ -106,7 +109,28 @@ def _flat_attrs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix or "(value)", value)]
 
 
-def step_page(detail: StepDetail, prefix: str, compare: str | None, differences: list[str] | None) -> str:
+def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
+    if not attempts:
+        return '<p class="muted" id="no-attempts">no attempts recorded in this step\'s folder</p>'
+    head = ("<tr><th>attempt</th><th>engine</th><th>iris job</th><th>its attempt</th><th>outcome</th><th>exit codes</th>"
+            "<th>duration</th><th>reason</th><th>logs</th></tr>")
+    rows = []
+    for row in attempts:
+        logs = " ".join(f'<a class="log-link" href="{escape(link("/log", path=path, attempt=row.attempt, replica=r))}">'
+                        f"replica {r}</a>" for r in row.replicas) or '<span class="muted">none</span>'
+        codes = ", ".join("?" if code is None else str(code) for code in row.exit_codes) or "-"
+        first = row.replicas[0] if row.replicas else 0
+        rows.append(f'<tr data-attempt="{row.attempt}" data-outcome="{escape(row.outcome)}">'
+                    f'<td><a href="{escape(link("/log", path=path, attempt=row.attempt, replica=first))}">{row.attempt}</a></td>'
+                    f"<td>{escape(row.engine or '-')}</td><td class=\"mono\">{escape(row.job_id or '-')}</td>"
+                    f"<td>{'-' if row.job_attempt is None else row.job_attempt}</td>"
+                    f'<td class="{escape(row.outcome)}">{escape(row.outcome)}</td><td>{escape(codes)}</td>'
+                    f"<td>{seconds_text(row.duration_seconds)}</td><td>{escape(row.reason or '')}</td><td>{logs}</td></tr>")
+    return f'<table id="attempts"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def step_page(detail: StepDetail, prefix: str, compare: str | None, differences: list[str] | None,
+              attempts: list[AttemptRow] | None = None) -> str:
     row, info = detail.row, detail.info
     attrs = "".join(f'<tr><td class="mono">{escape(k)}</td><td class="mono">{escape(json.dumps(v, default=str))}</td></tr>'
                     for k, v in _flat_attrs(info.get("hash_attrs") or {}))
@@ -119,7 +143,7 @@ def step_page(detail: StepDetail, prefix: str, compare: str | None, differences:
                + (f'<tr><th>error</th><td class="FAILED">{escape(row.error)}</td></tr>' if row.error else "") + "</table>")
     if any(f["name"] == "metrics.jsonl" for f in detail.files):  # a training run: its curves are one click away
         summary += f'<p><a id="training-curves" href="{escape(link("/runs", run=row.path))}">training curves</a></p>'
-    parts = [summary, "<h3>Hash attributes</h3>", f"<table id=\"hash-attrs\">{attrs}</table>" if attrs else '<p class="muted">none</p>']
+    parts = [summary, "<h3>Attempts</h3>", _attempts_table(row.path, attempts or []), "<h3>Hash attributes</h3>", f"<table id=\"hash-attrs\">{attrs}</table>" if attrs else '<p class="muted">none</p>']
     parts.append("<h3>Lineage</h3>")
     graph = lineage_graph(f"{row.name} {row.short_hash}",
                           [(f"{d['name']} {str(d['identity'] or '')[:8]}", d["path"]) for d in detail.dependencies],
@@ -237,3 +261,51 @@ def data_page(path: str, page: Page, count: int, listing: list[dict[str, Any]] |
         parts.append("</table>")
         parts.append(_pager(path, page, count))
     return layout(f"Data: {path or 'prefix'}", "".join(parts), prefix)
+
+
+# Follows a running attempt's log: asks for what was written after the window's end every 2 s,
+# appends it as text (never as HTML), and stops when the attempt's record has an outcome.
+LOG_SCRIPT = """
+const box=document.getElementById('log'), follow=document.getElementById('follow'), state=document.getElementById('follow-state');
+let end=Number(box.dataset.end), busy=false;
+async function poll(){if(busy||!follow.checked)return;busy=true;let again=2000;
+  try{const r=await fetch('/api/log?'+box.dataset.query+'&offset='+end);if(r.ok){const d=await r.json();
+    if(d.text){const bottom=box.scrollTop+box.clientHeight>=box.scrollHeight-4;box.append(d.text);if(bottom)box.scrollTop=box.scrollHeight;}
+    end=d.end;box.dataset.end=end;
+    if(d.end<d.size)again=0;else if(d.finished){state.textContent='attempt ended: '+d.outcome;follow.checked=false;again=null;}
+    else state.textContent='following · '+new Date().toLocaleTimeString();}}catch(e){}
+  busy=false;if(again!==null)setTimeout(poll,again);}
+follow.addEventListener('change',()=>{if(follow.checked)poll();});
+if(follow.checked)setTimeout(poll,2000);
+"""
+
+
+def log_page(path: str, attempt: int, replica: int, window: LogWindow, row: AttemptRow | None, prefix: str) -> str:
+    title = f"{path}: attempt {attempt}, replica {replica}"
+    parts = [f'<p><a href="{escape(link("/step", path=path))}">← the step</a></p>']
+    if row is not None:
+        parts.append(f'<p id="attempt-line" class="{escape(row.outcome)}">{escape(row.description)}</p>')
+        if len(row.replicas) > 1:
+            tabs = " · ".join(f"<b>replica {r}</b>" if r == replica else
+                              f'<a href="{escape(link("/log", path=path, attempt=attempt, replica=r))}">replica {r}</a>'
+                              for r in row.replicas)
+            parts.append(f"<p>{tabs}</p>")
+    here = {"path": path, "attempt": attempt, "replica": replica}
+    nav = []
+    if window.start > 0:
+        nav.append(f'<a id="earlier" href="{escape(link("/log", **here, before=window.start))}">← earlier</a>')
+    if window.end < window.size:
+        nav.append(f'<a id="later" href="{escape(link("/log", **here, offset=window.end))}">later →</a>')
+        nav.append(f'<a id="tail" href="{escape(link("/log", **here))}">the end</a>')
+    at_tail = window.end >= window.size
+    running = row is not None and not row.finished
+    shown = f"bytes {window.start:,}–{window.end:,} of {window.size:,}"
+    parts.append(f'<p class="muted">{shown} {" · ".join(nav)}</p>')
+    if running and at_tail:
+        parts.append('<p><label><input type="checkbox" id="follow" checked> follow</label> '
+                     '<span class="muted" id="follow-state">following</span></p>')
+    query = link("", **here).lstrip("?")
+    parts.append(f'<pre class="log" id="log" data-end="{window.end}" data-query="{escape(query)}">{escape(window.text)}</pre>')
+    if running and at_tail:
+        parts.append(f"<script>{LOG_SCRIPT}</script>")
+    return layout(title, "".join(parts), prefix)
