@@ -77,3 +77,21 @@ def test_attempt_logs_are_kept_on_object_storage(s3_prefix):
     (attempt,) = list_attempts(output)
     assert attempt.record.outcome == "SUCCEEDED"
     assert "kept in the bucket" in _log_text(output)
+
+
+def test_marin_status_shows_the_job_and_attempt_of_a_running_step(tmp_path, capsys):
+    import json
+
+    from marin.cli import main
+    from marin.execution.executor_files import write_info, write_status
+
+    folder = tmp_path / "checkpoints" / "big-0123abcd"
+    folder.mkdir(parents=True)
+    write_info(str(folder), {"name": "checkpoints/big", "identity": "x" * 64})
+    write_status(str(folder), "RUNNING", identity="x" * 64, attempt=3, job="checkpoints-big-0123abcd-20261201-1")
+    assert main(["status", "--prefix", str(tmp_path)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "checkpoints/big" in line)
+    assert "iris job checkpoints-big-0123abcd-20261201-1, attempt 3" in line and "marin logs checkpoints/big" in line
+    assert main(["status", "--prefix", str(tmp_path), "--json"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert (record["attempt"], record["job"]) == (3, "checkpoints-big-0123abcd-20261201-1")

@@ -25,6 +25,9 @@ class StepListing:
     # True when the function's source file now holds other code than what made this output;
     # None when that cannot be told (no record, file gone, another Python).
     code_changed: bool | None = None
+    # The step's attempt folder (.attempts/NNN) and iris job, as its status records them.
+    attempt: int | None = None
+    job: str | None = None
 
     def age_text(self, now: float | None = None) -> str:
         if not self.status_time:
@@ -101,6 +104,8 @@ def describe_folder(output_path: str, prefix: str | None = None) -> StepListing:
         status_time=status.time if status else None,
         identity=info.get("identity"),
         code_changed=code_changed,
+        attempt=status.attempt if status else None,
+        job=status.job if status else None,
     )
 
 

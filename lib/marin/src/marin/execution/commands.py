@@ -172,6 +172,9 @@ def status_command(args: argparse.Namespace) -> int:
     print(f"{'STATUS':<11} {'AGE':>5}  {'STEP':<{width}}  OUTPUT PATH")
     for listing in listings:
         note = "  (code changed since this output was made)" if listing.code_changed else ""
+        if listing.status == "RUNNING" and (listing.job or listing.attempt):
+            where = f"iris job {listing.job}, " if listing.job else ""
+            note += f"  ({where}attempt {listing.attempt or '?'}: marin logs {listing.name} --follow)"
         print(f"{listing.status or '-':<11} {listing.age_text():>5}  {listing.name:<{width}}  {listing.output_path}{note}")
     changed = sum(1 for listing in listings if listing.code_changed)
     if changed:
@@ -193,6 +196,8 @@ def _listing_record(listing: StepListing) -> dict[str, Any]:
         "identity": listing.identity,
         "output_path": listing.output_path,
         "code_changed": listing.code_changed,
+        "attempt": listing.attempt,
+        "job": listing.job,
     }
 
 
