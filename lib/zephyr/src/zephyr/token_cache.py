@@ -28,9 +28,10 @@ remotely, the time to download the cache. Hashing while writing adds ~0.09 s per
 a write. ``verify_checksums=False`` skips the hashing (sizes are still checked) for caches too
 large to read at every training start. A matching checksum does not prove the recorded largest
 id (tokens replaced and their checksums recomputed still match), so verification also takes the
-largest id from the chunks it hashes (~0.04 s per GB more: 0.172 -> 0.181 s for 256 MB warm), and :meth:`TokenCache.check_token_ids`
-compares that with a model's vocabulary; unverified, it has only the recorded id, and a reader
-that knows the model's vocabulary checks the ids it reads (``levanter.data.windows``).
+largest id from the chunks it hashes (~0.04 s per GB more: 0.172 -> 0.181 s for 256 MB, warm),
+and :meth:`TokenCache.check_token_ids` compares that with a model's vocabulary; unverified, it
+has only the recorded id, and a reader that knows the model's vocabulary checks the ids it reads
+(``levanter.data.windows``).
 
 Loss masks. A cache may carry a per-token loss mask beside its tokens (``loss_mask.bin``, one
 byte per token: 1 where predicting that token is trained on, 0 where the token is context only,
