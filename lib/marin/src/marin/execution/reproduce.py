@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from levanter.errors import LevanterError
 from rigging import filesystem as fsx
 from rigging.log import get_logger
 
@@ -53,7 +54,7 @@ class ReproduceError(MarinError, ValueError):
 
 
 class RerunFailed(MarinError, RuntimeError):
-    """The rerun of the step failed; its folder in the scratch prefix is kept."""
+    """The rerun of the step failed, or its output could not be compared; its folder in the scratch prefix is kept."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,10 @@ def reproduce(request: ReproduceRequest) -> Reproduction:
     if not outcome.outcome.succeeded:
         raise RerunFailed(f"The rerun of {spec.name!r} failed ({outcome.error}); its folder is kept: {rerun}")
     placement = Placement(original, rerun, runner.prefix, scratch)
-    comparison = compare_outputs(placement, stop_at_first=not request.all_differences)
+    try:
+        comparison = compare_outputs(placement, stop_at_first=not request.all_differences)
+    except LevanterError as exc:  # a checkpoint that cannot be read
+        raise RerunFailed(f"Could not compare {original} with its rerun: {exc} The rerun is kept: {rerun}") from exc
     kept = request.keep or not comparison.identical
     if not kept:
         fsx.rm(scratch if made_scratch else rerun, recursive=True)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from levanter.errors import LevanterError
+from rigging.config.discovery import discover_config
 
 from marin.execution.commands import script_settings
 from marin.execution.executor_files import CorruptRecordError
@@ -62,7 +62,7 @@ def reproduce_command(args: argparse.Namespace) -> int:
         script=script,
         step=args.step,
         script_args=(*args.script_args, *getattr(args, "passthrough", [])),
-        prefix=args.prefix,
+        prefix=discover_config(prefix=args.prefix).prefix if args.prefix else None,
         scratch=args.scratch,
         settings=settings,
         config_files=config_files,
@@ -78,9 +78,6 @@ def reproduce_command(args: argparse.Namespace) -> int:
     except (ReproduceError, ConfigError, RunOptionError, StepGraphError, InvalidStepError, CorruptRecordError) as exc:
         print(f"marin reproduce: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except LevanterError as exc:  # a checkpoint that cannot be read for the comparison
-        print(f"marin reproduce: could not compare: {exc}", file=sys.stderr)
-        return EXIT_DIFFERENT
     print("\n".join(describe(reproduction)), flush=True)
     return EXIT_IDENTICAL if reproduction.comparison.identical else EXIT_DIFFERENT
 
