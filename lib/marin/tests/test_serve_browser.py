@@ -167,3 +167,29 @@ def test_the_data_browser_decodes_the_token_cache(server, browser, tiny_run, tmp
     assert len(spans) == int(blocks[0].get_attribute("data-tokens")) > 10
     assert spans[0].value_of_css_property("background-color") != spans[1].value_of_css_property("background-color")
     _screenshot(browser, tmp_path, "data")
+
+
+def test_the_step_page_lists_attempts_and_a_running_log_follows(server, browser, tiny_run, tmp_path):
+    from iris.attempt_log import AttemptLog, AttemptOutcome
+
+    prefix, _, tokenize_output = tiny_run
+    attempt = AttemptLog.begin(tokenize_output, engine="slurm", job_id="tokenize-job-1", job_attempt=1)
+    attempt.append(0, b"hello from the first line\n")
+    browser.get(f"{server}/step?path={os.path.relpath(tokenize_output, prefix)}")
+    row = _wait(browser, expected_conditions.presence_of_element_located(
+        (By.CSS_SELECTOR, f'#attempts tr[data-attempt="{attempt.attempt}"]')))
+    assert row.get_attribute("data-outcome") == "RUNNING" and "tokenize-job-1" in row.text
+    _screenshot(browser, tmp_path, "attempts")
+
+    row.find_element(By.CSS_SELECTOR, "a.log-link").click()
+    log = _wait(browser, expected_conditions.presence_of_element_located((By.ID, "log")))
+    assert log.text == "hello from the first line"
+    # The page's script follows the running attempt: new output appears without a reload.
+    attempt.append(0, b"a line written after the page opened\n")
+    _wait(browser, lambda driver: "a line written after the page opened" in driver.find_element(By.ID, "log").text)
+    attempt.finish(AttemptOutcome.SUCCEEDED, "", [0])
+    _wait(browser, lambda driver: "SUCCEEDED" in driver.find_element(By.ID, "follow-state").text)
+    assert not browser.find_element(By.ID, "follow").is_selected()
+    assert "SUCCEEDED (exit 0)" in browser.find_element(By.ID, "attempt-line").text
+    assert browser.find_element(By.ID, "window-end").text == browser.find_element(By.ID, "window-size").text == "63"
+    _screenshot(browser, tmp_path, "log")

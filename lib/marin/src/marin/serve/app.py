@@ -122,7 +122,8 @@ def create_app(prefix: str) -> FastAPI:
         window = read_window(log_url(prefix, path, attempt, replica), offset=offset, before=before, limit=limit)
         current = next((row for row in step_attempts(prefix, path) if row.attempt == attempt), None)
         return {"path": path, "attempt": attempt, "replica": replica, **window.to_json(),
-                "finished": current is not None and current.finished, "outcome": current.outcome if current else None}
+                "finished": current is not None and current.finished, "outcome": current.outcome if current else None,
+                "description": current.description if current else None}
 
     # -- training runs and evaluations ------------------------------------------------------------
 

@@ -271,8 +271,10 @@ let end=Number(box.dataset.end), busy=false;
 async function poll(){if(busy||!follow.checked)return;busy=true;let again=2000;
   try{const r=await fetch('/api/log?'+box.dataset.query+'&offset='+end);if(r.ok){const d=await r.json();
     if(d.text){const bottom=box.scrollTop+box.clientHeight>=box.scrollHeight-4;box.append(d.text);if(bottom)box.scrollTop=box.scrollHeight;}
-    end=d.end;box.dataset.end=end;
-    if(d.end<d.size)again=0;else if(d.finished){state.textContent='attempt ended: '+d.outcome;follow.checked=false;again=null;}
+    end=d.end;box.dataset.end=end;document.getElementById('window-end').textContent=d.end.toLocaleString('en-US');
+    document.getElementById('window-size').textContent=d.size.toLocaleString('en-US');
+    if(d.end<d.size)again=0;else if(d.finished){state.textContent='attempt ended: '+d.outcome;follow.checked=false;again=null;
+      const line=document.getElementById('attempt-line');if(line&&d.description){line.textContent=d.description;line.className=d.outcome;}}
     else state.textContent='following · '+new Date().toLocaleTimeString();}}catch(e){}
   busy=false;if(again!==null)setTimeout(poll,again);}
 follow.addEventListener('change',()=>{if(follow.checked)poll();});
@@ -299,7 +301,8 @@ def log_page(path: str, attempt: int, replica: int, window: LogWindow, row: Atte
         nav.append(f'<a id="tail" href="{escape(link("/log", **here))}">the end</a>')
     at_tail = window.end >= window.size
     running = row is not None and not row.finished
-    shown = f"bytes {window.start:,}–{window.end:,} of {window.size:,}"
+    shown = (f'bytes {window.start:,}–<span id="window-end">{window.end:,}</span> '
+             f'of <span id="window-size">{window.size:,}</span>')
     parts.append(f'<p class="muted">{shown} {" · ".join(nav)}</p>')
     if running and at_tail:
         parts.append('<p><label><input type="checkbox" id="follow" checked> follow</label> '
