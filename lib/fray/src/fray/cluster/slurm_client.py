@@ -55,6 +55,7 @@ from fray.cluster.client import ActorHandle, JobRequest, UnschedulableError, des
 from fray.cluster.resources import GpuDevice, ResourceConfig, TpuDevice
 from fray.cluster.slurm_commands import (
     DEFAULT_COMMAND_TIMEOUT_S,
+    JobStateBoard,
     SlurmPartitions,
     partitions,
     run_slurm,
@@ -124,6 +125,7 @@ class SlurmClient:
         self.check_resources = check_resources
         self._known: tuple[float, SlurmPartitions] | None = None
         self._lock = threading.Lock()
+        self._board = JobStateBoard()  # one squeue call per poll for all of this client's jobs
 
     def __repr__(self) -> str:
         return f"SlurmClient(partition={self.partition!r})"
@@ -210,7 +212,7 @@ class SlurmClient:
             raise
         slurm_id = output.strip().split(";")[0]
         logger.info("Slurm job %s: %s (%s)", slurm_id, request.name, folder)
-        return SlurmJob(slurm_id, folder, request.name, started=start, timings=self.timings)
+        return SlurmJob(slurm_id, folder, request.name, started=start, timings=self.timings, board=self._board)
 
     def _command(self, request: JobRequest, folder: str, result_file: bool) -> list[str]:
         if request.is_command:

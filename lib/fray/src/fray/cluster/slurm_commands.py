@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 
 from fray.errors import FrayError
@@ -98,6 +100,55 @@ def job_record(slurm_id: str, *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S) -> 
         raise
     lines = [line for line in output.splitlines() if line.strip()]
     return parse_job_record(lines[0]) if lines else None
+
+
+class JobStateBoard:
+    """The records of every job this process follows, from one ``squeue`` call per refresh.
+
+    A map over a thousand items is a thousand Slurm jobs; asking the controller about each of
+    them every second would be a thousand commands a second. Jobs are followed from
+    :meth:`follow` until :meth:`forget`; a record is at most ``max_age_s`` old when read. A job
+    ``squeue -t all`` no longer lists (``MinJobAge`` passed) reads as ``None``. ``squeue`` has no
+    exit codes: for a job that ended without its worker's record, :func:`job_record` asks once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._followed: set[str] = set()
+        self._records: dict[str, SlurmJobRecord] = {}
+        self._refreshed_at = float("-inf")
+
+    def follow(self, slurm_id: str) -> None:
+        with self._lock:
+            self._followed.add(slurm_id)
+
+    def forget(self, slurm_id: str) -> None:
+        with self._lock:
+            self._followed.discard(slurm_id)
+            self._records.pop(slurm_id, None)
+
+    def record(self, slurm_id: str, *, max_age_s: float, timeout: float) -> SlurmJobRecord | None:
+        with self._lock:
+            self._followed.add(slurm_id)
+            if time.monotonic() - self._refreshed_at >= max_age_s:
+                self._refresh(timeout)
+            return self._records.get(slurm_id)
+
+    def _refresh(self, timeout: float) -> None:
+        ids = ",".join(sorted(self._followed))
+        try:
+            output = run_slurm(["squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r|%B"], timeout=timeout)
+        except SlurmCommandError as exc:
+            if "invalid job id" not in str(exc).lower():
+                raise
+            output = ""  # none of them is known any more
+        self._records = {}
+        for line in output.splitlines():
+            fields = line.strip().split("|")
+            if len(fields) == 4:
+                self._records[fields[0]] = SlurmJobRecord(state=fields[1].split("+")[0], reason=fields[2],
+                                                          exit_code=None, node=fields[3])
+        self._refreshed_at = time.monotonic()
 
 
 # -- partitions and nodes ----------------------------------------------------------------------------------

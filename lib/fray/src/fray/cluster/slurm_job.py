@@ -2,7 +2,8 @@
 
 The job's folder, on storage both the submitting machine and the nodes see, is the only channel
 between this handle and :mod:`fray.cluster.slurm_worker` on the node (see that module for the
-files). Slurm's controller says where the job is in its life (``scontrol show job``); the
+files). Slurm's controller says where the job is in its life (``squeue``, one call for all of a client's
+jobs; ``scontrol show job`` for a batch script's exit status); the
 worker's ``exit_code`` file says how the command ended, since a Slurm without accounting keeps
 no exit codes once a job is forgotten, and since a batch script's status cannot tell a command's
 own 75 from the worker's.
@@ -37,6 +38,7 @@ from rigging.log import get_logger
 
 from fray.cluster.client import JobStatus
 from fray.cluster.slurm_commands import (
+    JobStateBoard,
     SlurmCommandError,
     SlurmError,
     SlurmJobRecord,
@@ -58,6 +60,8 @@ RECORD_GRACE_S = 3.0
 # how often it is asked meanwhile.
 SLURM_SETTLE_S = 30.0
 ENDING_POLL_S = 0.2
+# Slurm's KillWait (30 s by default) between its SIGTERM and SIGKILL, with room to spare.
+KILL_WAIT_ALLOWANCE_S = 35.0
 
 _WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD",
             "SPECIAL_EXIT", "RESIZING"}
@@ -97,8 +101,11 @@ class SlurmJob:
     ``job_id`` is Slurm's job id, what ``squeue`` shows and ``scancel`` takes.
     """
 
-    def __init__(self, slurm_id: str, folder: str, name: str, *, started: bool, timings: SlurmTimings) -> None:
+    def __init__(self, slurm_id: str, folder: str, name: str, *, started: bool, timings: SlurmTimings,
+                 board: JobStateBoard | None = None) -> None:
         self.job_id = slurm_id
+        self._board = board or JobStateBoard()
+        self._board.follow(slurm_id)
         self.folder = folder
         self.name = name
         self.timings = timings
@@ -127,15 +134,26 @@ class SlurmJob:
             return None
 
     def _query(self, *, interval_s: float) -> SlurmJobRecord | None:
-        """Slurm's record, asked at most every ``interval_s`` (iris polls its replicas ten times a second)."""
+        """Slurm's record, at most ``interval_s`` old (iris polls its replicas ten times a second), from
+        the board all of this process's jobs share."""
         if time.monotonic() - self._queried_at >= interval_s:
             try:
-                self._record = job_record(self.job_id, timeout=self.timings.command_timeout_s)
+                self._record = self._board.record(self.job_id, max_age_s=interval_s,
+                                                  timeout=self.timings.command_timeout_s)
                 self._forgotten = self._record is None
             except SlurmError as exc:  # a controller away for a moment: keep what it said last
                 logger.warning("Slurm job %s: cannot read its state (%s)", self.job_id, exc)
             self._queried_at = time.monotonic()
         return self._record
+
+    def _exit_code_from_slurm(self) -> int | None:
+        """The batch script's exit status, which only ``scontrol`` knows (asked once, for a worker that died)."""
+        try:
+            record = job_record(self.job_id, timeout=self.timings.command_timeout_s)
+        except SlurmError as exc:
+            logger.warning("Slurm job %s: cannot read its exit code (%s)", self.job_id, exc)
+            return None
+        return record.exit_code if record is not None else None
 
     def status(self) -> JobStatus:
         if self._final is not None:
@@ -162,9 +180,9 @@ class SlurmJob:
             while code is None and time.monotonic() < deadline:
                 time.sleep(0.2)
                 code = self._recorded_exit_code()
-        return self._settle(state, code, record)
+        return self._settle(state, code)
 
-    def _settle(self, state: str | None, code: int | None, record: SlurmJobRecord | None) -> JobStatus:
+    def _settle(self, state: str | None, code: int | None) -> JobStatus:
         if state in _BY_SLURM:
             status = _BY_SLURM[state]
         elif code is None and state is None:
@@ -172,14 +190,15 @@ class SlurmJob:
         elif self._stopped:
             status = JobStatus.STOPPED
         else:
-            if code is None and record is not None:
-                code = record.exit_code  # the worker itself died: the batch script's status is all there is
+            if code is None:
+                code = self._exit_code_from_slurm()  # the worker itself died: the batch script's status is all there is
             status = JobStatus.SUCCEEDED if code == 0 else JobStatus.FAILED
         if status is JobStatus.LOST:
             code = None
-        elif code is None and record is not None and status is not JobStatus.STOPPED:
-            code = record.exit_code
+        elif code is None and status is not JobStatus.STOPPED:
+            code = self._exit_code_from_slurm()
         self._final = (status, code)
+        self._board.forget(self.job_id)
         return status
 
     def wait(self, timeout: float | None = None) -> JobStatus:
@@ -243,20 +262,23 @@ class SlurmJob:
     # -- stopping -----------------------------------------------------------------------------------------
 
     def terminate(self) -> None:
-        """``scancel``: Slurm sends SIGTERM to the job's processes (the worker forwards it to the command),
-        then SIGKILL after the cluster's ``KillWait``; a job still there after ``terminate_grace_s`` more
-        seconds gets SIGKILL now. Returns once the job has ended."""
+        """SIGTERM to the command, once: ``scancel --batch --signal=TERM`` reaches only the worker, which
+        forwards it (a plain ``scancel`` would signal every process of the job *and* be forwarded, so the
+        command would hear it twice). After ``terminate_grace_s`` whatever is left is cancelled (Slurm's
+        SIGTERM, then SIGKILL after its ``KillWait``), and killed outright if it still lingers. A job not
+        yet on a node is simply cancelled. Returns once the job has ended."""
         if self.status().finished:
             return
         if self._recorded_exit_code() is not None:  # the command has ended: only Slurm's word is missing
             self.wait(timeout=SLURM_SETTLE_S)
             return
         self._stopped = True
+        if os.path.exists(self._path("address")):  # the worker runs
+            self._scancel(["--batch", "--signal=TERM"])
+            if self.wait(timeout=self.timings.terminate_grace_s).finished:
+                return
         self._scancel([])
-        grace_until = time.monotonic() + self.timings.terminate_grace_s
-        while not self.status().finished and time.monotonic() < grace_until:
-            time.sleep(WAIT_POLL_S)
-        if not self.status().finished:
+        if not self.wait(timeout=self.timings.terminate_grace_s + KILL_WAIT_ALLOWANCE_S).finished:
             self._scancel(["--full", "--signal=KILL"])
             self.wait(timeout=60 + self.timings.command_timeout_s)
 

@@ -17,7 +17,10 @@ command runs in a session of its own; SIGTERM (and SIGINT, SIGUSR1, SIGUSR2) tha
 script are forwarded to the command's whole process group and this script keeps waiting, so the
 command decides how to end: ``scancel --batch --signal=TERM JOB`` (which signals only the batch
 script), the warning ``sbatch --signal=B:TERM@N`` sends before a time limit, and a cancel or
-preemption all reach it, and its exit code is still recorded.
+preemption all reach it, and its exit code is still recorded. When Slurm itself ends the job
+(``scancel JOB``, a time limit, a preemption) it signals every process of the job, so the command
+hears SIGTERM twice, from Slurm and forwarded; ``SlurmJob.terminate`` avoids that by signalling
+only this script first.
 
 Standard library only, run by path with ``-I``: it starts in a fraction of the time importing the
 package would take, and nothing on the node's ``PYTHONPATH`` can shadow what it uses.
