@@ -116,6 +116,7 @@ class JobStateBoard:
         self._lock = threading.Lock()
         self._followed: set[str] = set()
         self._records: dict[str, SlurmJobRecord] = {}
+        self._asked: set[str] = set()  # the ids the last refresh asked about
         self._refreshed_at = float("-inf")
 
     def follow(self, slurm_id: str) -> None:
@@ -130,24 +131,37 @@ class JobStateBoard:
     def record(self, slurm_id: str, *, max_age_s: float, timeout: float) -> SlurmJobRecord | None:
         with self._lock:
             self._followed.add(slurm_id)
-            if time.monotonic() - self._refreshed_at >= max_age_s:
+            # A job the last refresh did not ask about (just submitted) is missing from it for that
+            # reason alone, not because the controller forgot it: ask again.
+            if slurm_id not in self._asked or time.monotonic() - self._refreshed_at >= max_age_s:
                 self._refresh(timeout)
             return self._records.get(slurm_id)
 
     def _refresh(self, timeout: float) -> None:
-        ids = ",".join(sorted(self._followed))
+        asked = set(self._followed)
+        ids = ",".join(sorted(asked))
         try:
             output = run_slurm(["squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r|%B"], timeout=timeout)
         except SlurmCommandError as exc:
             if "invalid job id" not in str(exc).lower():
                 raise
-            output = ""  # none of them is known any more
+            # One forgotten id fails the whole query: ask about each, so the others keep their state.
+            output = ""
+            if len(asked) > 1:
+                for one in sorted(asked):
+                    try:
+                        output += run_slurm(["squeue", "-h", "-t", "all", "-j", one, "-o", "%i|%T|%r|%B"], timeout=timeout)
+                        output += "\n"
+                    except SlurmCommandError as single:
+                        if "invalid job id" not in str(single).lower():
+                            raise
         self._records = {}
         for line in output.splitlines():
             fields = line.strip().split("|")
             if len(fields) == 4:
                 self._records[fields[0]] = SlurmJobRecord(state=fields[1].split("+")[0], reason=fields[2],
                                                           exit_code=None, node=fields[3])
+        self._asked = asked
         self._refreshed_at = time.monotonic()
 
 
