@@ -58,6 +58,7 @@ class Allowed:
 _HF_CACHE = "a snapshot folder of the user's local Hugging Face cache, never a step output"
 _IRIS_HOME = "iris's job database and logs live in its local home (IRIS_HOME; a remote prefix is refused)"
 _PACKAGE_DATA = "files shipped inside the installed package, read where Python installed them"
+_SLURM_FOLDER = "a Slurm job's folder on storage shared with the nodes, read and written by path"
 
 ALLOWED: tuple[Allowed, ...] = (
     # rigging: the one place that does local file operations, each in its local branch.
@@ -85,6 +86,29 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("fray.cluster.ray_nodes", "_ray_cli", "the ray executable beside this Python interpreter, or on PATH"),
     Allowed("fray.cluster.ray_nodes", "_stat_fields", "reads /proc/<pid>/stat of a local process"),
     Allowed("fray.cluster.ray_nodes", "_process_tree", "lists /proc to find a local node's processes"),
+    # fray on Slurm: a job's folder is a POSIX path that sbatch, slurmd and the node's worker open
+    # themselves, on storage the submitting machine and the nodes mount (never an output URL).
+    Allowed("fray.cluster.job_worker", "_write_result", "the result file in a Slurm job's shared job folder"),
+    Allowed("fray.cluster.slurm_client", "<module>", "the node worker's source file, run by path on the nodes"),
+    Allowed("fray.cluster.slurm_client", "SlurmClient.submit", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_client", "SlurmClient._command", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_client", "SlurmClient.map", "the pickled function every task's job reads from the shared job root"),
+    Allowed("fray.cluster.slurm_client", "_collect", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_commands", "run_slurm", "looks up Slurm's commands on this machine's PATH"),
+    Allowed("fray.cluster.slurm_job", "SlurmJob._path", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_job", "SlurmJob._recorded_exit_code", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_job", "SlurmJob.read_log", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_job", "SlurmJob.free_address", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_job", "SlurmJob.terminate", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_job", "SlurmJob.release", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_worker", "write_atomically", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_worker", "wait_for_start", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_worker", "run", _SLURM_FOLDER),
+    Allowed("fray.cluster.slurm_local", "_which", "finds the Slurm and munge programs installed on this machine"),
+    Allowed("fray.cluster.slurm_local", "_memory_mib", "reads /proc/meminfo of this machine"),
+    Allowed("fray.cluster.slurm_local", "LocalSlurmCluster.__init__", "the local cluster's own tempfile.mkdtemp folder"),
+    Allowed("fray.cluster.slurm_local", "LocalSlurmCluster._spawn", "a daemon's output file in the cluster's local folder"),
+    Allowed("fray.cluster.slurm_local", "LocalSlurmCluster.stop", "removes the cluster's own local temporary folder"),
     Allowed("iris.jobs", "submit_job", _IRIS_HOME + "; the job's working directory is a local folder"),
     Allowed("iris.jobs", "_supervisor_alive", "reads /proc/<pid>/stat of a local supervisor process"),
     Allowed("iris.jobs", "follow_logs", _IRIS_HOME),
