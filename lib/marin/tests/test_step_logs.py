@@ -84,7 +84,7 @@ def test_follow_prints_output_as_it_arrives_and_attempts_that_start_meanwhile(tm
     def follow():
         printed.append(main(["logs", "train/x", "--prefix", prefix, "--follow"]))
 
-    follower = threading.Thread(target=follow)
+    follower = threading.Thread(target=follow, daemon=True)
     follower.start()
     for i in range(5):
         first.append(0, f"tick {i}\n".encode())
@@ -106,6 +106,23 @@ def test_follow_prints_output_as_it_arrives_and_attempts_that_start_meanwhile(tm
     # Seen already ended, its header says so; seen running, its end is printed after its output.
     ends = [line for line in lines[8:] if line.startswith("=== attempt 2 (local): SUCCEEDED")]
     assert len(ends) == 1 and lines[8:] in (ends + ["second attempt"], [lines[8], "second attempt"] + ends)
+
+
+def test_following_one_attempt_stops_when_it_ends_though_the_step_runs_on(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(step_logs, "POLL_S", 0.02)
+    prefix = str(tmp_path / "prefix")
+    folder = _step(prefix, "train/x-ab12cd34", status="RUNNING")
+    first = AttemptLog.begin(folder)
+    first.finish(AttemptOutcome.PREEMPTED, "", [75])
+    AttemptLog.begin(folder).append(0, b"the second attempt runs on\n")
+    codes = []
+    follower = threading.Thread(target=lambda: codes.append(main(["logs", "train/x", "--prefix", prefix, "--follow",
+                                                                  "--attempt", "1"])), daemon=True)
+    follower.start()
+    follower.join(timeout=WAIT_S)
+    assert not follower.is_alive() and codes == [0]
+    out = capsys.readouterr().out
+    assert "PREEMPTED" in out and "second attempt" not in out
 
 
 def test_follow_ends_quietly_with_130_on_ctrl_c(tmp_path, capsys, monkeypatch):

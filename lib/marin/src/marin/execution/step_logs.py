@@ -180,7 +180,7 @@ def _replica_number(url: str) -> int:
 
 
 def _follow(folder: str, printer: _Printer, only: int | None) -> None:
-    """Poll the newest attempt (or attempt ``only``) until it has an outcome and the step is not RUNNING."""
+    """Poll the newest attempt until it has an outcome and the step is not RUNNING (attempt ``only``: until it has an outcome)."""
     orphaned_since: float | None = None
     while True:
         time.sleep(POLL_S)
@@ -203,6 +203,8 @@ def _follow(folder: str, printer: _Printer, only: int | None) -> None:
                 return
             continue
         finished = _finished(newest)
+        if finished and only is not None:
+            return  # one attempt asked for, and it has ended; later ones are not its story
         if status == STATUS_RUNNING:
             orphaned_since = None
             continue
