@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fray.cluster import JobRequest, JobStatus, ResourceConfig, UnschedulableError, client_from_spec, ship_by_value
-from fray.cluster.slurm_client import SlurmActorsUnsupported, SlurmClient
+from fray.cluster.slurm_client import SlurmActorsUnsupported, SlurmClient, SlurmJobRootError
 from fray.cluster.slurm_commands import SlurmUnavailableError
 
 ship_by_value(__name__)  # the nodes cannot import this test module
@@ -193,6 +193,11 @@ def test_sbatch_options_of_a_gpu_request_with_a_time_limit(tmp_path):
             "--signal=B:TERM@120", "--partition=gpu", "--account=lab", "--qos=high", "--exclusive"} <= set(options)
     auto = JobRequest("train", ["true"], resources=ResourceConfig.with_gpu("auto", 2))
     assert "--gres=gpu:2" in client.sbatch_header(auto, "/jobs/train", gpu_type=None)
+
+
+def test_a_url_job_root_is_refused():
+    with pytest.raises(SlurmJobRootError, match="folder the submitting machine and the nodes both mount"):
+        SlurmClient(job_root="gs://bucket/jobs")
 
 
 def test_an_unreachable_controller_is_one_line_within_seconds(slurm_cluster, tmp_path, monkeypatch):

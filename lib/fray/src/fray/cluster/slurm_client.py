@@ -77,6 +77,10 @@ class SlurmActorsUnsupported(FrayError, NotImplementedError):
     """Slurm has no actors."""
 
 
+class SlurmJobRootError(FrayError, ValueError):
+    """A job root that the nodes cannot open as a folder."""
+
+
 def default_job_root() -> str:
     return os.environ.get(JOB_ROOT_ENV) or str(Path.home() / ".cache" / "fray" / "slurm")
 
@@ -115,7 +119,11 @@ class SlurmClient:
         self.partition = partition
         self.account = account
         self.qos = qos
-        self.job_root = job_root or default_job_root()
+        self.job_root = os.path.expanduser(job_root or default_job_root())
+        if "://" in self.job_root:
+            raise SlurmJobRootError(
+                f"job_root {self.job_root!r} is a URL, but Slurm writes a job's output to a path itself: give a "
+                f"folder the submitting machine and the nodes both mount (job_root=... or {JOB_ROOT_ENV}).")
         self.sbatch_options = tuple(sbatch_options)
         self.python = python or sys.executable
         self.timings = SlurmTimings(command_timeout_s=command_timeout_s, poll_interval_s=poll_interval_s,
