@@ -43,6 +43,17 @@ def test_symlinks_that_leave_the_prefix_are_refused(prefix):
     assert served.status_code == 200 and served.json()["rows"] == ["kept inside\n"]
 
 
+def test_step_folders_reached_through_a_link_out_of_the_prefix_are_not_listed(prefix):
+    root, outside = prefix
+    for parent in (root / "mine", outside / "theirs"):
+        (parent / "step-0123abcd").mkdir(parents=True)
+        (parent / "step-0123abcd" / ".executor_status").write_text(json.dumps({"status": "SUCCESS", "time": 1.0e9}))
+    os.symlink(outside / "theirs", root / "linked")
+    # The walk (marin.execution.catalog) descends only into real folders: fsspec lists a link as "other".
+    client = TestClient(create_app(str(root)), raise_server_exceptions=False)
+    assert [row["path"] for row in client.get("/api/steps").json()["steps"]] == ["mine/step-0123abcd"]
+
+
 def test_a_record_longer_than_the_limit_is_shown_cut_with_its_size(tmp_path):
     huge = json.dumps({"text": "x" * (3 << 20)})
     path = tmp_path / "rows.jsonl"

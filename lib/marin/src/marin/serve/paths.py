@@ -37,9 +37,14 @@ def resolve(prefix: str, path: str | None) -> str:
     if not relative:
         return prefix.rstrip("/")
     url = fsx.join(prefix, relative)
-    if fsx.is_local(prefix) and not _inside(fsx.filesystem(prefix)[1], fsx.filesystem(url)[1]):
+    if not stays_inside(prefix, url):
         raise PathOutsidePrefixError(f"path {path!r} is refused: it is a link to a place outside the prefix")
     return url
+
+
+def stays_inside(prefix: str, url: str) -> bool:
+    """Whether ``url`` (under ``prefix``) really lies there once links are followed (always, off local disk)."""
+    return not fsx.is_local(prefix) or _inside(fsx.filesystem(prefix)[1], fsx.filesystem(url)[1])
 
 
 def _inside(root: str, path: str) -> bool:
