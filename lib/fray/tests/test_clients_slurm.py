@@ -235,3 +235,13 @@ def submit_from_inside_a_job(job_root: str) -> int:
 
 def test_a_job_can_submit_jobs_of_its_own(client):
     assert client.remote(submit_from_inside_a_job, client.job_root, resources=SMALL).result(timeout=2 * TIMEOUT) == 25
+
+
+def test_a_job_submitted_after_the_last_refresh_is_not_taken_for_forgotten(slurm_cluster, tmp_path):
+    # One squeue call a minute for every job of the client: the second job is newer than that answer.
+    client = SlurmClient(job_root=str(tmp_path), poll_interval_s=60)
+    first = client.submit(job("first", "sleep 2"))
+    assert first.status() in (JobStatus.PENDING, JobStatus.RUNNING)
+    second = client.submit(job("second", "sleep 4"))  # outlasts the wait for a forgotten job's exit code
+    assert second.status() in (JobStatus.PENDING, JobStatus.RUNNING)
+    assert (first.wait(timeout=TIMEOUT), second.wait(timeout=TIMEOUT)) == (JobStatus.SUCCEEDED, JobStatus.SUCCEEDED)
