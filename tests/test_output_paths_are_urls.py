@@ -56,6 +56,7 @@ class Allowed:
 
 
 _HF_CACHE = "a snapshot folder of the user's local Hugging Face cache, never a step output"
+_SPOOL = "a temporary folder of this machine that holds a remote attempt's logs between uploads"
 _IRIS_HOME = "iris's job database and logs live in its local home (IRIS_HOME; a remote prefix is refused)"
 _PACKAGE_DATA = "files shipped inside the installed package, read where Python installed them"
 _SLURM_FOLDER = "a Slurm job's folder on storage shared with the nodes, read and written by path"
@@ -115,6 +116,9 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("iris.store", "default_home", _IRIS_HOME),
     Allowed("iris.store", "JobStore.__init__", _IRIS_HOME),
     Allowed("iris.supervisor", "Replica._append", _IRIS_HOME),
+    Allowed("iris.attempt_log", "_spool_append", _SPOOL),
+    Allowed("iris.attempt_log", "_spool_read", _SPOOL),
+    Allowed("iris.attempt_log", "_spool_remove", _SPOOL),
     # zephyr
     Allowed("zephyr.execute", "execute", "removes the shuffle scratch folder it made with tempfile.mkdtemp"),
     Allowed("zephyr.readers", "_splits_in", _HF_CACHE),

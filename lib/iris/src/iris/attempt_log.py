@@ -163,12 +163,10 @@ class AttemptLog:
     def append(self, replica: int, data: bytes) -> None:
         with self._lock:
             if self._local:
-                path = self.log_url(replica).removeprefix("file://")
-                with open(path, "ab") as handle:
+                with fsx.open_url(self.log_url(replica), "ab") as handle:
                     handle.write(data)
                 return
-            with open(os.path.join(self._spool, replica_log_name(replica)), "ab") as handle:
-                handle.write(data)
+            _spool_append(self._spool, replica_log_name(replica), data)
             self._dirty.add(replica)
         if time.monotonic() - self._last_flush >= REMOTE_FLUSH_S:
             self.flush()
@@ -181,8 +179,7 @@ class AttemptLog:
             dirty, self._dirty = sorted(self._dirty), set()
             self._last_flush = time.monotonic()
             for replica in dirty:
-                with open(os.path.join(self._spool, replica_log_name(replica)), "rb") as handle:
-                    fsx.atomic_write(self.log_url(replica), handle.read())
+                fsx.atomic_write(self.log_url(replica), _spool_read(self._spool, replica_log_name(replica)))
 
     def finish(self, outcome: AttemptOutcome, reason: str = "", exit_codes: tuple[int | None, ...] | list = ()) -> AttemptRecord:
         self.flush()
@@ -192,10 +189,27 @@ class AttemptLog:
         )
         fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json())
         if self._spool is not None:
-            import shutil
-
-            shutil.rmtree(self._spool, ignore_errors=True)
+            _spool_remove(self._spool)
         return self.record
+
+
+# The spool is a temporary folder of this machine holding a remote attempt's logs whole between uploads.
+
+
+def _spool_append(spool: str, name: str, data: bytes) -> None:
+    with open(os.path.join(spool, name), "ab") as handle:
+        handle.write(data)
+
+
+def _spool_read(spool: str, name: str) -> bytes:
+    with open(os.path.join(spool, name), "rb") as handle:
+        return handle.read()
+
+
+def _spool_remove(spool: str) -> None:
+    import shutil
+
+    shutil.rmtree(spool, ignore_errors=True)
 
 
 def _log_writer(folder: str, record: AttemptRecord) -> AttemptLog:
