@@ -126,6 +126,27 @@ def test_arrays_are_compared_bit_for_bit_and_the_largest_difference_located():
     assert array_difference(a, a.astype(np.float64)).startswith("stored (4, 5) float32 in the original")
 
 
+def test_checkpoints_one_run_saved_by_the_clock_are_unpaired_but_the_newest_must_match(tmp_path):
+    from levanter.trainer.checkpoint import Checkpointer
+
+    a, b, placement = _folders(tmp_path)
+    state = {"params": np.arange(6, dtype=np.float32).reshape(2, 3), "step": np.array(6, np.int32)}
+    for folder, by_the_clock in ((a, 2), (b, 4)):
+        writer = Checkpointer(str(folder / "checkpoints"), asynchronous=False, keep_last=None)
+        writer.save(by_the_clock, {**state, "step": np.array(by_the_clock, np.int32)})
+        writer.save(6, state)
+        writer.close()
+    comparison = compare_outputs(placement)
+    assert comparison.identical and comparison.arrays == 2
+    assert comparison.unpaired_checkpoints == ["checkpoints/2 (only in the original)", "checkpoints/4 (only in the rerun)"]
+
+    writer = Checkpointer(str(b / "checkpoints"), asynchronous=False, keep_last=None)
+    writer.save(7, state)
+    writer.close()
+    (difference,) = compare_outputs(placement).differences
+    assert (difference.path, difference.what) == ("checkpoints/7", "only in the rerun (its newest checkpoint)")
+
+
 # -- StepRunner(existing_outputs=...) ---------------------------------------------------------------
 
 

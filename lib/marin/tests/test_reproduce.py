@@ -241,6 +241,18 @@ def test_reproduce_on_object_storage_reads_and_writes_only_urls(s3_prefix, train
     assert not os.listdir(tmp_path)
 
 
+def test_a_training_step_under_an_object_store_prefix_reproduces_through_staged_checkpoints(trained, capsys):
+    # memory:// is an object store Orbax cannot write itself: checkpoints are staged and uploaded,
+    # and compared after a download, as on s3://.
+    script, _ = trained
+    root = f"memory://reproduce-{uuid.uuid4().hex[:8]}"
+    assert cli.main(["run", str(script), "--prefix", f"{root}/prefix"]) == 0
+    code, out, err = _reproduce(capsys, str(script), "checkpoints/tiny", "--prefix", f"{root}/prefix", "--scratch", f"{root}/scratch")
+    assert code == 0, err
+    assert out.startswith("bit-identical: checkpoints/tiny (") and "134 arrays compared" in out.splitlines()[0]
+    assert not fsx.find_files(f"{root}/scratch")
+
+
 # -- altering outputs the way damage or a different run would -------------------------------------
 
 

@@ -6,6 +6,9 @@ What is compared, and how (first the bytes; where they differ, the content, so t
 * Orbax checkpoint steps (``<checkpoints>/<step>/``, all their files as one): array by array,
   never by bytes (their file names are random and their metadata carries times); the report names
   the first differing tensor and its largest absolute difference (:mod:`~marin.execution.tensor_diff`).
+  Checkpoints saved by the clock (``minutes_per_checkpoint``) fall at other steps in each run, so
+  a step only one run has is listed as unpaired, not as a difference; the newest checkpoint of
+  each folder must be in both.
 * ``.safetensors`` and ``.npz`` files: bytes, then tensor by tensor.
 * Token-cache shards (a folder with ``shard.json`` and ``tokens.bin``): the first differing record
   (document), with the token position in it (:mod:`~marin.execution.record_diff`).
@@ -101,6 +104,7 @@ class OutputComparison:
     files: int = 0  # files compared (a checkpoint's files each count)
     arrays: int = 0  # checkpoint and tensor-file arrays compared one by one
     left_out: list[str] = field(default_factory=list)
+    unpaired_checkpoints: list[str] = field(default_factory=list)  # "<unit> (only in the original)"
     differences: list[FileDifference] = field(default_factory=list)
 
     @property
@@ -155,12 +159,18 @@ def compare_outputs(placement: Placement, *, stop_at_first: bool = True) -> Outp
             compared.add(name)
     comparison.left_out.sort()
     normalize = placement.normalizer()
-    for unit, (kind, members) in sorted(_units(compared).items()):
+    units = _units(compared)
+    newest = _newest_checkpoints(units, original_names, rerun_names)
+    for unit, (kind, members) in sorted(units.items()):
         unit_a, unit_b = fsx.join(original, unit), fsx.join(rerun, unit)
         in_a = {m for m in members if (f"{unit}/{m}" if kind != "file" else m) in original_names}
         in_b = {m for m in members if (f"{unit}/{m}" if kind != "file" else m) in rerun_names}
         if not in_a or not in_b:
-            what = f"only in the {'original' if in_a else 'rerun'}"
+            side = "original" if in_a else "rerun"
+            if kind == "checkpoint" and unit not in newest:
+                comparison.unpaired_checkpoints.append(f"{unit} (only in the {side})")
+                continue
+            what = f"only in the {side}" + (" (its newest checkpoint)" if kind == "checkpoint" else "")
         else:
             what, arrays = _unit_difference(kind, unit, unit_a, unit_b, in_a | in_b, placement, normalize)
             comparison.arrays += arrays
@@ -170,6 +180,19 @@ def compare_outputs(placement: Placement, *, stop_at_first: bool = True) -> Outp
             if stop_at_first:
                 break
     return comparison
+
+
+def _newest_checkpoints(units: dict[str, tuple[str, set[str]]], original: set[str], rerun: set[str]) -> set[str]:
+    """The newest checkpoint step of each checkpoints folder, in either run."""
+    newest: set[str] = set()
+    for names in (original, rerun):
+        best: dict[str, tuple[int, str]] = {}
+        for unit, (kind, members) in units.items():
+            if kind == "checkpoint" and any(f"{unit}/{m}" in names for m in members):
+                folder, _, step = unit.rpartition("/")
+                best[folder] = max(best.get(folder, (-1, "")), (int(step), unit))
+        newest.update(unit for _, unit in best.values())
+    return newest
 
 
 def _unit_difference(kind: str, unit: str, a: str, b: str, members: set[str], placement: Placement, normalize) -> tuple[str | None, int]:

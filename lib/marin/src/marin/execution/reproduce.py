@@ -260,6 +260,9 @@ def describe(reproduction: Reproduction) -> list[str]:
         first = comparison.differences[0]
         lines.append(f"different: {reproduction.step.name}: first difference in {first.path}: {first.what}")
         lines.extend(f"  also differs: {d.path}: {d.what}" for d in comparison.differences[1:])
+    if comparison.unpaired_checkpoints:
+        unpaired = ", ".join(comparison.unpaired_checkpoints)
+        lines.append(f"  checkpoints in one run only (saved by the clock or at an interruption), not compared: {unpaired}")
     lines.append(f"  original: {reproduction.original}")
     lines.append(f"  rerun:    {reproduction.rerun}{' (kept)' if reproduction.kept else ' (removed)'}")
     for name, path in reproduction.inputs.items():
