@@ -15,6 +15,7 @@ import pytest
 from fray.cluster import JobRequest, JobStatus, ResourceConfig, UnschedulableError, client_from_spec, ship_by_value
 from fray.cluster.slurm_client import SlurmActorsUnsupported, SlurmClient, SlurmJobRootError
 from fray.cluster.slurm_commands import SlurmUnavailableError
+from fray.cluster.slurm_local import LocalSlurmCluster
 
 ship_by_value(__name__)  # the nodes cannot import this test module
 
@@ -176,6 +177,22 @@ def test_check_fits_refuses_more_cpus_than_any_node(client, slurm_cluster):
     with pytest.raises(UnschedulableError, match="MiB of memory"):
         client.check_fits(ResourceConfig.with_cpu(ram=f"{slurm_cluster.memory_mib + 1}m"))
     client.check_fits(ResourceConfig.with_cpu(cpu=slurm_cluster.cpus, ram=f"{slurm_cluster.memory_mib}m"))
+
+
+def test_gpu_jobs_land_on_a_node_with_that_gpu_type(tmp_path):
+    # A second private cluster, whose node declares two stand-in T4s (it starts in about a second).
+    with LocalSlurmCluster(gpus={"t4": 2}) as cluster:
+        client = SlurmClient(job_root=str(tmp_path), poll_interval_s=0.2)
+        gpu = ResourceConfig.with_gpu("T4", 1, ram="64m")  # the cluster spells it t4
+        handle = client.submit(JobRequest("gpu", ["bash", "-c", "echo gpus=$SLURM_GPUS_ON_NODE"], resources=gpu))
+        assert handle.wait(timeout=TIMEOUT) == JobStatus.SUCCEEDED
+        assert handle.logs() == "gpus=1\n"
+        with open(os.path.join(handle.folder, "job.sh")) as script:
+            assert "#SBATCH --gres=gpu:t4:1\n" in script.read()
+        with pytest.raises(UnschedulableError, match=f"no node of partition '{cluster.partition}' has 3 x t4 GPU"):
+            client.check_fits(ResourceConfig.with_gpu("t4", 3))
+        with pytest.raises(UnschedulableError, match=r"has 1 x H100 GPU; GPUs of the cluster: t4 x 2 in 'debug'"):
+            client.check_fits(ResourceConfig.with_gpu("H100", 1))
 
 
 def test_tpus_are_refused(client):

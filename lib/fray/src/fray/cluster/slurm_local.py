@@ -25,6 +25,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
@@ -74,11 +75,14 @@ class LocalSlurmCluster:
     ``cpus`` and ``memory_mib`` default to the machine's (memory a little under its total, since
     ``slurmd`` drains a node that reports less than configured). ``kill_wait_s`` is Slurm's
     ``KillWait``: how long a job has between SIGTERM and SIGKILL at its time limit or cancel.
+    ``gpus`` (``{"t4": 2}``) declares GPUs of those types on the node, with empty files standing in
+    for the devices: Slurm places ``--gres=gpu:...`` jobs on them, for testing placement without a GPU.
     """
 
     def __init__(self, *, partition: str = "debug", cpus: int | None = None, memory_mib: int | None = None,
-                 kill_wait_s: int = 5, min_job_age_s: int = 3600) -> None:
+                 kill_wait_s: int = 5, min_job_age_s: int = 3600, gpus: Mapping[str, int] | None = None) -> None:
         self.partition = partition
+        self.gpus = dict(gpus or {})
         self.node_name = socket.gethostname().split(".")[0]
         self.cpus = cpus or os.cpu_count() or 1
         self.memory_mib = memory_mib or int(_memory_mib() * 0.9)
@@ -142,12 +146,29 @@ class LocalSlurmCluster:
             "SlurmctldTimeout=120",
             # A node whose hardware differs from this file (a container's view of CPUs) is taken as written.
             "SlurmdParameters=config_overrides",
-            f"NodeName={self.node_name} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mib} State=UNKNOWN",
+            f"NodeName={self.node_name} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mib}"
+            + (f" Gres={','.join(f'gpu:{kind}:{count}' for kind, count in self.gpus.items())}" if self.gpus else "")
+            + " State=UNKNOWN",
             f"PartitionName={self.partition} Nodes={self.node_name} Default=YES MaxTime=INFINITE State=UP",
         ]
         for folder in (state, spool):
             folder.mkdir(exist_ok=True)
+        if self.gpus:
+            lines.insert(0, "GresTypes=gpu")
+            self._write_gres_conf()
         return "\n".join(lines) + "\n"
+
+    def _write_gres_conf(self) -> None:
+        # slurmd reads gres.conf beside slurm.conf; each GPU needs a device file, which any file stands in for.
+        rows = []
+        for kind, count in self.gpus.items():
+            files = []
+            for index in range(count):
+                device = self.root / f"fake-gpu-{kind}-{index}"
+                device.touch()
+                files.append(str(device))
+            rows.append(f"NodeName={self.node_name} Name=gpu Type={kind} File={','.join(files)}")
+        (self.root / "gres.conf").write_text("\n".join(rows) + "\n")
 
     # -- starting -------------------------------------------------------------------------------
 
