@@ -85,6 +85,7 @@ class IrisStepExecutor:
         self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
         self._store = store
         self.poll_s = poll_s
+        self._slurm: Any = None
 
     @property
     def store(self) -> JobStore:
@@ -136,15 +137,31 @@ class IrisStepExecutor:
             **self.engine.options,
         )
 
+    def check_placement(self, specs: list[Any]) -> None:
+        """Before any step runs: the job database opens, and (on Slurm) every step's resources fit a
+        partition and the controller answers. Raises ``ClusterConfigError``, one line naming the setting."""
+        from fray.cluster import ClusterConfigError
+        from fray.errors import FrayError
+        from iris.errors import IrisError
+
+        try:
+            self.store  # noqa: B018 - opens (or creates) iris's database
+            for spec in specs:
+                self._check_fits(spec.name, spec.resources)
+        except (FrayError, IrisError) as exc:
+            raise ClusterConfigError(f"Steps cannot run through iris on {self.engine.setting!r}: {exc}") from None
+
     def _check_fits(self, name: str, resources: ResourceConfig | None) -> None:
         """Slurm refuses a request no partition can hold before anything is submitted (Ray's and the
         local engine's checks run in the job's supervisor, whose failure names the request too)."""
         options = self.engine.options
         if options["backend"] != "slurm":
             return
-        from fray.cluster.slurm_client import SlurmClient
+        if self._slurm is None:
+            from fray.cluster.slurm_client import SlurmClient
 
-        SlurmClient(options.get("slurm_partition")).check_fits(resources or ResourceConfig(), what=f"Step {name!r}")
+            self._slurm = SlurmClient(options.get("slurm_partition"))  # it keeps what sinfo said for a while
+        self._slurm.check_fits(resources or ResourceConfig(), what=f"Step {name!r}")
 
     def _adoptable(self, job_id: str | None) -> str | None:
         if job_id is None:

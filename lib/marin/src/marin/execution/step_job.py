@@ -8,7 +8,10 @@ thread, with two differences that make a preempted step round-trip:
 * SIGTERM (a preemption, ``iris job stop``, a Slurm time-limit warning) and Ctrl-C set the step's
   stop signal, so a training step checkpoints and stops; the process then exits with
   :data:`iris.PREEMPTED_EXIT_CODE` (75) after SIGTERM, and iris runs it again within the step's
-  preemption budget, resuming from the checkpoint. A second signal exits at once, with the same code.
+  preemption budget, resuming from the checkpoint. A second signal exits at once, with the same
+  code, unless it comes within :data:`SAME_NOTICE_S` of the first: a scheduler that signals every
+  process of a job (Slurm preempting, or at a time limit) reaches this one twice, directly and
+  through the batch script, and that is one notice, not an order to stop without a checkpoint.
 * The lease is the runner's (it heartbeats while the job runs), so ``ctx.lost_lease`` never fires
   here; a runner that loses its lease stops the job.
 
@@ -24,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 import cloudpickle
@@ -39,6 +43,7 @@ logger = get_logger("marin.execution.step_job")
 CALL_FILE = "step-call.pkl"
 RESULT_FILE = "step-result.pkl"
 CTRL_C_EXIT_CODE = 130
+SAME_NOTICE_S = 10.0
 
 
 def result_url(call_url: str) -> str:
@@ -48,14 +53,18 @@ def result_url(call_url: str) -> str:
 
 def _stop_on_signals(stop: RunInterruption) -> None:
     interrupts = {signal.SIGTERM: Interrupt.SIGTERM, signal.SIGINT: Interrupt.CTRL_C}
+    first_at: list[float] = []
 
     def on_signal(signum: int, frame: object) -> None:
         interrupt = interrupts[signal.Signals(signum)]
+        if stop.is_set() and time.monotonic() - first_at[0] < SAME_NOTICE_S:
+            return  # the same notice, by another path
         if stop.is_set():
             logger.error("second %s: exiting now, without waiting for the step", interrupt.value)
             logging.shutdown()
             os._exit(PREEMPTED_EXIT_CODE if interrupt is Interrupt.SIGTERM else CTRL_C_EXIT_CODE)
         logger.warning("%s: asking the step to save what lets a rerun resume, and stop", interrupt.value)
+        first_at.append(time.monotonic())
         stop.interrupt_with(interrupt)
 
     for signum in interrupts:

@@ -218,6 +218,10 @@ class StepRunner:
         if options.dry_run:
             self._dry_run(planned, options.force_run_failed, report)
             return report
+        check_placement = getattr(executor, "check_placement", None)
+        if check_placement is not None:
+            # Requests no node can hold, a scheduler that does not answer: said once, before any step starts.
+            check_placement([item.spec for item in planned if not item.cached])
         self._execute(planned, options, report, executor)
         logger.info("Run finished: %s", report.summary())
         self._print_final_summaries(planned)
