@@ -5,7 +5,10 @@ read with warcio; only ``response`` records with an HTML content type). Each pag
 ``{"text", "title", "url", "html_lang", "content_language"}``: the main text (boilerplate such as
 navigation and footers left out), the ``<title>``, the WARC target URI (or the file's URL), the
 ``<html lang>`` attribute and the ``Content-Language`` header (or ``<meta http-equiv>``). Pages
-with no main text are removed with reason ``extract_empty``.
+with no main text are removed with reason ``extract_empty``; pages extraction must not run on (too
+large, too deeply nested, not text) or that took longer than the time limit are removed with their
+own reasons (``extract_too_large``, ``extract_too_deep``, ``extract_not_text``, ``extract_timeout``;
+see :mod:`marin.curation.page_guard` for the limits and why).
 
 Two extractors are available; resiliparse is the default: on the sample in
 ``bench/curation_extractors.py`` both recover all of the article text, trafilatura lets a little
@@ -16,7 +19,9 @@ faster (see docs/data-curation.md); the C4 line rules downstream remove most sho
 from __future__ import annotations
 
 import gzip
+import logging
 import re
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,9 +30,12 @@ from typing import Any, Literal
 from rigging import filesystem as fsx
 
 from marin.curation.damaged_input import DamagedInputError, OnDamagedInput
+from marin.curation.page_guard import MAX_PAGE_BYTES, PAGE_TIME_LIMIT_S, page_problem
 from marin.curation.steps import Mode, OutputFormat, Verdict, curation_step
 from marin.curation.warc import warc_records
 from marin.execution.lazy import LazyStep
+
+logger = logging.getLogger(__name__)
 
 Extractor = Literal["resiliparse", "trafilatura"]
 _HTML_SUFFIXES = (".html", ".htm", ".html.gz", ".htm.gz")
@@ -70,18 +78,39 @@ def _decode(body: bytes, header_charset: str | None) -> str:
 
 
 def page_record(body: bytes, url: str, content_language: str | None, charset: str | None, extractor: Extractor) -> dict[str, Any]:
-    html = _decode(body, charset)
+    """The page as a document; one that is not extracted (see :mod:`marin.curation.page_guard`) has no
+    text and says why in ``extract_reason`` (the rule) and ``extract_detail`` (its figures)."""
+    html = _decode(body, charset) if len(body) <= MAX_PAGE_BYTES else ""
     head = body[:65536]
     lang = _HTML_LANG.search(head)
     meta = _META_LANG.search(head)
     title = _TITLE.search(head)
-    return {
-        "text": extract_text(html, extractor),
+    text, problem = _guarded_text(body, html, url, extractor)
+    record = {
+        "text": text,
         "title": re.sub(r"\s+", " ", _decode(title.group(1), charset)).strip() if title else None,
         "url": url,
         "html_lang": lang.group(1).decode("ascii").lower() if lang else None,
         "content_language": (content_language or (meta.group(1).decode("ascii").strip() if meta else None) or None),
     }
+    if problem is not None:
+        record["extract_reason"], record["extract_detail"] = problem
+    return record
+
+
+def _guarded_text(body: bytes, html: str, url: str, extractor: Extractor) -> tuple[str, tuple[str, str] | None]:
+    problem = page_problem(body, html)
+    if problem is not None:
+        return "", problem
+    # CPU time of this thread: what the page costs, not how busy the machine is
+    started = time.thread_time()
+    text = extract_text(html, extractor)
+    spent = time.thread_time() - started
+    if spent > PAGE_TIME_LIMIT_S:
+        detail = f"extraction took {spent:.2f} s of CPU (limit {PAGE_TIME_LIMIT_S:g} s)"
+        logger.warning("%s: %s; removed as extract_timeout (a limit on time depends on the machine)", url, detail)
+        return "", ("extract_timeout", detail)
+    return text, None
 
 
 def _header_charset(content_type: str | None) -> str | None:
@@ -127,6 +156,8 @@ def _is_html_response(record: Any) -> bool:
 
 
 def _has_text(record: dict) -> Verdict:
+    if record.get("extract_reason"):
+        return Verdict(False, record["extract_reason"])
     return Verdict(True) if record["text"].strip() else Verdict(False, "extract_empty")
 
 
