@@ -140,3 +140,16 @@ def test_skip_counts_damage_the_same_from_worker_processes(tmp_path):
     result = _run(extracted("curated/extracted", str(folder), backend="processes", on_damaged_input="skip"), tmp_path / "p")
     assert result.summary["damaged"]["files"] == 1 and result.summary["documents_out"] == 3
     assert result.summary["damaged"]["by_file"][0]["path"] == str(cut)
+
+
+def test_deduplication_fails_on_a_damaged_file_naming_it_and_how_far_it_was_read(tmp_path):
+    from marin.curation.dedup_steps import exact_deduplicated
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    lines = "".join(json.dumps({"id": str(i), "text": f"{STORY} Story number {i}."}) + "\n" for i in range(400))
+    whole = gzip.compress(lines.encode(), mtime=0)
+    (folder / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    message = _failure(exact_deduplicated("curated/exact", str(folder), backend="inline"), tmp_path / "p")
+    assert "cut.jsonl.gz: damaged input" in message and "documents before the damage" in message, message
+    assert "curation step given on_damaged_input='skip'" in message and "Traceback" not in message

@@ -30,8 +30,8 @@ class DamagedInputError(MarinError, ValueError):
     """An input file that cannot be read to its end; says which, what is wrong and how far it was read."""
 
     def __init__(self, path: str, problem: str, bytes_read: int | None = None, bytes_total: int | None = None,
-                 documents_read: int | None = None):
-        self.path, self.problem = path, problem
+                 documents_read: int | None = None, remedy: str | None = None):
+        self.path, self.problem, self.remedy = path, problem, remedy
         self.bytes_read, self.bytes_total, self.documents_read = bytes_read, bytes_total, documents_read
         super().__init__(self._message())
 
@@ -43,11 +43,12 @@ class DamagedInputError(MarinError, ValueError):
             total = f" of {self.bytes_total:,}" if self.bytes_total is not None else ""
             read.append(f"{self.bytes_read:,}{total} bytes")
         so_far = f"; read {' and '.join(read)} before the damage" if read else ""
-        return (f"{self.path}: damaged input: {self.problem}{so_far}. Replace the file, or pass "
-                "on_damaged_input='skip' to go on without the rest of it (the summary counts what is lost).")
+        remedy = self.remedy or ("Replace the file, or pass on_damaged_input='skip' to go on without the rest of it "
+                                 "(the summary counts what is lost).")
+        return f"{self.path}: damaged input: {self.problem}{so_far}. {remedy}"
 
     def __reduce__(self):  # keeps the fields when sent back from a worker process
-        return (type(self), (self.path, self.problem, self.bytes_read, self.bytes_total, self.documents_read))
+        return (type(self), (self.path, self.problem, self.bytes_read, self.bytes_total, self.documents_read, self.remedy))
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,13 @@ def check_on_damaged_input(value: str) -> None:
         raise ValueError(f"on_damaged_input must be 'fail' or 'skip', not {value!r}")
 
 
-def _as_damage(error: Exception, path: str, documents_read: int) -> DamagedInputError:
+def as_damage(error: InputFileError | DamagedInputError, path: str, documents_read: int,
+              remedy: str | None = None) -> DamagedInputError:
+    """``error`` (a reader's) as a :class:`DamagedInputError` that says how many documents were read."""
     if isinstance(error, DamagedInputError):
-        return DamagedInputError(error.path, error.problem, error.bytes_read, error.bytes_total, documents_read)
-    assert isinstance(error, InputFileError)
+        return DamagedInputError(error.path, error.problem, error.bytes_read, error.bytes_total, documents_read, remedy)
     problem = f"line {error.line}: {error.problem}" if error.line is not None else error.problem
-    return DamagedInputError(path, problem, documents_read=documents_read)
+    return DamagedInputError(path, problem, documents_read=documents_read, remedy=remedy)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class GuardedReader:
                 yield record
                 documents_read += 1
         except (InputFileError, DamagedInputError) as error:
-            damage = _as_damage(error, path, documents_read)
+            damage = as_damage(error, path, documents_read)
             if self.on_damaged_input != "skip":
                 raise damage from None
             logger.warning("%s: damaged input: %s; keeping the %d documents read before the damage and "

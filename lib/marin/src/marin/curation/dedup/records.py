@@ -18,6 +18,7 @@ from zephyr import Dataset
 from zephyr.errors import InputFileError
 from zephyr.readers import input_format, read_jsonl, read_parquet
 
+from marin.curation.damaged_input import as_damage
 from marin.errors import MarinError
 
 
@@ -64,13 +65,24 @@ class FileDocs:
     def __call__(self) -> Iterator[Doc]:
         kind, _ = input_format(self.url)
         records: Iterable[Any] = read_parquet(self.url) if kind == "parquet" else _jsonl_allowing_empty(self.url)
-        for position, record in enumerate(records):
-            text = record.get(self.text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise DedupInputError(f"{self.url}, record {position}: no string field {self.text_field!r}; set text_field=")
-            identifier = record.get(self.id_field)
-            identifier = f"{self.name}#{position}" if identifier is None else str(identifier)
-            yield Doc(self.file, position, identifier, text, record)
+        read = 0
+        try:
+            for position, record in enumerate(records):
+                text = record.get(self.text_field) if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    raise DedupInputError(f"{self.url}, record {position}: no string field {self.text_field!r}; set text_field=")
+                identifier = record.get(self.id_field)
+                identifier = f"{self.name}#{position}" if identifier is None else str(identifier)
+                yield Doc(self.file, position, identifier, text, record)
+                read += 1
+        except InputFileError as error:
+            # Dedup reads each file in several passes and joins what they decide by position, so it
+            # takes only whole files; a curation step before it can skip the damaged ones.
+            raise as_damage(error, self.url, read, _DEDUP_REMEDY) from None
+
+
+_DEDUP_REMEDY = ("Replace the file, or read it first with a curation step given on_damaged_input='skip' "
+                 "(deduplication reads only whole files).")
 
 
 def _jsonl_allowing_empty(url: str) -> Iterator[Any]:
