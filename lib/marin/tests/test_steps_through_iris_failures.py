@@ -34,7 +34,7 @@ def dawdle(output_path):
 
 @pytest.fixture
 def iris_home(tmp_path, monkeypatch):
-    home = tmp_path / "iris"
+    home = tmp_path / "iris-home"
     monkeypatch.setenv("IRIS_HOME", str(home))
     return home
 
@@ -100,7 +100,7 @@ def test_bad_cluster_settings_are_one_line_before_anything_runs(slurm_cluster, t
     import os
 
     env = {**os.environ, **slurm_cluster.env, "MARIN_CLUSTER": setting, "MARIN_PREFIX": str(tmp_path / "prefix"),
-           "IRIS_HOME": str(tmp_path / "iris")}
+           "IRIS_HOME": str(tmp_path / "iris-home")}
     result = _marin_run(EXPERIMENT.format(resources=resources), tmp_path, env)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("marin")]
@@ -120,7 +120,7 @@ def test_a_slurm_controller_that_is_down_is_one_line_and_no_hang(tmp_path):
     conf.write_text("ClusterName=gone\nSlurmctldHost=localhost\nSlurmctldPort=9\nAuthType=auth/none\n"
                     "NodeName=localhost CPUs=1 State=UNKNOWN\nPartitionName=debug Nodes=localhost Default=YES\n")
     env = {**os.environ, "SLURM_CONF": str(conf), "MARIN_CLUSTER": "iris:slurm", "MARIN_PREFIX": str(tmp_path / "prefix"),
-           "IRIS_HOME": str(tmp_path / "iris")}
+           "IRIS_HOME": str(tmp_path / "iris-home")}
     started = time.monotonic()
     result = _marin_run(EXPERIMENT.format(resources="ResourceConfig.with_cpu()"), tmp_path, env, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]

@@ -245,8 +245,9 @@ class Supervisor:
             for index in range(spec.replicas):
                 log_path = log_folder / f"attempt-{attempt:03d}-replica-{index:03d}.log"
                 replicas.append(Replica(client.submit(request, start=False), log_path, index, attempt_log))
+            # Every replica holds its place (on Slurm: its allocation) before any starts: all-or-nothing.
             # jax.distributed's coordinator runs in process 0, so its address is on replica 0's machine.
-            coordinator = replicas[0].job.free_address()
+            coordinator = [replica.job.free_address() for replica in replicas][0]
             # A coordinator on loopback has every peer on this machine: nothing off it should reach it.
             # JAX's own variable, so any program calling jax.distributed.initialize listens only where it
             # must; the job's env may still override it.

@@ -1,0 +1,122 @@
+"""Steps through iris on the local engine: gangs, a runner that dies, a run that is stopped.
+
+The local engine runs each replica as a child process of the job's supervisor, so these check the
+runner's side of the iris path quickly; tests/test_steps_through_iris*.py run it on Slurm and Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fray.cluster import ResourceConfig, ship_by_value
+from iris import JobStore, PREEMPTED_EXIT_CODE
+from iris.attempt_log import list_attempts, read_log
+from marin.execution.executor_files import read_status
+from marin.execution.step_runner import StepRunner
+from marin.execution.step_spec import StepSpec
+
+ship_by_value(__name__)
+
+
+def where_am_i(output_path):
+    replica = int(os.environ["IRIS_REPLICA_INDEX"])
+    print(f"replica {replica} of {os.environ['IRIS_NUM_REPLICAS']}, coordinator {os.environ['IRIS_COORDINATOR_ADDRESS']}")
+    with open(os.path.join(output_path, f"replica-{replica}.json"), "w") as handle:
+        json.dump({"replica": replica, "coordinator": os.environ["IRIS_COORDINATOR_ADDRESS"]}, handle)
+    return {"answered_by": replica}
+
+
+def test_a_step_with_replicas_runs_as_a_gang_and_replica_0_gives_the_result(tmp_path, monkeypatch):
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    step = StepSpec("gang", where_am_i, resources=ResourceConfig.with_cpu(ram="256m", replicas=2))
+    report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    output = Path(report.outcome_of("gang").output_path)
+    assert report.outcome_of("gang").result == {"answered_by": 0}
+    records = [json.loads((output / f"replica-{i}.json").read_text()) for i in (0, 1)]
+    assert records[0]["coordinator"] == records[1]["coordinator"]  # one jax.distributed coordinator for both
+    (attempt,) = list_attempts(str(output))
+    assert attempt.record.replicas == 2 and len(attempt.logs) == 2
+    first, second = (read_log(url).decode() for url in attempt.logs)
+    assert "replica 0 of 2" in first and "replica 1 of 2" not in first
+    assert "replica 1 of 2" in second and "replica 0 of 2" not in second
+
+
+RUNNER = textwrap.dedent(
+    """
+    import os, pathlib, sys, time
+    from marin.execution.step_runner import StepRunner
+    from marin.execution.step_spec import StepSpec
+
+    def patient(ctx):
+        # The job's own process: what it needs comes in the environment, which iris passes on.
+        marker = pathlib.Path(os.environ["MARIN_TEST_MARKERS"])
+        marker.mkdir(exist_ok=True)
+        (marker / f"started-{time.time_ns()}").write_text(ctx.output_path)
+        deadline = time.time() + float(os.environ["MARIN_TEST_SECONDS"])
+        while time.time() < deadline:
+            ctx.check_lease()  # raises once the job is stopped (SIGTERM)
+            time.sleep(0.05)
+        return "finished"
+
+    if __name__ == "__main__":
+        StepRunner(prefix=sys.argv[1], cluster="iris:local", lease_ttl_s=3, heartbeat_s=0.5).run([StepSpec("patient", patient)])
+    """
+)
+
+
+def _start(tmp_path: Path, seconds: float) -> subprocess.Popen:
+    (tmp_path / "runner.py").write_text(RUNNER)
+    env = {**os.environ, "IRIS_HOME": str(tmp_path / "iris-home"), "MARIN_TEST_MARKERS": str(tmp_path / "markers"),
+           "MARIN_TEST_SECONDS": str(seconds)}
+    return subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "prefix")], cwd=tmp_path, env=env,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_start(tmp_path: Path, runner: subprocess.Popen, count: int = 1) -> Path:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        started = sorted((tmp_path / "markers").glob("started-*")) if (tmp_path / "markers").exists() else []
+        if len(started) >= count:
+            return Path(started[-1].read_text())
+        assert runner.poll() is None, runner.stderr.read()[-3000:]
+        time.sleep(0.05)
+    pytest.fail("the step did not start within 60 s")
+
+
+def test_sigterm_to_the_runner_stops_the_steps_job_and_the_run_exits_75(tmp_path):
+    runner = _start(tmp_path, seconds=120)
+    output = _wait_for_start(tmp_path, runner)
+    runner.send_signal(signal.SIGTERM)
+    _, stderr = runner.communicate(timeout=120)
+    assert runner.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
+    (job,) = JobStore(tmp_path / "iris-home").all()
+    assert job.state.value == "STOPPED"
+    (attempt,) = list_attempts(str(output))
+    assert attempt.record.outcome == "STOPPED"
+    status = read_status(str(output))
+    assert status.status == "FAILED" and status.job == job.job_id and "interrupted" in status.error
+
+
+def test_a_runner_that_dies_leaves_its_job_running_and_the_next_runner_adopts_it(tmp_path):
+    first = _start(tmp_path, seconds=6)
+    output = _wait_for_start(tmp_path, first)
+    first.kill()  # no chance to stop anything: its job goes on
+    first.communicate(timeout=30)
+    status = read_status(str(output))
+    assert status.status == "RUNNING" and status.job
+    second = _start(tmp_path, seconds=6)
+    _, stderr = second.communicate(timeout=180)
+    assert second.returncode == 0, stderr[-3000:]
+    assert f"iris job {status.job} from an earlier runner is still running" in stderr
+    assert len(list((tmp_path / "markers").glob("started-*"))) == 1  # the step ran once
+    assert [job.job_id for job in JobStore(tmp_path / "iris-home").all()] == [status.job]
+    assert read_status(str(output)).status == "SUCCESS"
