@@ -120,13 +120,8 @@ def test_scancel_batch_signal_term_reaches_the_command(client, tmp_path):
     assert "got TERM" in handle.logs()
 
 
-@pytest.mark.slow
-def test_a_job_past_its_time_limit_is_timed_out_with_its_log_kept(client):
-    # One minute is Slurm's smallest limit; the controller notices it within another 30 s or so.
-    handle = client.submit(job("too-long", "echo started; sleep 600", time_limit_s=1))
-    assert handle.wait(timeout=180) == JobStatus.TIMED_OUT
-    assert handle.status().finished
-    assert handle.logs().startswith("started\n")
+# A job past its time limit (TIMEOUT -> TIMED_OUT, its log kept) is tested once, through iris, in
+# lib/marin/tests/test_steps_through_iris_failures.py: Slurm's shortest limit costs over a minute of waiting.
 
 
 def square(x: int) -> int:
