@@ -36,6 +36,7 @@ from fray.cluster import ResourceConfig
 from iris import JobState, JobStore, get_job, stop_job, submit_job
 from iris.attempt_log import ATTEMPTS_FOLDER, list_attempts, read_log
 from iris.spec import JobSpec, engine_options
+from iris.store import IRIS_HOME_VARIABLE
 from rigging import filesystem as fsx
 from rigging.lease import LeaseLostError
 from rigging.log import get_logger
@@ -81,9 +82,11 @@ class IrisStepExecutor:
 
     keeps_attempt_logs = True
 
-    def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, poll_s: float = 0.5) -> None:
+    def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, prefix: str | None = None,
+                 poll_s: float = 0.5) -> None:
         self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
         self._store = store
+        self._prefix = prefix
         self.poll_s = poll_s
         self._slurm: Any = None
 
@@ -91,7 +94,9 @@ class IrisStepExecutor:
     def store(self) -> JobStore:
         # Opened on first use, so a dry run (which never runs a step) creates no iris folder.
         if self._store is None:
-            self._store = JobStore()
+            # Where `iris job list` looks: $IRIS_HOME, else <prefix>/.iris of the runner's own (local) prefix.
+            local_prefix = self._prefix is not None and fsx.is_local(self._prefix) and not os.environ.get(IRIS_HOME_VARIABLE)
+            self._store = JobStore(fsx.join(self._prefix.removeprefix("file://"), ".iris") if local_prefix else None)
         return self._store
 
     def __repr__(self) -> str:

@@ -333,7 +333,7 @@ class StepRunner:
             from marin.execution.iris_steps import IrisStepExecutor
 
             try:
-                return IrisStepExecutor(engine)
+                return IrisStepExecutor(engine, prefix=self.prefix)
             except InvalidJobSpec as exc:
                 where = "StepRunner(cluster=...)" if self.cluster is not None else "MARIN_CLUSTER or cluster: in marin.yaml"
                 raise ClusterConfigError(f"The cluster setting {setting!r} ({where}) names no engine iris knows: {exc}") from None
