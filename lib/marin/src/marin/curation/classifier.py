@@ -207,5 +207,6 @@ def classifier_filtered(
     rule = {"threshold": None if top_fraction is not None else threshold, "top_fraction": top_fraction}
     return curation_step(
         name, "quality_classifier", source, rule, make_annotator, text_field=text_field, mode=mode,
-        output_format=output_format, extra_deps=(classifier,), version=version, backend=backend, on_damaged_input=on_damaged_input,
+        output_format=output_format, extra_deps=(classifier,), version=version, backend=backend,
+        on_damaged_input=on_damaged_input,
     )

@@ -48,7 +48,8 @@ class DamagedInputError(MarinError, ValueError):
         return f"{self.path}: damaged input: {self.problem}{so_far}. {remedy}"
 
     def __reduce__(self):  # keeps the fields when sent back from a worker process
-        return (type(self), (self.path, self.problem, self.bytes_read, self.bytes_total, self.documents_read, self.remedy))
+        fields = (self.path, self.problem, self.bytes_read, self.bytes_total, self.documents_read, self.remedy)
+        return (type(self), fields)
 
 
 @dataclass(frozen=True)

@@ -177,5 +177,6 @@ def extracted(
         raise ValueError(f"extractor must be 'resiliparse' or 'trafilatura', not {extractor!r}")
     return curation_step(
         name, "extract", source, {"extractor": extractor}, lambda ctx: _has_text, mode=mode, output_format=output_format,
-        reader=WebReader(extractor), accept=is_web_input, version=version, backend=backend, on_damaged_input=on_damaged_input,
+        reader=WebReader(extractor), accept=is_web_input, version=version, backend=backend,
+        on_damaged_input=on_damaged_input,
     )

@@ -69,5 +69,6 @@ def language_filtered(
     rule = LanguageFilter(tuple(sorted(languages)), float(threshold))
     return curation_step(
         name, "language", source, rule, lambda ctx: FieldRule(rule, text_field),
-        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend, on_damaged_input=on_damaged_input,
+        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend,
+        on_damaged_input=on_damaged_input,
     )

@@ -220,5 +220,6 @@ def quality_filtered(
     rules = QualityRules(gopher, c4, rewrite)
     return curation_step(
         name, "quality_heuristics", source, rules, lambda ctx: FieldRule(rules, text_field),
-        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend, on_damaged_input=on_damaged_input,
+        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend,
+        on_damaged_input=on_damaged_input,
     )

@@ -148,7 +148,8 @@ def _check_document(root: yaml.Node, path: str) -> None:
         if id(node) in sizes:
             size = sizes[id(node)]
             if size is None:
-                raise ConfigError(f"Config file {path}: {key.rstrip('.') or 'the document'} contains itself through an alias "
+                where = key.rstrip(".") or "the document"
+                raise ConfigError(f"Config file {path}: {where} contains itself through an alias "
                                   f"(line {node.start_mark.line + 1}).")
             return size
         sizes[id(node)] = None
@@ -226,7 +227,8 @@ def _merge(config: Any, mapping: Mapping[str, Any], where: str, path: str = "") 
 
 
 def _checked(build: Any, keys: Sequence[str]) -> Any:
-    """``build()``, with a refusal by the config's own checks (``__post_init__``) as a ConfigError naming the keys set."""
+    """``build()``, with a refusal by the config's own checks (``__post_init__``) as a ConfigError
+    naming the keys set."""
     try:
         return build()
     except ConfigError:

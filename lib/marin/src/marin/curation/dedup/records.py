@@ -70,7 +70,8 @@ class FileDocs:
             for position, record in enumerate(records):
                 text = record.get(self.text_field) if isinstance(record, dict) else None
                 if not isinstance(text, str):
-                    raise DedupInputError(f"{self.url}, record {position}: no string field {self.text_field!r}; set text_field=")
+                    raise DedupInputError(
+                        f"{self.url}, record {position}: no string field {self.text_field!r}; set text_field=")
                 identifier = record.get(self.id_field)
                 identifier = f"{self.name}#{position}" if identifier is None else str(identifier)
                 yield Doc(self.file, position, identifier, text, record)
