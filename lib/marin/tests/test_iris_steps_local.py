@@ -48,6 +48,9 @@ def test_a_step_with_replicas_runs_as_a_gang_and_replica_0_gives_the_result(tmp_
     first, second = (read_log(url).decode() for url in attempt.logs)
     assert "replica 0 of 2" in first and "replica 1 of 2" not in first
     assert "replica 1 of 2" in second and "replica 0 of 2" not in second
+    # Run again: the step is cached, and iris never hears of it.
+    again = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    assert again.cached == ["gang"] and len(JobStore(tmp_path / "iris-home").all()) == 1
 
 
 RUNNER = textwrap.dedent(
