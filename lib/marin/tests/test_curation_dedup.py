@@ -82,10 +82,10 @@ def read_records(files) -> list[dict]:
 
 
 def tree_bytes(folder: str) -> dict[str, bytes]:
-    """The step's output files (data/, removed/, stats/), without the runner's own records."""
+    """The step's output files (data/, removed/, stats/), without the runner's own records (dot files, and the attempts' logs in .attempts/)."""
     root = Path(folder)
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")}
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
 
 
 def every_document(result: dict) -> dict[str, dict]:

@@ -95,10 +95,10 @@ def test_lower_min_chars_reaches_short_lines(corpus, tmp_path):
 
 
 def tree_bytes(folder: str) -> dict[str, bytes]:
-    """The step's output files (data/, removed/, stats/), without the runner's own records."""
+    """The step's output files (data/, removed/, stats/), without the runner's own records (dot files, and the attempts' logs in .attempts/)."""
     root = Path(folder)
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")}
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
 
 
 def test_outputs_are_identical_across_backends_and_reruns_are_cached(corpus, tmp_path):

@@ -87,9 +87,9 @@ def _chain(inputs: dict[str, str], backend):
 
 
 def _data_files(prefix: Path) -> dict[str, bytes]:
-    """Every file the steps wrote, by path inside the prefix, without the runner's records."""
+    """Every file the steps wrote, by path inside the prefix, without the runner's records (dot files, and the attempts' logs in .attempts/)."""
     return {str(p.relative_to(prefix)): p.read_bytes() for p in sorted(prefix.rglob("*"))
-            if p.is_file() and not p.name.startswith(".") and "classifiers" not in p.parts}
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(prefix).parts) and "classifiers" not in p.parts}
 
 
 def test_every_curation_step_writes_the_same_bytes_on_ray_as_inline(tmp_path, ray_client):
