@@ -40,6 +40,12 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+# Without a bar, a stage logs one progress line when it ends and at most one per this many seconds
+# before: a line per shard made most of a small pipeline's log, and a stage of thousands of shards
+# still says how it is doing twice a minute.
+PROGRESS_LOG_INTERVAL_S = 30.0
+
+
 class _Progress:
     def __init__(self, stage_label: str, total: int):
         self.stage_label = stage_label
@@ -47,6 +53,7 @@ class _Progress:
         self.done = 0
         self.items = 0
         self.started = time.perf_counter()
+        self.last_logged = self.started
         self.bar = terminal_bar(total, stage_label, unit="shard")  # on a terminal; else the log lines below
 
     def shard_finished(self, result: ShardResult) -> None:
@@ -56,14 +63,19 @@ class _Progress:
             self.bar.set_postfix(items=self.items, refresh=False)
             self.bar.update(1)
             return
-        elapsed = time.perf_counter() - self.started
-        shard_rate = result.items / result.seconds if result.seconds > 0 else 0.0
+        now = time.perf_counter()
+        if self.done < self.total and now - self.last_logged < PROGRESS_LOG_INTERVAL_S:
+            return
+        self.last_logged = now
+        elapsed = now - self.started
+        rate = self.items / elapsed if elapsed > 0 else 0.0
+        if self.done == self.total:
+            logger.info("%s: %d/%d shards done, %d items in %.1fs (%.0f items/s)",
+                        self.stage_label, self.done, self.total, self.items, elapsed, rate)
+            return
         eta = elapsed / self.done * (self.total - self.done)
-        logger.info(
-            "%s: shard %d done (%d items, %.1fs, %.0f items/s); %d/%d shards, %d items, %.0f items/s overall, ETA %s",
-            self.stage_label, result.shard_index, result.items, result.seconds, shard_rate,
-            self.done, self.total, self.items, self.items / elapsed if elapsed > 0 else 0.0, _format_eta(eta),
-        )
+        logger.info("%s: %d/%d shards, %d items, %.0f items/s, ETA %s",
+                    self.stage_label, self.done, self.total, self.items, rate, _format_eta(eta))
 
 
 @dataclass(frozen=True)
