@@ -3,7 +3,9 @@
 import dataclasses
 import enum
 import json
+import os
 import textwrap
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -305,3 +307,13 @@ def test_marin_run_reports_a_value_a_nested_config_refuses_in_one_line_with_exit
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("marin run:")]
     assert len(lines) == 1 and "optimizer.learning_rate" in lines[0] and "must be a finite number > 0" in lines[0], err
+
+
+def test_a_setting_for_a_name_the_script_never_read_is_refused_before_its_steps_run(settings_script, capsys):
+    script, prefix, runs = settings_script
+    assert cli.main(["run", str(script), "--prefix", prefix, "--set", "trian.learning_rate=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "settings were given for trian" in err and "nothing was run" in err and "Traceback" not in err
+    # The script's run raised before planning: its step never ran and it logged nothing after.
+    assert not Path(prefix).exists()
+    assert not Path(os.environ["SETTINGS_LOG"]).exists()

@@ -24,8 +24,10 @@ every ``StepRunner.run(steps)`` of the script then returns ``f(runner, steps)`` 
 ``marin reproduce`` reads which steps a script declares, and under which prefix, that way.
 
 The launch also carries the script's settings (``marin run --config NAME=FILE --set NAME.key=value``)
-to :func:`marin.experiment.config.script_config`, which records each NAME it was asked for, so the
-command can refuse settings for a NAME the script never read (a typo would otherwise run the default).
+to :func:`marin.experiment.config.script_config`, which records each NAME it was asked for. The
+script's first ``StepRunner.run`` refuses settings for a NAME not read by then, before planning
+anything (a typo would otherwise run the default, and be found out only after the whole run); the
+command refuses them again at the end for a script that never ran anything.
 """
 
 from __future__ import annotations
@@ -82,6 +84,17 @@ class Launch:
         given = {setting.partition(".")[0] for setting in self.overrides.settings}
         given |= {name for name, _ in self.overrides.config_files}
         return sorted(given - self.configs_read)
+
+    def refuse_unread_settings(self) -> None:
+        """Refuse settings for a name the script has not read by its first run: run then, they would
+        be ignored (a typo running the default), and found out only after every step had run."""
+        unread = self.unread_config_names()
+        if unread:
+            read = ", ".join(sorted(self.configs_read)) or "none"
+            raise ConfigError(
+                f"settings were given for {', '.join(unread)}, which the script did not read before its first "
+                f"StepRunner.run (it asked script_config for: {read}); nothing was run."
+            )
 
 
 _current_launch: contextvars.ContextVar[Launch | None] = contextvars.ContextVar("marin_launch", default=None)

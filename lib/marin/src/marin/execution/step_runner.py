@@ -195,6 +195,8 @@ class StepRunner:
         given to ``marin run`` on the command line take precedence over these arguments.
         """
         if self._launch is not None:
+            if self._launch.runs_started == 0:
+                self._launch.refuse_unread_settings()
             self._launch.runs_started += 1
             if self._launch.take_run is not None:
                 # The launcher asked for the script's steps, not for a run (marin reproduce).
