@@ -317,26 +317,31 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         tokenizer_identity=first.tokenizer_identity,
         # As the tokenize steps recorded it, from the results of the steps that built their inputs.
         builtin_tokenizer=any(result.builtin_tokenizer for result in run.datasets.values()),
-        datasets=[_dataset_used(handle.name, weight, run.datasets[handle]) for handle, weight in request.weights.items()],
+        datasets=[_dataset_used(handle, weight, run.datasets[handle]) for handle, weight in request.weights.items()],
         samples=run.samples,
         initialized_from=request.initialize_from.description if request.initialize_from is not None else None,
         adapter_path=training.adapter_path,
     )
 
 
-def _dataset_used(name: str, weight: float, result: TokenizedDataset) -> DatasetUsed:
+def _dataset_used(handle: LazyStep, weight: float, result: TokenizedDataset) -> DatasetUsed:
     validation = result.splits.get("validation")
     return DatasetUsed(
-        name=name,
+        name=handle.name,
         weight=weight,
-        source=_describe(result.source),
+        source=_describe(result.source, handle),
         builtin_source=result.builtin_source,
         train_tokens=result.splits["train"].tokens,
         validation_tokens=validation.tokens if validation is not None else None,
     )
 
 
-def _describe(source: Mapping[str, Any]) -> str:
+def _describe(source: Mapping[str, Any], handle: LazyStep) -> str:
+    """The tokenized data's source in words, for the summary a person reads."""
+    if source.get("kind") == "step" and handle.deps:
+        # A step source's identity is only its kind (the step's own identity is hashed through the
+        # deps); tokenized() lists the source step first among the handle's deps.
+        return f"the output of step {handle.deps[0].name}"
     if source.get("kind") == "builtin":
         return (f"{source.get('generator')} v{source.get('generator_version')} (seed {source.get('seed')}), "
                 f"standing in for {source.get('stands_in_for')}")
@@ -351,4 +356,4 @@ def _describe(source: Mapping[str, Any]) -> str:
             names = [f.get("name", "?") if isinstance(f, Mapping) else str(f) for f in files]
             parts.append(f"{split}: {', '.join(names)}")
         return "files (" + "; ".join(parts) + ")"
-    return str(dict(source))
+    return ", ".join(f"{key} {value}" for key, value in source.items()) or "unknown"
