@@ -42,6 +42,16 @@ def test_the_chain_removes_exactly_the_planted_documents_and_rechecks_only_what_
     tokens = load_artifact(runner.output_path_for(tutorial.curated_tokenized)).result
     assert tokens["splits"]["train"]["documents"] == STORIES  # the removed duplicates are not tokenized
 
+    # The table the tutorial prints at the end: the counts docs/data-curation.md quotes.
+    from marin.curation.counts import curation_table
+
+    table = curation_table(runner, [tutorial.english, tutorial.quality, tutorial.scored, tutorial.clean,
+                                    tutorial.unique, tutorial.distinct]).splitlines()
+    assert [line.split()[:4] for line in table[1:]] == [
+        ["curated/english", "461", "->", "455"], ["curated/quality", "455", "->", "445"],
+        ["curated/scored", "445", "->", "445"], ["curated/decontaminated", "445", "->", "440"],
+        ["curated/exact-dedup", "440", "->", "420"], ["curated/fuzzy-dedup", "420", "->", "400"]]
+
     assert runner.run([tutorial.curated_tokenized, tutorial.pages_tokenized]).ran == []  # fully cached
     # A stricter near-duplicate threshold: only that step and the tokenize step after it are to run.
     stricter = fuzzy_deduplicated("curated/fuzzy-dedup", tutorial.unique, config=FuzzyDedupConfig(threshold=0.9))

@@ -8,18 +8,27 @@ duplicates, tokenizes the result (and the text extracted from the web pages) and
 tutorial's nano model on both. Rerunning is fully cached; changing one threshold reruns only that
 step and what depends on it.
 
-    python experiments/tutorials/curate_tiny_corpus.py
+    .venv/bin/marin run experiments/tutorials/curate_tiny_corpus.py
+    .venv/bin/marin run experiments/tutorials/curate_tiny_corpus.py --set curate.fuzzy.threshold=0.9
+
+The thresholds (``curate``) and the training settings (``train``) are read with ``script_config``,
+so ``marin run --set NAME.KEY=VALUE`` changes them; the defaults are the tutorial's. At the end the
+script prints what each curation step kept and removed.
 """
+
+from dataclasses import dataclass, field
 
 from levanter.optim import AdamConfig
 from marin.curation.classifier import classifier_filtered, quality_classifier
+from marin.curation.counts import curation_table
 from marin.curation.decontaminate import decontaminated
-from marin.curation.dedup_steps import exact_deduplicated, fuzzy_deduplicated
+from marin.curation.dedup_steps import FuzzyDedupConfig, exact_deduplicated, fuzzy_deduplicated
 from marin.curation.extract import extracted
 from marin.curation.language import language_filtered
 from marin.curation.quality import quality_filtered
 from marin.execution.lazy import lazy_step
 from marin.execution.step_runner import StepRunner
+from marin.experiment.config import script_config
 from marin.experiment.data import tokenized
 from marin.experiment.train import train_lm
 from rigging import filesystem as fsx
@@ -28,6 +37,25 @@ from storygen import generate_stories
 from experiments.llama import llama_nano
 from experiments.marin_tokenizer import marin_tokenizer
 from experiments.tiny_corpus import EVAL_ITEMS, as_jsonl, documents, pages
+
+
+@dataclass(frozen=True)
+class CurateSettings:
+    language_threshold: float = 0.65
+    classifier_threshold: float = 0.5
+    fuzzy: FuzzyDedupConfig = field(default_factory=FuzzyDedupConfig)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    optimizer: AdamConfig = field(default_factory=lambda: AdamConfig(learning_rate=3e-3, weight_decay=0.1))
+    batch_size: int = 8
+    seq_len: int = 256
+    num_train_steps: int = 60
+
+
+curate = script_config(CurateSettings, "curate")
+train = script_config(TrainSettings, "train")
 
 
 def write_documents(ctx) -> dict:
@@ -66,13 +94,13 @@ good_examples = lazy_step("raw/good-examples", write_examples, hash_attrs={"exam
 spam_examples = lazy_step("raw/spam-examples", lambda ctx: {"files": ctx.load_artifact(good_examples).result["spam"]},
                           deps=[good_examples], hash_attrs={"examples": "stories-vs-spam/1"})
 
-english = language_filtered("curated/english", raw_documents, languages=("en",), threshold=0.65)
+english = language_filtered("curated/english", raw_documents, languages=("en",), threshold=curate.language_threshold)
 quality = quality_filtered("curated/quality", english)
 spam_scorer = quality_classifier("classifiers/spam", good_examples, spam_examples)
-scored = classifier_filtered("curated/scored", quality, spam_scorer, threshold=0.5)
+scored = classifier_filtered("curated/scored", quality, spam_scorer, threshold=curate.classifier_threshold)
 clean = decontaminated("curated/decontaminated", scored, eval_items)
 unique = exact_deduplicated("curated/exact-dedup", clean)
-distinct = fuzzy_deduplicated("curated/fuzzy-dedup", unique)
+distinct = fuzzy_deduplicated("curated/fuzzy-dedup", unique, config=curate.fuzzy)
 page_text = extracted("curated/pages", raw_pages)
 
 curated_tokenized = tokenized(name="tokenized/curated-stories", source=distinct, tokenizer=marin_tokenizer)
@@ -81,13 +109,16 @@ pages_tokenized = tokenized(name="tokenized/curated-pages", source=page_text, to
 nano_curated_model = train_lm(
     name="checkpoints/marin-nano-curated",
     model=llama_nano,
-    optimizer=AdamConfig(learning_rate=3e-3, weight_decay=0.1),
+    optimizer=train.optimizer,
     datasets={curated_tokenized: 0.9, pages_tokenized: 0.1},
-    batch_size=8,
-    seq_len=256,
-    num_train_steps=60,
+    batch_size=train.batch_size,
+    seq_len=train.seq_len,
+    num_train_steps=train.num_train_steps,
     num_samples=1,
 )
 
 if __name__ == "__main__":
-    StepRunner().run([nano_curated_model])
+    runner = StepRunner()
+    runner.run([nano_curated_model])
+    print("\nWhat each curation step kept and removed:")
+    print(curation_table(runner, [english, quality, scored, clean, unique, distinct, page_text]))

@@ -6,14 +6,21 @@ none, so ChatML) into a token cache whose loss mask covers the assistant's repli
 fine-tuning step starts from the tutorial's trained weights: a dependency, so the tutorial's
 tokenize and training steps are reused from the cache, not run again.
 
-    python experiments/tutorials/sft_tiny_model.py
-    marin generate checkpoints/marin-nano-tinystories-chat --chat --prompt "What colour is the kite?"
+    .venv/bin/marin run experiments/tutorials/sft_tiny_model.py
+    .venv/bin/marin generate checkpoints/marin-nano-tinystories-chat --chat --prompt "What colour is the kite?"
+
+The fine-tuning settings (``sft``) are read with ``script_config``, so ``marin run --set
+sft.KEY=VALUE`` changes them (``train.KEY=VALUE`` changes the tutorial's model it starts from); the
+defaults are the tutorial's.
 """
+
+from dataclasses import dataclass, field
 
 from levanter.inference import SamplingConfig
 from levanter.optim import AdamConfig
 from marin.execution.lazy import lazy_step
 from marin.execution.step_runner import StepRunner
+from marin.experiment.config import script_config
 from marin.experiment.sft import chat_dataset, sft
 from marin.generate import generate
 from rigging import filesystem as fsx
@@ -23,6 +30,17 @@ from experiments.tiny_chats import as_jsonl
 from experiments.tutorials.train_tiny_model import nano_tinystories_model
 
 CHAT_SET = {"train": (400, 0), "validation": (40, 1)}  # split: (conversations, seed)
+
+
+@dataclass(frozen=True)
+class SftSettings:
+    optimizer: AdamConfig = field(default_factory=lambda: AdamConfig(learning_rate=3e-3, weight_decay=0.0))
+    batch_size: int = 8
+    seq_len: int = 256
+    num_train_steps: int = 400
+
+
+settings = script_config(SftSettings, "sft")
 
 
 def write_chat_set(ctx) -> dict:
@@ -40,10 +58,10 @@ nano_chat_model = sft(
     name="checkpoints/marin-nano-tinystories-chat",
     initialize_from=nano_tinystories_model,  # the tutorial's final weights; its model config comes with them
     datasets={tiny_chats_tokenized: 1.0},
-    optimizer=AdamConfig(learning_rate=3e-3, weight_decay=0.0),
-    batch_size=8,
-    seq_len=256,
-    num_train_steps=400,
+    optimizer=settings.optimizer,
+    batch_size=settings.batch_size,
+    seq_len=settings.seq_len,
+    num_train_steps=settings.num_train_steps,
 )
 
 QUESTIONS = ["What colour is the kite?", "What does Mia's pet say?"]
