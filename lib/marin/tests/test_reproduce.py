@@ -219,6 +219,34 @@ def test_curation_steps_reproduce_and_an_altered_record_or_changed_code_is_caugh
     assert out.startswith("different: raw/documents: first difference in documents.jsonl: record 34: only in the original")
 
 
+def test_a_rerun_that_fails_exits_1_and_keeps_its_folder(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "flaky.py"
+    script.write_text(textwrap.dedent(
+        """
+        import os
+        from pathlib import Path
+        from marin.execution.step_runner import StepRunner
+        from marin.execution.step_spec import StepSpec
+
+        def count(output_path):
+            if os.environ.get("FLAKY_STEP_FAILS"):
+                raise RuntimeError("the machine ran out of luck")
+            Path(output_path, "count.txt").write_text("3")
+
+        if __name__ == "__main__":
+            StepRunner().run([StepSpec("flaky/count", count)])
+        """
+    ))
+    prefix = str(tmp_path / "prefix")
+    assert cli.main(["run", str(script), "--prefix", prefix]) == 0
+    monkeypatch.setenv("FLAKY_STEP_FAILS", "1")
+    scratch = tmp_path / "scratch"
+    code, _, err = _reproduce(capsys, str(script), "flaky/count", "--prefix", prefix, "--scratch", str(scratch))
+    assert code == 1
+    assert "The rerun of 'flaky/count' failed (RuntimeError: the machine ran out of luck); its folder is kept" in err
+    assert (_folder(str(scratch), "flaky/count") / ".executor_status").exists()
+
+
 def test_reproduce_on_object_storage_reads_and_writes_only_urls(s3_prefix, trained, capsys, tmp_path, monkeypatch):
     script, _ = trained
     monkeypatch.chdir(tmp_path)
