@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 
 import pytest
 
@@ -48,12 +50,48 @@ def _model(inputs, steps: int, **kwargs):
     return data, model
 
 
+class _Messages(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def first_run(inputs, tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("prefix"))
     data, model = _model(inputs, steps=6)
-    report = StepRunner(prefix=prefix).run([model])
+    messages = _Messages()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(messages)
+    root.setLevel(logging.INFO)
+    try:
+        report = StepRunner(prefix=prefix).run([model])
+    finally:
+        root.removeHandler(messages)
+        root.setLevel(level)
+    _run_log.extend(messages.lines)
     return prefix, data, model, report
+
+
+_run_log: list[str] = []  # the log lines of first_run's training
+
+
+def test_the_log_says_when_it_compiles_and_samples_and_how_long_each_took(first_run):
+    def count(pattern):
+        return sum(1 for line in _run_log if re.fullmatch(pattern, line))
+
+    assert count(r"Compiling the training step \(or reading it from the compilation cache\)\.\.\.") == 1
+    assert count(r"Compiled the training step in \d+\.\ds\.") == 1
+    assert count(r"Compiled the evaluation step in \d+\.\ds\.") == 1
+    assert count(r"Sampling 1 continuation\(s\) of up to 160 tokens from the exported model .*") == 1
+    assert count(r"Sampled 1 continuation\(s\) in \d+\.\ds\.") == 1
+    order = [next(i for i, line in enumerate(_run_log) if line.startswith(prefix))
+             for prefix in ("Compiling the training step", "Compiled the training step", "Sampling 1", "Sampled 1")]
+    assert order == sorted(order)
 
 
 def test_training_step_writes_checkpoints_metrics_export_and_artifact(first_run):

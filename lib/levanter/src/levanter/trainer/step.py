@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from levanter.trainer.first_call_log import FirstCallLogged
 from levanter.trainer.mixed_precision import cast_floating
 from levanter.trainer.state import TrainState
 
@@ -322,7 +323,7 @@ def build_step_functions(
     jit_eval = jax.jit(eval_step)
 
     if mesh_context is None:
-        return StepFunctions(jit_train, jit_eval)
+        return StepFunctions(FirstCallLogged(jit_train, "the training step"), FirstCallLogged(jit_eval, "the evaluation step"))
 
     # haliax's constrain() reads the active mesh while tracing, so tracing must happen inside it.
     def with_mesh(fn):
@@ -332,4 +333,5 @@ def build_step_functions(
 
         return run
 
-    return StepFunctions(with_mesh(jit_train), with_mesh(jit_eval))
+    return StepFunctions(FirstCallLogged(with_mesh(jit_train), "the training step"),
+                         FirstCallLogged(with_mesh(jit_eval), "the evaluation step"))

@@ -11,6 +11,7 @@ step's recorded result.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ from marin.execution.step_context import StopReason
 from marin.experiment.data import cache_source
 from marin.experiment.initial_weights import InitializeFrom
 from marin.processing.tokenize import TokenizedDataset
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_PROMPTS = ("Once upon a time", "One day, a little", "There was a")
 
@@ -164,4 +167,11 @@ def sample_texts(hf_path: str | None, tokenizer_location: str, count: int) -> li
     model = import_from_hf(hf_path)
     tokenizer = load_tokenizer(tokenizer_location)
     prompts = list(SAMPLE_PROMPTS[:count])
-    return generate_text(model, tokenizer, prompts, SamplingConfig(max_new_tokens=160, temperature=0.7, top_k=40))
+    sampling = SamplingConfig(max_new_tokens=160, temperature=0.7, top_k=40)
+    # Sampling compiles and runs a decoding loop: tens of seconds on a small CPU, said beforehand.
+    logger.info("Sampling %d continuation(s) of up to %d tokens from the exported model (temperature %g, top-k %d)...",
+                len(prompts), sampling.max_new_tokens, sampling.temperature, sampling.top_k)
+    started = time.monotonic()
+    texts = generate_text(model, tokenizer, prompts, sampling)
+    logger.info("Sampled %d continuation(s) in %.1fs.", len(texts), time.monotonic() - started)
+    return texts
