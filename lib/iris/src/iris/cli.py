@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import os
 import sys
 
@@ -16,11 +17,21 @@ EPILOG = f"""Exit code {PREEMPTED_EXIT_CODE} from a job's command means "preempt
 $IRIS_HOME/jobs.db (default: <Marin prefix>/.iris)."""
 
 
+def installed_version() -> str:
+    """The version of the installed distribution iris ships in (``marin``), or ``unknown`` in a bare tree."""
+    try:
+        return importlib.metadata.version("marin")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="iris", description="Run and watch jobs on a cluster.", epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"iris {installed_version()}")
     parser.add_argument("--home", help="iris's folder (database and logs); default $IRIS_HOME or <Marin prefix>/.iris")
-    groups = parser.add_subparsers(dest="group", required=True)
-    job = groups.add_parser("job", help="jobs: run, list, status, logs, stop").add_subparsers(dest="action", required=True)
+    groups = parser.add_subparsers(dest="group", metavar="job")
+    job_parser = groups.add_parser("job", help="jobs: run, list, status, logs, stop")
+    job = job_parser.add_subparsers(dest="action", metavar="{run,list,status,logs,stop}")
 
     run = job.add_parser("run", help="run a command as a job: iris job run [options] -- COMMAND...", epilog=EPILOG)
     run.add_argument("--name", help="a short name; the job id starts with it (default: the command's name)")
@@ -50,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     stop = job.add_parser("stop", help="stop a running job")
     stop.add_argument("job_id")
+    parser.set_defaults(usage_of=parser)
+    job_parser.set_defaults(usage_of=job_parser)
     return parser
 
 
@@ -127,8 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     options, command = _split_command(argv)
     args = _parser().parse_args(options)
+    if args.group is None or args.action is None:
+        # `iris` or `iris job` alone: what there is to run, rather than argparse's "required: group".
+        args.usage_of.print_help(sys.stderr)
+        return 2
     try:
-        store = JobStore(args.home)
+        store = JobStore(args.home, create=args.action == "run")
         if args.action == "run":
             command = list(args.command) + command
             return _run(args, command, store)

@@ -123,21 +123,29 @@ def default_home() -> Path:
 class JobStore:
     """The job database at ``<home>/jobs.db`` and the log folders at ``<home>/logs/<job_id>/``."""
 
-    def __init__(self, home: str | os.PathLike | None = None) -> None:
+    def __init__(self, home: str | os.PathLike | None = None, *, create: bool = True) -> None:
+        """``create=False`` is for reading: where there is no database yet, nothing is created and
+        the store reads as empty (``iris job list`` must not leave folders behind)."""
         self.home = Path(home).resolve() if home is not None else default_home()
+        self.db_path = self.home / "jobs.db"
+        self._absent = not create and not self.db_path.exists()
+        if self._absent:
+            return
         try:
             self.home.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise IrisHomeError(f"Cannot create iris's folder {self.home}: {exc}. Set {IRIS_HOME_VARIABLE} to a writable folder.") from exc
-        self.db_path = self.home / "jobs.db"
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        # A generous busy timeout: a supervisor and several CLI calls may write at once.
-        db = sqlite3.connect(self.db_path, timeout=30)
+        # A generous busy timeout: a supervisor and several CLI calls may write at once. A store
+        # opened for reading where no database exists is an empty one in memory.
+        db = sqlite3.connect(":memory:" if self._absent else self.db_path, timeout=30)
+        if self._absent:
+            db.executescript(_SCHEMA)
         try:
             with db:
                 yield db
