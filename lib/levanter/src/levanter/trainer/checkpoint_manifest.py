@@ -20,7 +20,9 @@ files), and 128 bits leave no realistic chance that damage keeps the digest.
 What it costs: reading the checkpoint once more after each save (from the page cache locally,
 usually; a download on ``gs://``; staged checkpoints are hashed in their local folder before
 upload) in the background thread of an asynchronous save, and reading it once more before a
-restore. ``bench/checkpoint_checksum.py`` measures both.
+restore. ``bench/checkpoint_checksum.py`` measures both; on a busy 2-core machine, the 1.7 GB
+train state of ``llama_150m``: manifest written in 1.8 s and verified in 1.2 s, against saves of
+22-28 s and restores of 16-25 s; the nano model's 7 MB: 0.015 s and 0.028 s.
 
 What it does not cover: a run stopped between Orbax's commit and the manifest leaves a committed
 step without one, like a checkpoint written before manifests existed; such a step is restored
