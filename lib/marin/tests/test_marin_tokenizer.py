@@ -57,6 +57,8 @@ def test_offline_marin_tokenizer_is_a_builtin_step_and_the_log_says_so(caplog):
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "BUILT-IN OFFLINE TOKENIZER" in warning.getMessage()
     assert MARIN_TOKENIZER_HUB_ID in warning.getMessage()
+    # The size it has once trained on the built-in corpus, as every later log line says, not the size asked.
+    assert "byte-level BPE, 4,063 tokens (of 4,096 asked)" in warning.getMessage()
 
 
 def test_online_and_cached_marin_tokenizer_mean_the_hub_tokenizer():
