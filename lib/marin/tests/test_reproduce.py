@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -58,6 +59,15 @@ def trained(tmp_path_factory, synthetic_stories):
     prefix = str(root / "prefix")
     assert cli.main(["run", str(script), "--prefix", prefix]) == 0
     return script, prefix
+
+
+@pytest.fixture(autouse=True)
+def _temporary_folders_in_tmp_path(tmp_path, monkeypatch):
+    # The default scratch prefix is a new temporary folder: a rerun kept because it differs stays
+    # with the test's own files instead of piling up in the system's temporary folder.
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
 
 
 def _reproduce(capsys, *args: str) -> tuple[int, str, str]:
@@ -249,7 +259,9 @@ def test_a_rerun_that_fails_exits_1_and_keeps_its_folder(tmp_path, capsys, monke
 
 def test_reproduce_on_object_storage_reads_and_writes_only_urls(s3_prefix, trained, capsys, tmp_path, monkeypatch):
     script, _ = trained
-    monkeypatch.chdir(tmp_path)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     assert cli.main(["run", str(script), "--prefix", s3_prefix, "--run-only", "tokenized/stories"]) == 0
     scratch = s3_prefix.rsplit("/", 1)[0] + f"/scratch-{uuid.uuid4().hex[:8]}"
     code, out, err = _reproduce(capsys, str(script), "tokenized/stories", "--prefix", s3_prefix, "--scratch", scratch)
@@ -266,7 +278,7 @@ def test_reproduce_on_object_storage_reads_and_writes_only_urls(s3_prefix, train
     code, out, _ = _reproduce(capsys, str(script), "tokenized/stories", "--prefix", s3_prefix, "--scratch", scratch)
     assert code == 1
     assert "first difference in validation/shard-00000: record 0 (record 0 of the cache validation/) differs: its token 0" in out
-    assert not os.listdir(tmp_path)
+    assert not os.listdir(cwd)
 
 
 def test_a_training_step_under_an_object_store_prefix_reproduces_through_staged_checkpoints(trained, capsys):
