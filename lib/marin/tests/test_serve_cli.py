@@ -41,6 +41,8 @@ def test_a_port_in_use_is_refused_before_saying_it_serves(tmp_path, no_server, c
 
 def test_the_server_is_given_the_socket_that_was_checked(tmp_path, no_server, monkeypatch, capsys):
     given = []
+    # uvicorn.Config sets up logging handlers on the test's captured stderr; the server is not started.
+    monkeypatch.setattr(uvicorn, "Config", lambda app, **options: options)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: given.extend(sockets or []))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
