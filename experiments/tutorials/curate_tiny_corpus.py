@@ -8,8 +8,9 @@ duplicates, tokenizes the result (and the text extracted from the web pages) and
 tutorial's nano model on both. Rerunning is fully cached; changing one threshold reruns only that
 step and what depends on it.
 
-    .venv/bin/marin run experiments/tutorials/curate_tiny_corpus.py
-    .venv/bin/marin run experiments/tutorials/curate_tiny_corpus.py --set curate.fuzzy.threshold=0.9
+    source .venv/bin/activate   # once per shell, from the repository root
+    marin run experiments/tutorials/curate_tiny_corpus.py
+    marin run experiments/tutorials/curate_tiny_corpus.py --set curate.fuzzy.threshold=0.9
 
 The thresholds (``curate``) and the training settings (``train``) are read with ``script_config``,
 so ``marin run --set NAME.KEY=VALUE`` changes them; the defaults are the tutorial's. At the end the

@@ -6,8 +6,9 @@ none, so ChatML) into a token cache whose loss mask covers the assistant's repli
 fine-tuning step starts from the tutorial's trained weights: a dependency, so the tutorial's
 tokenize and training steps are reused from the cache, not run again.
 
-    .venv/bin/marin run experiments/tutorials/sft_tiny_model.py
-    .venv/bin/marin generate checkpoints/marin-nano-tinystories-chat --chat --prompt "What colour is the kite?"
+    source .venv/bin/activate   # once per shell, from the repository root
+    marin run experiments/tutorials/sft_tiny_model.py
+    marin generate checkpoints/marin-nano-tinystories-chat --chat --prompt "What colour is the kite?"
 
 The fine-tuning settings (``sft``) are read with ``script_config``, so ``marin run --set
 sft.KEY=VALUE`` changes them (``train.KEY=VALUE`` changes the tutorial's model it starts from); the

@@ -1,7 +1,8 @@
 """Train a tiny model end to end: tokenize 1,000 stories, train 100 steps, sample from it.
 
-    .venv/bin/marin run experiments/tutorials/train_tiny_model.py
-    .venv/bin/marin run experiments/tutorials/train_tiny_model.py --set train.optimizer.learning_rate=6e-3
+    source .venv/bin/activate   # once per shell, from the repository root
+    marin run experiments/tutorials/train_tiny_model.py
+    marin run experiments/tutorials/train_tiny_model.py --set train.optimizer.learning_rate=6e-3
 
 The training settings are read with ``script_config``, so ``marin run --set train.KEY=VALUE`` (or
 ``--config train=FILE.yaml``) changes them from the command line; the defaults are the tutorial's.
