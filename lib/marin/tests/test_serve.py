@@ -175,7 +175,7 @@ def test_training_chart_draws_every_metrics_point(served):
     counts = {name: int(n) for name, n in re.findall(r'data-series="([^"]+)" data-points="(\d+)"', page)}
     assert counts["checkpoints/tiny 0123abcd"] == TRAIN_STEPS  # loss, lr, tokens/s and MFU charts
     assert counts["checkpoints/tiny 0123abcd · tinystories"] == TRAIN_STEPS // EVAL_EVERY
-    assert page.count("<polyline") == 5
+    assert page.count("<polyline class=\"series\"") == 5  # a line per series (each also has a faint raw twin)
     assert "Once upon a time there was a cat." in page
 
 

@@ -52,20 +52,24 @@ def tiny_run(tmp_path_factory, synthetic_stories):
     save_tokenizer(train_bpe_tokenizer(synthetic_stories[:120], 400), str(root / "tokenizer"))
     data = tokenized("tokenized/stories", str(root / "train.jsonl"), str(root / "tokenizer"),
                      validation=str(root / "validation.jsonl"))
-    model = train_lm(
-        name="checkpoints/tiny",
-        model=LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=64),
-        optimizer=AdamConfig(learning_rate=3e-3),
-        datasets={data: 1.0},
-        batch_size=8,  # the suite runs on 8 host devices, and each gets a row
-        seq_len=64,
-        num_train_steps=STEPS,
-        num_samples=1,
-    )
+    def model(learning_rate: float):
+        return train_lm(
+            name="checkpoints/tiny",
+            model=LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=64),
+            optimizer=AdamConfig(learning_rate=learning_rate),
+            datasets={data: 1.0},
+            batch_size=8,  # the suite runs on 8 host devices, and each gets a row
+            seq_len=64,
+            num_train_steps=STEPS,
+            num_samples=1,
+        )
+
     prefix = str(root / "prefix")
     runner = StepRunner(prefix=prefix)
-    runner.run([model])
-    return prefix, runner.output_path_for(model), runner.output_path_for(data)
+    first, second = model(3e-3), model(1e-2)  # two runs of one step name, as when trying a learning rate
+    runner.run([first])
+    runner.run([second])
+    return prefix, runner.output_path_for(first), runner.output_path_for(data), runner.output_path_for(second)
 
 
 def _free_port() -> int:
@@ -124,7 +128,11 @@ def _wait(driver, condition):
     return WebDriverWait(driver, WAIT_S).until(condition)
 
 
-def test_step_list_then_the_training_step_then_its_loss_chart(server, browser, tmp_path):
+def _relative(tiny_run, index: int) -> str:
+    return os.path.relpath(tiny_run[index], tiny_run[0]).replace("/", "%2F")
+
+
+def test_step_list_then_the_training_step_then_its_loss_chart(server, browser, tiny_run, tmp_path):
     browser.get(server + "/")
     rows = _wait(browser, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "tr[data-name]")))
     names = [row.get_attribute("data-name") for row in rows]
@@ -140,7 +148,7 @@ def test_step_list_then_the_training_step_then_its_loss_chart(server, browser, t
     browser.get(server + "/")
     _wait(browser, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "tr[data-name]")))
 
-    browser.find_element(By.LINK_TEXT, "checkpoints/tiny").click()
+    browser.find_element(By.CSS_SELECTOR, f'a[href="/step?path={_relative(tiny_run, 1)}"]').click()
     _wait(browser, expected_conditions.presence_of_element_located((By.ID, "hash-attrs")))
     assert "num_train_steps" in browser.find_element(By.ID, "hash-attrs").text
     _screenshot(browser, tmp_path, "step")
@@ -156,7 +164,7 @@ def test_step_list_then_the_training_step_then_its_loss_chart(server, browser, t
 
 
 def test_the_data_browser_decodes_the_token_cache(server, browser, tiny_run, tmp_path):
-    prefix, _, tokenize_output = tiny_run
+    prefix, _, tokenize_output, _ = tiny_run
     cache = os.path.relpath(os.path.join(tokenize_output, "train"), prefix)
     browser.get(f"{server}/data?path={cache}&count=2")
     blocks = _wait(browser, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "div.tok")))
@@ -172,7 +180,7 @@ def test_the_data_browser_decodes_the_token_cache(server, browser, tiny_run, tmp
 def test_the_step_page_lists_attempts_and_a_running_log_follows(server, browser, tiny_run, tmp_path):
     from iris.attempt_log import AttemptLog, AttemptOutcome
 
-    prefix, _, tokenize_output = tiny_run
+    prefix, _, tokenize_output, _ = tiny_run
     attempt = AttemptLog.begin(tokenize_output, engine="slurm", job_id="tokenize-job-1", job_attempt=1)
     attempt.append(0, b"hello from the first line\n")
     browser.get(f"{server}/step?path={os.path.relpath(tokenize_output, prefix)}")
@@ -193,3 +201,83 @@ def test_the_step_page_lists_attempts_and_a_running_log_follows(server, browser,
     assert "SUCCEEDED (exit 0)" in browser.find_element(By.ID, "attempt-line").text
     assert browser.find_element(By.ID, "window-end").text == browser.find_element(By.ID, "window-size").text == "63"
     _screenshot(browser, tmp_path, "log")
+
+
+def _losses(run_folder: str) -> list[float]:
+    with open(os.path.join(run_folder, "metrics.jsonl")) as handle:
+        return [record["loss"] for record in map(json.loads, handle) if "loss" in record]
+
+
+def _hover_step(driver, chart, step: int) -> None:
+    """Moves the pointer over ``step`` on the chart, through the scale the server wrote into the SVG."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    svg = chart.find_element(By.CSS_SELECTOR, "svg.chart")
+    scale = {key: float(svg.get_attribute(f"data-{key}")) for key in ("x-lo", "x-hi", "left", "plot-w", "top", "plot-h")}
+    view_x = scale["left"] + (step - scale["x-lo"]) / (scale["x-hi"] - scale["x-lo"]) * scale["plot-w"]
+    width = svg.size["width"]
+    view_width = float(svg.get_dom_attribute("viewBox").split()[2])
+    offset_x = (view_x - view_width / 2) * width / view_width  # Selenium offsets are from the element's centre
+    ActionChains(driver).move_to_element_with_offset(svg, round(offset_x), 0).perform()
+
+
+def _loss_chart(driver):
+    charts = _wait(driver, expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "figure.chart")))
+    return next(chart for chart in charts if chart.get_attribute("data-title") == "loss")
+
+
+def test_hovering_a_chart_reads_out_step_value_and_run(server, browser, tiny_run, tmp_path):
+    browser.get(f"{server}/runs?run={_relative(tiny_run, 1)}")
+    chart = _loss_chart(browser)
+    _hover_step(browser, chart, 3)
+    readout = chart.find_element(By.CLASS_NAME, "readout")
+    _wait(browser, lambda driver: readout.text.startswith("step 3"))
+    (row,) = readout.find_elements(By.CSS_SELECTOR, ".row")
+    assert row.get_attribute("data-series").startswith("checkpoints/tiny ")
+    assert float(row.get_attribute("data-value")) == _losses(tiny_run[1])[2]  # the value logged, not read off pixels
+    _screenshot(browser, tmp_path, "hover")
+
+
+def test_the_smoothing_slider_redraws_with_the_servers_smoothing(server, browser, tiny_run, tmp_path):
+    from marin.serve.charts import smooth
+
+    browser.get(f"{server}/runs?run={_relative(tiny_run, 1)}")
+    chart = _loss_chart(browser)
+    line = chart.find_element(By.CSS_SELECTOR, "polyline.series")
+    before = line.get_attribute("points")
+    slider = browser.find_element(By.ID, "smoothing")
+    browser.execute_script("arguments[0].value = '0.6'; arguments[0].dispatchEvent(new Event('input'));", slider)
+    assert browser.find_element(By.ID, "smoothing-value").text == "0.60"
+    after = line.get_attribute("points")
+    assert after != before and len(after.split()) == STEPS
+    assert chart.find_element(By.CSS_SELECTOR, "polyline.raw").get_attribute("display") is None  # raw line behind
+    _hover_step(browser, chart, 4)
+    readout = chart.find_element(By.CLASS_NAME, "readout")
+    _wait(browser, lambda driver: readout.text.startswith("step 4"))
+    shown = float(readout.find_element(By.CSS_SELECTOR, ".row").get_attribute("data-value"))
+    # The script's smoothing agrees with the server's to rounding: both are the same sum in doubles.
+    assert shown == pytest.approx(smooth(_losses(tiny_run[1]), 0.6)[3], rel=1e-12)
+    assert "raw" in readout.text
+
+
+def test_the_comparison_table_shows_what_differs_and_sorts(server, browser, tiny_run, tmp_path):
+    browser.get(server + "/runs")  # opens on the newest runs: both are selected
+    table = _wait(browser, expected_conditions.presence_of_element_located((By.ID, "comparison")))
+    rows = table.find_elements(By.CSS_SELECTOR, "tbody tr")
+    assert len(rows) == 2
+    settings = [th.text for th in table.find_elements(By.CSS_SELECTOR, "th.setting")]
+    assert settings == ["hash_attrs.optimizer.learning_rate"]  # the one thing changed between the runs
+    headings = [th.get_attribute("data-key") for th in table.find_elements(By.CSS_SELECTOR, "th[data-key]")]
+    loss_column = headings.index("loss") + 1
+
+    def losses():
+        return [float(tr.find_elements(By.TAG_NAME, "td")[loss_column].get_attribute("data-sort"))
+                for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+
+    finals = sorted(_losses(tiny_run[1])[-1:] + _losses(tiny_run[3])[-1:])
+    table.find_element(By.CSS_SELECTOR, 'th[data-key="loss"]').click()
+    assert losses() == finals
+    table.find_element(By.CSS_SELECTOR, 'th[data-key="loss"]').click()
+    assert losses() == finals[::-1]
+    _hover_step(browser, _loss_chart(browser), STEPS)
+    _screenshot(browser, tmp_path, "training")

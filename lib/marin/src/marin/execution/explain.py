@@ -17,17 +17,17 @@ from marin.execution.executor_files import read_info, recorded_dependency_paths
 MAX_DEPTH = 32
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_attributes(value: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists keep their positions (``a[0]``)."""
     if isinstance(value, dict) and value:
         flat: dict[str, Any] = {}
         for key in sorted(value):
-            flat.update(_flatten(value[key], f"{prefix}.{key}" if prefix else key))
+            flat.update(flatten_attributes(value[key], f"{prefix}.{key}" if prefix else key))
         return flat
     if isinstance(value, list) and value:
         flat = {}
         for index, item in enumerate(value):
-            flat.update(_flatten(item, f"{prefix}[{index}]"))
+            flat.update(flatten_attributes(item, f"{prefix}[{index}]"))
         return flat
     return {prefix or "(value)": value}
 
@@ -68,7 +68,7 @@ def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[
         return [f"{pad}(no .executor_info at {output_path})"]
     lines = [f"{pad}{info.get('name')}  {str(info.get('identity'))[:8]}  version={info.get('version')!r}  {output_path}"]
     lines.append(f"{pad}  fn: {info.get('fn')}")
-    attrs = _flatten(info.get("hash_attrs") or {})
+    attrs = flatten_attributes(info.get("hash_attrs") or {})
     if attrs and attrs != {"(value)": {}}:
         lines.append(f"{pad}  hash_attrs:")
         lines.extend(f"{pad}    {key} = {_short(value)}" for key, value in attrs.items())
@@ -96,7 +96,7 @@ def identity_differences(path_a: str, path_b: str, *, depth: int = 0, where: str
     for key in ("name", "version"):
         if info_a.get(key) != info_b.get(key):
             differences.append(f"{label}: {key} changed {info_a.get(key)!r} -> {info_b.get(key)!r}")
-    attrs_a, attrs_b = _flatten(info_a.get("hash_attrs") or {}), _flatten(info_b.get("hash_attrs") or {})
+    attrs_a, attrs_b = flatten_attributes(info_a.get("hash_attrs") or {}), flatten_attributes(info_b.get("hash_attrs") or {})
     for key in sorted(set(attrs_a) | set(attrs_b)):
         if key not in attrs_b:
             differences.append(f"{label}: hash_attrs.{key} removed (was {_short(attrs_a[key])})")

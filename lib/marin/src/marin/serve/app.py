@@ -21,13 +21,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from marin.execution.executor_files import CorruptRecordError
 from marin.serve import pages
 from marin.serve.attempts import LOG_WINDOW_BYTES, log_url, read_window, step_attempts
+from marin.serve.compare import compare_runs
 from marin.serve.data import kind_of, read_page
 from marin.serve.errors import ServeError, UnreadableError
 from marin.serve.paths import clean_relative, resolve
 from marin.serve.runs import evaluation_table, is_training_run, run_extras, run_metrics
-from marin.serve.steps import list_files, list_rows, step_detail, version_differences
+from marin.serve.steps import list_files, list_rows, newest_first, step_detail, version_differences, version_marks
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_RUNS = 3  # /runs with nothing chosen shows the newest few runs, as one opens a dashboard on today's work
 
 
 def _wants_json(request: Request) -> bool:
@@ -70,12 +73,15 @@ def create_app(prefix: str) -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def step_list() -> str:
-        return pages.step_list_page(list_rows(prefix), prefix)
+        rows = list_rows(prefix)
+        return pages.step_list_page(rows, prefix, version_marks(rows))
 
     @app.get("/api/steps")
     def step_list_json() -> dict[str, Any]:
         now = time.time()
-        return {"prefix": prefix, "time": now, "steps": [row.to_json(now) for row in list_rows(prefix)]}
+        rows = list_rows(prefix)
+        marks = version_marks(rows)
+        return {"prefix": prefix, "time": now, "steps": [{**row.to_json(now), "newest": marks[row.path]} for row in rows]}
 
     @app.get("/step", response_class=HTMLResponse)
     def step(path: str, compare: str | None = None) -> str:
@@ -128,12 +134,24 @@ def create_app(prefix: str) -> FastAPI:
     # -- training runs and evaluations ------------------------------------------------------------
 
     @app.get("/runs", response_class=HTMLResponse)
-    def runs(run: Annotated[list[str], Query()] = []) -> str:  # noqa: B006 - FastAPI copies defaults per request
-        training = [row for row in list_rows(prefix) if is_training_run(prefix, row)]
-        selected = [clean_relative(r) for r in run] or [row.path for row in training[:1]]
+    def runs(run: Annotated[list[str], Query()] = [], smooth: float = 0.0, x: str = "step",  # noqa: B006 - FastAPI copies defaults
+             y: str = "linear", xmin: float | None = None, xmax: float | None = None) -> str:
+        training = newest_first([row for row in list_rows(prefix) if is_training_run(prefix, row)])
+        selected = [clean_relative(r) for r in run] or [row.path for row in training[:DEFAULT_RUNS]]
         series = {path: run_metrics(prefix, path) for path in selected}
         extras = {path: run_extras(prefix, path) for path in selected}
-        return pages.runs_page(training, selected, series, extras, prefix)
+        zoom = (min(xmin, xmax), max(xmin, xmax)) if xmin is not None and xmax is not None else None
+        view = pages.ChartView(smoothing=min(max(smooth, 0.0), 0.99), x_axis="tokens" if x == "tokens" else "step",
+                               log_y=y == "log", x_range=zoom)
+        comparison = compare_runs(prefix, selected, series) if len(selected) > 1 else None
+        return pages.runs_page(training, selected, series, extras, prefix, view, comparison)
+
+    @app.get("/api/compare")
+    def compare_json(run: Annotated[list[str], Query()] = []) -> dict[str, Any]:  # noqa: B006
+        selected = [clean_relative(r) for r in run]
+        comparison = compare_runs(prefix, selected, {path: run_metrics(prefix, path) for path in selected})
+        return {"runs": comparison.runs, "metrics": comparison.metrics, "settings": comparison.settings,
+                "values": comparison.values}
 
     @app.get("/api/metrics")
     def metrics_json(path: str) -> dict[str, Any]:

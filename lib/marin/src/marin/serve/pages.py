@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
 from marin.serve.attempts import AttemptRow, LogWindow
-from marin.serve.charts import line_chart, lineage_graph
+from marin.serve.charts import CHART_SCRIPT, Axes, line_chart, lineage_graph, value_text
+from marin.serve.compare import Comparison
 from marin.serve.data import CUT_KEY, Page
-from marin.serve.runs import CHARTS, chart_series
+from marin.serve.runs import CHARTS, by_tokens, chart_series
 from marin.serve.steps import StepDetail, StepRow
 
 STYLE = """
@@ -22,7 +24,12 @@ main{padding:12px 16px}table{border-collapse:collapse}td,th{padding:3px 8px;bord
 th{background:#f6f6f6}.muted{color:#888}.mono,code,pre{font-family:ui-monospace,monospace;font-size:12px}
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
 .SUCCESS{color:#1a7f37}.FAILED,.DEP_FAILED{color:#c62828}.RUNNING{color:#b26a00;font-weight:bold}
-.chart{display:inline-block;margin:0 12px 12px 0}.chart figcaption{font-weight:bold}.tick{font-size:10px;fill:#666}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:12px 18px}
+figure.chart{margin:0;min-width:0}figure.chart figcaption{font-weight:bold}svg.chart{width:100%;height:auto;display:block;cursor:crosshair;user-select:none}
+.tick{font-size:11px;fill:#555}.axis-title{font-size:12px;fill:#333}.readout{font-size:12px;min-height:1.5em}.readout .row{margin-left:10px;padding-left:4px}
+.controls{background:#f6f6f6;padding:6px 8px}.controls input[type=range]{vertical-align:middle}pre.sample{white-space:pre-wrap;max-width:100ch}
+.wide{overflow-x:auto}table.sortable th[data-key]{cursor:pointer}th[data-order=asc]:after{content:" ▲"}th[data-order=desc]:after{content:" ▼"}
+.newest{color:#1a7f37;font-size:11px;border:1px solid #1a7f37;border-radius:3px;padding:0 3px;margin-left:4px}.older{color:#888;font-size:11px;margin-left:4px}
 .legend .key{margin-right:10px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .lineage text{font-size:11px}.lineage rect{fill:#eef3fb;stroke:#8aa4cc}.lineage rect.self{fill:#fff3d6;stroke:#c9a13b}
 .tok span:nth-child(odd){background:#dcebff}.tok span:nth-child(even){background:#ffe6cc}.tok{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
@@ -58,10 +65,18 @@ def seconds_text(seconds: float | None) -> str:
     return f"{seconds:.1f}s"
 
 
-def _row_html(row: StepRow, now: float) -> str:
+def version_badge(newest: bool | None) -> str:
+    """Marks which of several outputs of one step name is the newest (``None``: the name is unique)."""
+    if newest is None:
+        return ""
+    return '<span class="newest">newest</span>' if newest else '<span class="older">older</span>'
+
+
+def _row_html(row: StepRow, now: float, newest: bool | None = None) -> str:
     data = row.to_json(now)
     status = row.status or "-"
     damaged = ' <span class="FAILED">(damaged record)</span>' if row.record_damaged else ""
+    damaged = version_badge(newest) + damaged
     return (f'<tr data-name="{escape(row.name)}" data-status="{escape(status)}">'
             f'<td><a href="{escape(link("/step", path=row.path))}">{escape(row.name)}</a>{damaged}</td>'
             f'<td class="{escape(status)}">{escape(status)}</td><td>{seconds_text(data["age_seconds"])}</td>'
@@ -77,7 +92,8 @@ function dur(s){if(s==null)return '-';for(const [u,n] of [['d',86400],['h',3600]
 function applyFilter(){const q=box.value.toLowerCase();for(const tr of body.rows){
   tr.hidden=q&&!(tr.dataset.name.toLowerCase().includes(q)||tr.dataset.status.toLowerCase().includes(q));}}
 function render(steps){body.innerHTML=steps.map(s=>{const st=s.status||'-';
-  return `<tr data-name="${esc(s.name)}" data-status="${esc(st)}"><td><a href="/step?path=${encodeURIComponent(s.path)}">${esc(s.name)}</a>${s.record_damaged?' <span class="FAILED">(damaged record)</span>':''}</td>`+
+  const badge=s.newest===true?'<span class="newest">newest</span>':s.newest===false?'<span class="older">older</span>':'';
+  return `<tr data-name="${esc(s.name)}" data-status="${esc(st)}"><td><a href="/step?path=${encodeURIComponent(s.path)}">${esc(s.name)}</a>${badge}${s.record_damaged?' <span class="FAILED">(damaged record)</span>':''}</td>`+
   `<td class="${esc(st)}">${esc(st)}</td><td>${dur(s.age_seconds)}</td><td>${dur(s.duration_seconds)}</td><td class="mono">${esc(s.short_hash)}</td><td class="mono muted">${esc(s.path)}</td></tr>`}).join('');
   document.getElementById('count').textContent=steps.length; applyFilter();}
 async function refresh(){let running=false;try{const r=await fetch('/api/steps');if(r.ok){const d=await r.json();render(d.steps);
@@ -88,12 +104,13 @@ setTimeout(refresh, document.querySelector('tr[data-status="RUNNING"]')?3000:150
 """
 
 
-def step_list_page(rows: list[StepRow], prefix: str) -> str:
+def step_list_page(rows: list[StepRow], prefix: str, newest: dict[str, bool | None] | None = None) -> str:
     now = time.time()
+    newest = newest or {}
     body = (f'<p><input id="filter" placeholder="filter by name or status" size="40"> '
             f'<span class="muted"><span id="count">{len(rows)}</span> steps · updated <span id="updated">now</span></span></p>'
             '<table id="steps"><thead><tr><th>step</th><th>status</th><th>age</th><th>duration</th><th>hash</th><th>folder</th></tr></thead>'
-            f'<tbody>{"".join(_row_html(r, now) for r in rows)}</tbody></table><script>{LIST_SCRIPT}</script>')
+            f'<tbody>{"".join(_row_html(r, now, newest.get(r.path)) for r in rows)}</tbody></table><script>{LIST_SCRIPT}</script>')
     return layout("Steps", body, prefix)
 
 
@@ -174,26 +191,96 @@ def step_page(detail: StepDetail, prefix: str, compare: str | None, differences:
     return layout(f"{row.name} {row.short_hash}", "".join(parts), prefix)
 
 
-def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str, dict], extras: dict[str, dict], prefix: str) -> str:
+# Sorts the comparison table by the clicked column (numbers as numbers, a second click reverses).
+SORT_SCRIPT = """
+document.querySelectorAll('table.sortable th[data-key]').forEach((th,col)=>th.addEventListener('click',()=>{
+  const table=th.closest('table'),body=table.tBodies[0],down=th.dataset.order!=='asc';
+  table.querySelectorAll('th').forEach(h=>{delete h.dataset.order;});th.dataset.order=down?'asc':'desc';
+  const key=tr=>{const v=tr.cells[col+1].dataset.sort;const n=Number(v);return v!==''&&!isNaN(n)?n:v;};
+  const rows=[...body.rows].sort((a,b)=>{const x=key(a),y=key(b);const c=typeof x==='number'&&typeof y==='number'?x-y:String(x).localeCompare(String(y));
+    return down?c:-c;});rows.forEach(r=>body.append(r));}));
+"""
+
+
+@dataclass(frozen=True)
+class ChartView:
+    """What the runs page's controls chose: smoothing weight, x by step or tokens, log y, zoomed x range."""
+
+    smoothing: float = 0.0
+    x_axis: str = "step"  # or "tokens"
+    log_y: bool = False
+    x_range: tuple[float, float] | None = None
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f'<td class="mono" data-sort="{value!r}">{escape(value_text(value))}</td>'
+    text = "-" if value is None else value if isinstance(value, str) else json.dumps(value, default=str)
+    return f'<td class="mono" data-sort="{escape(text)}">{escape(text)}</td>'
+
+
+def comparison_table(comparison: Comparison, names: dict[str, str]) -> str:
+    columns = comparison.metrics + comparison.settings
+    head = "".join(f'<th data-key="{escape(c)}" class="{"metric" if c in comparison.metrics else "setting"}" '
+                   f'title="click to sort">{escape(c)}</th>' for c in columns)
+    rows = "".join(f'<tr data-run="{escape(path)}"><td>{escape(names.get(path, path))}</td>'
+                   + "".join(_cell(comparison.values[path].get(c)) for c in columns) + "</tr>"
+                   for path in comparison.runs)
+    note = ("" if comparison.settings else '<p class="muted">no settings differ between these runs</p>')
+    return (f'<h3>Comparison</h3><p class="muted">final metrics, then only the settings that differ '
+            f'(as <code>marin explain A B</code> compares them); click a heading to sort</p>'
+            f'<div class="wide"><table id="comparison" class="sortable"><thead><tr><th>run</th>{head}</tr></thead>'
+            f'<tbody>{rows}</tbody></table></div>{note}<script>{SORT_SCRIPT}</script>')
+
+
+def _controls(view: ChartView) -> str:
+    def options(name: str, chosen: str, choices: tuple[str, ...]) -> str:
+        inner = "".join(f'<option value="{c}"{" selected" if c == chosen else ""}>{c}</option>' for c in choices)
+        return f'<select name="{name}" id="{name}-axis">{inner}</select>'
+
+    zoom = ""
+    if view.x_range is not None:
+        lo, hi = view.x_range
+        zoom = (f' · <span id="zoom">{escape(view.x_axis)} {lo:,.0f}–{hi:,.0f}</span> '
+                f'<a id="reset-zoom" href="#" onclick="zoomTo(null);return false">reset zoom</a>')
+    return (f'<p class="controls">smoothing <input type="range" id="smoothing" name="smooth" min="0" max="0.99" step="0.01" '
+            f'value="{view.smoothing}"> <span id="smoothing-value">{view.smoothing:.2f}</span> · '
+            f'x {options("x", view.x_axis, ("step", "tokens"))} · y {options("y", "log" if view.log_y else "linear", ("linear", "log"))}'
+            f'{zoom} <span class="muted">· hover for values, drag across a chart to zoom, double-click to zoom out</span></p>')
+
+
+def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str, dict], extras: dict[str, dict],
+              prefix: str, view: ChartView = ChartView(), comparison: Comparison | None = None) -> str:
+    now = time.time()
     checks = "".join(f'<label><input type="checkbox" name="run" value="{escape(r.path)}"{" checked" if r.path in selected else ""}>'
-                     f" {escape(r.name)} <span class=\"mono muted\">{escape(r.short_hash)}</span></label><br>" for r in runs)
-    parts = [f'<form method="get" action="/runs">{checks or "<p class=muted>no training runs (no metrics.jsonl) under this prefix</p>"}'
-             + ('<button>show</button>' if checks else "") + "</form>"]
+                     f' {escape(r.name)} <span class="mono muted">{escape(r.short_hash)}</span>'
+                     f' <span class="muted">{seconds_text(r.to_json(now)["age_seconds"])} ago</span></label><br>' for r in runs)
+    if not checks:
+        return layout("Training runs", '<p class="muted">no training runs (no metrics.jsonl) under this prefix</p>', prefix)
+    parts = [f'<form method="get" action="/runs" id="chart-controls"><div class="runs">{checks}</div>'
+             f'<button>show</button>{_controls(view)}</form>']
     names = {r.path: f"{r.name} {r.short_hash}" for r in runs}
-    for title, pattern in CHARTS:
+    if comparison is not None and len(comparison.runs) > 1:
+        parts.append(comparison_table(comparison, names))
+    axes_x = "tokens" if view.x_axis == "tokens" else "step"
+    charts = []
+    for title, pattern, y_title in CHARTS:
         overlaid: dict[str, list] = {}
         for path in selected:
-            for label, points in chart_series(series_by_run.get(path, {}), pattern).items():
+            series = series_by_run.get(path, {})
+            for label, points in chart_series(by_tokens(series) if axes_x == "tokens" else series, pattern).items():
                 key = names.get(path, path) if "*" not in pattern else f"{names.get(path, path)} · {label}"
                 overlaid[key] = points
-        parts.append(line_chart(title, overlaid))
+        axes = Axes(x_title=axes_x, y_title=y_title, log_y=view.log_y, x_range=view.x_range)
+        charts.append(line_chart(title, overlaid, axes, smoothing=view.smoothing))
+    parts.append(f'<div class="charts">{"".join(charts)}</div><script>{CHART_SCRIPT}</script>')
     for path in selected:
         extra = extras.get(path) or {}
         if extra.get("samples"):
             parts.append(f"<h3>Samples: {escape(names.get(path, path))}</h3>"
-                         + "".join(f"<pre>{escape(s)}</pre>" for s in extra["samples"]))
+                         + "".join(f'<pre class="sample">{escape(s)}</pre>' for s in extra["samples"]))
         if extra.get("model_card"):
-            parts.append(f"<h3>Model card: {escape(names.get(path, path))}</h3><pre>{escape(extra['model_card'])}</pre>")
+            parts.append(f"<h3>Model card: {escape(names.get(path, path))}</h3><pre class=\"sample\">{escape(extra['model_card'])}</pre>")
     return layout("Training runs", "".join(parts), prefix)
 
 

@@ -24,13 +24,15 @@ METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
 CARD_FILE = "MODEL_CARD.md"
 
-# (chart title, how a metrics record names it). Validation losses are every ``eval/<set>/loss``.
+TOKENS_KEY = "tokens"  # the trainer's running count of tokens trained on, logged with each step
+
+# (chart title, how a metrics record names it, y axis title). Validation losses are every ``eval/<set>/loss``.
 CHARTS = (
-    ("loss", "loss"),
-    ("validation loss", "eval/*/loss"),
-    ("learning rate", "lr"),
-    ("tokens/s", "tokens_per_second"),
-    ("MFU", "mfu"),
+    ("loss", "loss", "training loss"),
+    ("validation loss", "eval/*/loss", "validation loss"),
+    ("learning rate", "lr", "learning rate"),
+    ("tokens/s", "tokens_per_second", "tokens per second"),
+    ("MFU", "mfu", "model FLOPs utilisation"),
 )
 
 
@@ -73,6 +75,24 @@ def chart_series(series: dict[str, list[tuple[int, float]]], pattern: str) -> di
     head, tail = pattern.split("*", 1)
     return {key[len(head) : len(key) - len(tail)]: points for key, points in series.items()
             if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail)}
+
+
+def by_tokens(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[float, float]]]:
+    """The same series with x the tokens trained on by that step; steps that logged no count are left out."""
+    tokens = dict(series.get(TOKENS_KEY, []))
+    return {key: [(tokens[step], value) for step, value in points if step in tokens] for key, points in series.items()}
+
+
+def final_metrics(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
+    """Each chart's last value (validation losses one per set), plus the last step and token count."""
+    final = {"steps": float(series["loss"][-1][0])} if series.get("loss") else {}
+    if series.get(TOKENS_KEY):
+        final["tokens"] = series[TOKENS_KEY][-1][1]
+    for title, pattern, _ in CHARTS:
+        for label, points in chart_series(series, pattern).items():
+            if points:
+                final[title if "*" not in pattern else f"{label} loss"] = points[-1][1]
+    return final
 
 
 def is_training_run(prefix: str, row: StepRow) -> bool:

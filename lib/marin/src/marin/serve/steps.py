@@ -112,6 +112,24 @@ def list_rows(prefix: str) -> list[StepRow]:
         return list(pool.map(lambda folder: read_row(prefix, folder), folders))
 
 
+def newest_first(rows: list[StepRow]) -> list[StepRow]:
+    """Rows by their last status time, newest first (a row with no status last), then by folder."""
+    return sorted(rows, key=lambda row: (-(row.status_time or row.started or 0.0), row.path))
+
+
+def version_marks(rows: list[StepRow]) -> dict[str, bool | None]:
+    """Per path: ``True`` for the newest of several outputs sharing a name, ``False`` for the older ones,
+    ``None`` where the name is the only one of its kind (nothing to tell apart)."""
+    by_name: dict[str, list[StepRow]] = {}
+    for row in rows:
+        by_name.setdefault(row.name, []).append(row)
+    marks: dict[str, bool | None] = {}
+    for group in by_name.values():
+        newest = newest_first(group)[0].path if len(group) > 1 else None
+        marks.update({row.path: None if newest is None else row.path == newest for row in group})
+    return marks
+
+
 def step_folder(prefix: str, path: str) -> str:
     """The folder of the step at ``path`` (relative to the prefix), or :class:`NotFoundError`."""
     folder = resolve(prefix, path)

@@ -1,0 +1,117 @@
+"""The runs page's charts and comparison, on a prefix of two hand-made training runs of one step name."""
+
+from __future__ import annotations
+
+import json
+import re
+from html import unescape
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient
+from marin.serve.app import create_app
+from marin.serve.charts import Axes, _label, _log_ticks, _ticks, line_chart, smooth
+
+STEPS = 10
+TOKENS_PER_STEP = 512
+
+
+def _run(prefix: Path, short: str, lr: float, finished: float, loss_start: float) -> str:
+    folder = prefix / "checkpoints" / f"tiny-{short}"
+    folder.mkdir(parents=True)
+    (folder / ".executor_info").write_text(json.dumps({
+        "name": "checkpoints/tiny", "identity": short + "0" * 56, "version": "v1",
+        "hash_attrs": {"optimizer": {"learning_rate": lr, "weight_decay": 0.1}, "batch_size": 4},
+        "deps": [{"name": "tokenized/stories", "identity": "ab" * 32}]}))
+    (folder / ".executor_status").write_text(json.dumps({"status": "SUCCESS", "time": finished}))
+    with open(folder / "metrics.jsonl", "w") as handle:
+        for step in range(1, STEPS + 1):
+            record = {"step": step, "loss": loss_start - 0.25 * step, "lr": lr, "tokens": step * TOKENS_PER_STEP}
+            if step == STEPS:
+                record["eval/stories/loss"] = loss_start - 2.0
+            handle.write(json.dumps(record) + "\n")
+    return f"checkpoints/tiny-{short}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("charts") / "prefix"
+    older = _run(prefix, "11111111", 6e-4, 1.0e9, 5.0)
+    newer = _run(prefix, "22222222", 6e-3, 2.0e9, 4.0)
+    return TestClient(create_app(str(prefix))), older, newer
+
+
+def _drawn(page: str) -> dict[str, list[list[float]]]:
+    """The loss chart's series (the first chart), as the page hands them to its script."""
+    loss = page.split('data-title="validation loss"')[0]
+    return {unescape(name): json.loads(unescape(values)) for name, values in
+            re.findall(r'data-series="([^"]+)" data-points="\d+" data-colour="[^"]+" data-values="([^"]+)"', loss)}
+
+
+def test_smoothing_removes_the_start_up_bias():
+    assert smooth([4.0, 0.0, 0.0], 0.0) == [4.0, 0.0, 0.0]
+    # weight 0.5: averages 2, 1, 0.5 divided by 1 - 0.5**n = 0.5, 0.75, 0.875
+    assert smooth([4.0, 0.0, 0.0], 0.5) == pytest.approx([4.0, 4 / 3, 4 / 7])
+    assert smooth([3.0] * 5, 0.9) == pytest.approx([3.0] * 5)  # a constant stays itself
+
+
+def test_tick_labels_never_repeat():
+    for lo, hi in ((99, 101), (2.6, 2.75), (0, 1.2e6), (0.0011, 0.0014), (1, 7)):
+        ticks = _ticks(lo, hi)
+        labels = [_label(t, ticks[1] - ticks[0]) for t in ticks]
+        assert len(set(labels)) == len(labels) >= 2, (lo, hi, labels)
+    assert _ticks(99, 101, integer=True) == [99, 100, 101]
+    assert [round(10**t, 6) for t in _log_ticks(-2, 1)] == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10]
+
+
+def test_a_single_point_chart_has_one_x_tick_under_the_point():
+    svg = line_chart("validation loss", {"run": [(100, 2.737)]}, Axes(y_title="validation loss"))
+    x_labels = re.findall(r'text-anchor="middle" class="tick">([^<]+)<', svg)
+    assert x_labels == ["100"]
+    y_labels = re.findall(r'text-anchor="end" class="tick">([^<]+)<', svg)
+    assert len(set(y_labels)) == len(y_labels) >= 2
+    assert '<circle' in svg and ">step</text>" in svg and ">validation loss</text>" in svg
+
+
+def test_runs_page_opens_on_the_newest_run_first(runs):
+    client, older, newer = runs
+    page = client.get("/runs").text
+    checked = re.findall(r'value="([^"]+)" checked', page)
+    assert checked == [newer, older]  # both selected (fewer than the default count), newest first
+    assert page.index(newer) < page.index(older)
+
+
+def test_step_list_marks_the_newest_of_same_named_steps(runs):
+    client, older, newer = runs
+    marks = {s["path"]: s["newest"] for s in client.get("/api/steps").json()["steps"]}
+    assert marks == {newer: True, older: False}
+    page = client.get("/").text
+    newer_row = page[page.index(f'path={newer.replace("/", "%2F")}'):]
+    assert newer_row.index('class="newest"') < newer_row.index("</tr>")
+
+
+def test_x_by_tokens_log_y_and_zoom_redraw_on_the_server(runs):
+    client, older, newer = runs
+    by_step = _drawn(client.get("/runs", params={"run": newer}).text)
+    assert by_step["checkpoints/tiny 22222222"][0] == [1, 3.75]
+    by_tokens = _drawn(client.get("/runs", params={"run": newer, "x": "tokens"}).text)
+    assert by_tokens["checkpoints/tiny 22222222"][0] == [TOKENS_PER_STEP, 3.75]
+    log_page = client.get("/runs", params={"run": newer, "y": "log"}).text
+    assert "training loss (log)" in log_page and 'data-log="1"' in log_page
+    zoomed = _drawn(client.get("/runs", params={"run": newer, "xmin": 3, "xmax": 6}).text)
+    assert [x for x, _ in zoomed["checkpoints/tiny 22222222"]] == [3, 4, 5, 6]
+
+
+def test_comparison_shows_final_metrics_and_only_the_settings_that_differ(runs):
+    client, older, newer = runs
+    table = client.get("/api/compare", params={"run": [older, newer]}).json()
+    assert table["settings"] == ["hash_attrs.optimizer.learning_rate"]  # batch size, decay, data: the same
+    assert table["values"][older]["loss"] == pytest.approx(5.0 - 0.25 * STEPS)
+    assert table["values"][newer]["stories loss"] == pytest.approx(2.0)
+    assert table["values"][newer]["hash_attrs.optimizer.learning_rate"] == 6e-3
+    page = client.get("/runs", params={"run": [older, newer]}).text
+    assert 'id="comparison"' in page and "weight_decay" not in page.split('id="comparison"')[1].split("</table>")[0]
