@@ -14,7 +14,7 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
 from marin.serve.app import create_app
-from marin.serve.charts import Axes, _label, _log_ticks, _ticks, line_chart, smooth
+from marin.serve.charts import Axes, _label, _log_ticks, _ticks, line_chart, short_label, smooth
 
 STEPS = 10
 TOKENS_PER_STEP = 512
@@ -115,3 +115,10 @@ def test_comparison_shows_final_metrics_and_only_the_settings_that_differ(runs):
     assert table["values"][newer]["hash_attrs.optimizer.learning_rate"] == 6e-3
     page = client.get("/runs", params={"run": [older, newer]}).text
     assert 'id="comparison"' in page and "weight_decay" not in page.split('id="comparison"')[1].split("</table>")[0]
+
+
+def test_lineage_labels_are_cut_in_the_middle_so_versions_stay_apart():
+    first, second = "checkpoints/marin-nano-tinystories 72472b56", "checkpoints/marin-nano-tinystories 0badc0de"
+    assert short_label(first) != short_label(second)
+    assert len(short_label(first)) == 30 and short_label(first).endswith("es 72472b56")
+    assert short_label("data/raw 0123abcd") == "data/raw 0123abcd"

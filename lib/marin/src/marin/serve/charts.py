@@ -232,6 +232,14 @@ document.querySelectorAll('#chart-controls select').forEach(s=>s.addEventListene
 """
 
 
+def short_label(label: str, limit: int = 30) -> str:
+    """A box's label cut in the middle: its end (the short hash) tells two versions of one step apart."""
+    if len(label) <= limit:
+        return label
+    tail = 12
+    return label[: limit - tail - 1] + "…" + label[-tail:]
+
+
 def lineage_graph(centre: str, dependencies: list[tuple[str, str | None]], dependents: list[tuple[str, str | None]],
                   link) -> str:
     """Dependencies left, the step in the middle, dependents right; ``link(path)`` gives each box's href."""
@@ -242,7 +250,7 @@ def lineage_graph(centre: str, dependencies: list[tuple[str, str | None]], depen
     parts = [f'<svg class="lineage" viewBox="0 0 {width} {height}" width="{width}" height="{height}">']
 
     def box(x: float, y: float, label: str, path: str | None, cls: str) -> str:
-        text = label if len(label) <= 30 else label[:29] + "…"
+        text = short_label(label)
         inner = (f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="4" class="{cls}"/>'
                  f'<text x="{x + 8}" y="{y + 17}">{escape(text)}</text><title>{escape(label)}</title>')
         return f'<a href="{escape(link(path))}">{inner}</a>' if path is not None else f"<g>{inner}</g>"
