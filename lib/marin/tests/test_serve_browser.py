@@ -235,6 +235,8 @@ def test_hovering_a_chart_reads_out_step_value_and_run(server, browser, tiny_run
     (row,) = readout.find_elements(By.CSS_SELECTOR, ".row")
     assert row.get_attribute("data-series").startswith("checkpoints/tiny ")
     assert float(row.get_attribute("data-value")) == _losses(tiny_run[1])[2]  # the value logged, not read off pixels
+    sample = browser.find_element(By.CSS_SELECTOR, "pre.sample")  # samples wrap instead of scrolling sideways
+    assert sample.value_of_css_property("white-space") == "pre-wrap"
     _screenshot(browser, tmp_path, "hover")
 
 

@@ -15,6 +15,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient
 from marin.serve.app import create_app
 from marin.serve.charts import Axes, _label, _log_ticks, _ticks, line_chart, short_label, smooth
+from marin.serve.runs import by_tokens
 
 STEPS = 10
 TOKENS_PER_STEP = 512
@@ -122,3 +123,9 @@ def test_lineage_labels_are_cut_in_the_middle_so_versions_stay_apart():
     assert short_label(first) != short_label(second)
     assert len(short_label(first)) == 30 and short_label(first).endswith("es 72472b56")
     assert short_label("data/raw 0123abcd") == "data/raw 0123abcd"
+
+
+def test_x_by_tokens_interpolates_a_step_logged_without_a_count():
+    series = {"tokens": [(2, 1000.0), (4, 2000.0)], "eval/x/loss": [(1, 9.0), (3, 5.0), (4, 4.0), (5, 3.0)]}
+    # step 3 lies halfway between the counts at 2 and 4; steps 1 and 5 are outside them and left out
+    assert by_tokens(series)["eval/x/loss"] == [(1500.0, 5.0), (2000.0, 4.0)]

@@ -9,6 +9,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
+from marin.execution.explain import flatten_attributes
 from marin.serve.attempts import AttemptRow, LogWindow
 from marin.serve.charts import CHART_SCRIPT, Axes, line_chart, lineage_graph, value_text
 from marin.serve.compare import Comparison
@@ -118,14 +119,6 @@ def _json_block(value: Any) -> str:
     return f"<pre>{escape(json.dumps(value, indent=2, sort_keys=True, default=str))}</pre>"
 
 
-def _flat_attrs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    if isinstance(value, dict) and value:
-        return [item for key in sorted(value) for item in _flat_attrs(value[key], f"{prefix}.{key}" if prefix else key)]
-    if isinstance(value, list) and value:
-        return [item for i, v in enumerate(value) for item in _flat_attrs(v, f"{prefix}[{i}]")]
-    return [(prefix or "(value)", value)]
-
-
 def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
     if not attempts:
         return '<p class="muted" id="no-attempts">no attempts recorded in this step\'s folder</p>'
@@ -150,7 +143,7 @@ def step_page(detail: StepDetail, prefix: str, compare: str | None, differences:
               attempts: list[AttemptRow] | None = None) -> str:
     row, info = detail.row, detail.info
     attrs = "".join(f'<tr><td class="mono">{escape(k)}</td><td class="mono">{escape(json.dumps(v, default=str))}</td></tr>'
-                    for k, v in _flat_attrs(info.get("hash_attrs") or {}))
+                    for k, v in flatten_attributes(info.get("hash_attrs") or {}).items())
     summary = (f'<table><tr><th>status</th><td class="{escape(row.status or "")}">{escape(row.status or "-")}</td></tr>'
                f'<tr><th>identity</th><td class="mono">{escape(row.identity or "-")}</td></tr>'
                f'<tr><th>version</th><td>{escape(str(row.version))}</td></tr>'

@@ -7,6 +7,7 @@ is always kept), which a chart a few hundred pixels wide cannot tell apart.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import math
@@ -78,9 +79,29 @@ def chart_series(series: dict[str, list[tuple[int, float]]], pattern: str) -> di
 
 
 def by_tokens(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[float, float]]]:
-    """The same series with x the tokens trained on by that step; steps that logged no count are left out."""
-    tokens = dict(series.get(TOKENS_KEY, []))
-    return {key: [(tokens[step], value) for step, value in points if step in tokens] for key, points in series.items()}
+    """The same series with x the tokens trained on by that step.
+
+    A step without its own count (an evaluation logged apart, or a point the thinning kept for one
+    series and not the other) gets the count interpolated between its neighbours; steps outside
+    the counted range are left out rather than guessed.
+    """
+    counted = series.get(TOKENS_KEY, [])
+    steps = [step for step, _ in counted]
+
+    def tokens_at(step: int) -> float | None:
+        index = bisect.bisect_left(steps, step)
+        if index < len(steps) and steps[index] == step:
+            return counted[index][1]
+        if index == 0 or index == len(steps):
+            return None
+        (s0, t0), (s1, t1) = counted[index - 1], counted[index]
+        return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key, points in series.items():
+        mapped = [(tokens_at(step), value) for step, value in points]
+        out[key] = [(x, value) for x, value in mapped if x is not None]
+    return out
 
 
 def final_metrics(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
