@@ -288,7 +288,7 @@ def test_the_comparison_table_shows_what_differs_and_sorts(server, browser, tiny
 def test_dragging_across_a_chart_zooms_and_a_double_click_zooms_out(server, browser, tiny_run, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
 
-    browser.get(f"{server}/runs?run={_relative(tiny_run, 1)}")
+    browser.get(f"{server}/runs?run={_relative(tiny_run, 1)}&smooth=0.3")
     _hover_step(browser, _loss_chart(browser), 2)
     svg = _loss_chart(browser).find_element(By.CSS_SELECTOR, "svg.chart")
     width, view_width = svg.size["width"], float(svg.get_dom_attribute("viewBox").split()[2])
@@ -300,6 +300,7 @@ def test_dragging_across_a_chart_zooms_and_a_double_click_zooms_out(server, brow
     steps = [x for x, _ in json.loads(line.get_attribute("data-values"))]
     assert {3, 4} <= set(steps) <= {2, 3, 4, 5}  # the dragged range, to a pixel either side
     assert browser.find_element(By.ID, "reset-zoom").is_displayed()
+    assert browser.find_element(By.ID, "smoothing").get_attribute("value") == "0.3"  # zooming keeps the smoothing
     ActionChains(browser).double_click(_loss_chart(browser).find_element(By.CSS_SELECTOR, "svg.chart")).perform()
     _wait(browser, lambda driver: "xmin=" not in driver.current_url)
     line = _loss_chart(browser).find_element(By.CSS_SELECTOR, "polyline.series")

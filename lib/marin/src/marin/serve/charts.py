@@ -215,7 +215,8 @@ function showReadout(svg,event){const sc=chartScale(svg),x=sc.dx(svgX(svg,event)
   for(const r of shown){const span=document.createElement('span');span.className='row';span.dataset.series=r.name;
     span.dataset.value=r.value;span.style.borderLeft='10px solid '+r.colour;
     span.textContent=r.name+': '+fmtValue(r.value)+(w>0?' (raw '+fmtValue(r.raw)+')':'');box.append(span);}}
-function zoomTo(lo,hi){const u=new URL(location.href);if(lo===null){u.searchParams.delete('xmin');u.searchParams.delete('xmax');}
+function zoomTo(lo,hi){const u=new URL(location.href),w=document.getElementById('smoothing');
+  if(w)u.searchParams.set('smooth',w.value);if(lo===null){u.searchParams.delete('xmin');u.searchParams.delete('xmax');}
   else{u.searchParams.set('xmin',lo);u.searchParams.set('xmax',hi);}location.href=u.toString();}
 document.querySelectorAll('svg.chart').forEach(svg=>{let start=null;const brush=svg.querySelector('.brush');
   svg.addEventListener('mousemove',e=>{showReadout(svg,e);if(start!==null){const x=svgX(svg,e);
