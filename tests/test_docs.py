@@ -1,15 +1,16 @@
 """Every code block of README.md and docs/*.md that can run on this machine runs as written.
 
 Python blocks of one page run in order in one namespace, and then again in a fresh one, as a
-reader pasting the page twice would (the pages start in a scratch folder of their own, so the
-second time starts afresh: no assertion about what ran may fail, no FAILED step stays behind); shell blocks (```bash, ```sh) of one page
-run in order, each in its own ``bash -euo pipefail``. Both run in a scratch folder that
-holds links to the checkout's ``.venv`` and ``experiments/`` (so ``source .venv/bin/activate`` and
-``marin run experiments/...`` work as in the repository root, while everything a block writes lands
-in the scratch folder), with MARIN_PREFIX and IRIS_HOME pointing at scratch folders and this
-Python's environment first on PATH. A page's shell blocks start on a prefix that holds the
-tutorial's outputs, as the pages say they do after ``make tutorial``: the tutorial runs once per
-test session, from nothing, with ``--set train.num_train_steps=2``, and each page gets a copy.
+reader pasting the page twice would: the pages start in a scratch folder and prefix of their own,
+so the second time starts afresh (no assertion about what ran fails, no FAILED step stays in the
+reader's prefix, nothing is written beside them). Shell blocks (```bash, ```sh) of one page run in order, each in
+its own ``bash -euo pipefail``. Both run in a scratch folder holding links to the checkout's
+``.venv`` and ``experiments/`` (so ``source .venv/bin/activate`` and ``marin run experiments/...``
+work as in the repository root, while what a block writes lands in the scratch folder), with
+MARIN_PREFIX and IRIS_HOME pointing at scratch folders and this Python's environment first on
+PATH. A page's shell blocks start on a prefix that holds the tutorial's outputs, as the pages say
+they do after ``make tutorial``: the tutorial runs once per module, from nothing, with ``--set
+train.num_train_steps=2``, and each page gets a copy.
 
 A block opts out with ``no-run`` in its fence (```python no-run, ```bash no-run); the page says why
 next to it (a cloud account, a real cluster, the network, a server that runs until stopped). A long
