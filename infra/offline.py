@@ -51,11 +51,26 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
+def ensure_event_loop() -> None:
+    """Pulumi's mocks run on the thread's current asyncio loop; code that ran before (a web server,
+    another library's event loop) may have closed it or left none set."""
+    import asyncio
+
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+        if not loop.is_closed():
+            return
+    except RuntimeError:
+        pass
+    asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 def plan(settings: StackSettings) -> list[DeclaredResource]:
     """Every resource :func:`~infra.stack.declare_stack` declares for ``settings``, in order."""
     from infra.stack import declare_stack
 
     mocks = RecordingMocks(settings.project)
+    ensure_event_loop()
     pulumi.runtime.set_mocks(mocks, project="marin-infra", stack="offline", preview=False)
 
     @pulumi.runtime.test
@@ -67,4 +82,4 @@ def plan(settings: StackSettings) -> list[DeclaredResource]:
     return list(mocks.resources)
 
 
-__all__ = ["DeclaredResource", "RecordingMocks", "plan"]
+__all__ = ["DeclaredResource", "RecordingMocks", "ensure_event_loop", "plan"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.identities import AUTOSCALER_TPU_PERMISSIONS
-from infra.offline import DeclaredResource, plan
+from infra.offline import DeclaredResource, ensure_event_loop, plan
 
 BUCKET = "gcp:storage/bucket:Bucket"
 ACCOUNT = "gcp:serviceaccount/account:Account"
@@ -175,6 +175,7 @@ def test_pulumi_runs_the_stacks_settings_file_through_the_program_entry():
     from infra.offline import RecordingMocks
 
     mocks = RecordingMocks("mylab-marin")
+    ensure_event_loop()
     pulumi.runtime.set_mocks(mocks, project="marin-infra", stack="example", preview=False)
     program = Path(__file__).resolve().parent.parent / "program" / "__main__.py"
 

@@ -68,11 +68,19 @@ def first_run(inputs, tmp_path_factory):
     level = root.level
     root.addHandler(messages)
     root.setLevel(logging.INFO)
+    # Earlier tests in the same process may have run a library's logging.config set-up, which
+    # disables every logger that existed then: these lines must reach the root all the same.
+    ours = [logging.getLogger(name) for name in ("levanter.trainer", "marin.experiment.train_step", "marin.execution.step_runner")]
+    saved = [(logger, logger.disabled, logger.level) for logger in ours]
+    for logger in ours:
+        logger.disabled, logger.level = False, logging.NOTSET
     try:
         report = StepRunner(prefix=prefix).run([model])
     finally:
         root.removeHandler(messages)
         root.setLevel(level)
+        for logger, disabled, logger_level in saved:
+            logger.disabled, logger.level = disabled, logger_level
     _run_log.extend(messages.lines)
     return prefix, data, model, report
 
