@@ -411,19 +411,14 @@ class Trainer:
     def _install_sigterm_handler(self):
         """Turn SIGTERM (how schedulers announce preemption) into a PREEMPT request: checkpoint at
         the end of the current step, then stop. Signals can only be handled in the main thread;
-        code that trains in another thread passes its own stop source for them. A handler the
-        program had installed still hears the signal (after this one): a launcher that counts on it
-        (to exit with "preempted, run me again", say) keeps working while training runs."""
+        code that trains in another thread passes its own stop source for them."""
         self._sigterm = StopSignal()
         if threading.current_thread() is not threading.main_thread():
             return None
-        previous = signal.getsignal(signal.SIGTERM)
 
         def on_sigterm(signum, frame):
             logger.warning("SIGTERM received: checkpointing after the current step, then stopping.")
             self._sigterm.request(StopAction.PREEMPT, "SIGTERM (preemption notice)")
-            if callable(previous):
-                previous(signum, frame)
 
         return signal.signal(signal.SIGTERM, on_sigterm)
 

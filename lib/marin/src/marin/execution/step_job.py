@@ -3,7 +3,8 @@
 The runner (:mod:`marin.execution.iris_steps`) writes the call, ``(spec, output path, dependency
 paths)`` pickled with cloudpickle, into the step's folder, and iris starts this module once per
 replica, wherever its engine places it. It calls the step's function as the runner would in a
-thread, with two differences that make a preempted step round-trip:
+thread (it runs in a thread here too, so the signals stay with this module), with two differences
+that make a preempted step round-trip:
 
 * SIGTERM (a preemption, ``iris job stop``, a Slurm time-limit warning) and Ctrl-C set the step's
   stop signal, so a training step checkpoints and stops; the process then exits with
@@ -84,16 +85,30 @@ def main(argv: list[str]) -> int:
     _stop_on_signals(stop)
     logger.info("Step %s (replica %d of iris job %s, attempt %s): %s", spec.name, replica,
                 os.environ.get("IRIS_JOB_ID", "?"), os.environ.get("IRIS_ATTEMPT", "?"), output_path)
-    try:
-        result = call_step_function(spec, output_path, dep_paths, threading.Event(), stop)
-    except BaseException:  # noqa: BLE001 - reported through the exit status, the traceback kept in the log
-        traceback.print_exc()
+    # The function runs in a thread, as in the runner, so this (main) thread keeps the signals: a
+    # library the step uses (the trainer) installs no handler of its own off the main thread, and
+    # sees the stop through the step's context instead.
+    outcome: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = call_step_function(spec, output_path, dep_paths, threading.Event(), stop)
+        except BaseException as exc:  # noqa: BLE001 - reported through the exit status below
+            outcome["error"] = exc
+            outcome["traceback"] = traceback.format_exc()
+
+    worker = threading.Thread(target=work, name=f"step {spec.name}", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)  # short waits, so signal handlers run promptly
+    if "error" in outcome:
+        print(outcome["traceback"], file=sys.stderr, end="")
         if stop.interrupt is Interrupt.SIGTERM:
             logger.warning("Step %s stopped for SIGTERM; exiting %d so it is run again", spec.name, PREEMPTED_EXIT_CODE)
             return PREEMPTED_EXIT_CODE
         return CTRL_C_EXIT_CODE if stop.interrupt is Interrupt.CTRL_C else 1
     if replica == 0:
-        fsx.atomic_write(result_url(call_url), cloudpickle.dumps(result))
+        fsx.atomic_write(result_url(call_url), cloudpickle.dumps(outcome["result"]))
     logger.info("Step %s finished", spec.name)
     return 0
 
