@@ -68,19 +68,21 @@ def first_run(inputs, tmp_path_factory):
     level = root.level
     root.addHandler(messages)
     root.setLevel(logging.INFO)
-    # Earlier tests in the same process may have run a library's logging.config set-up, which
-    # disables every logger that existed then: these lines must reach the root all the same.
-    ours = [logging.getLogger(name) for name in ("levanter.trainer", "marin.experiment.train_step", "marin.execution.step_runner")]
-    saved = [(logger, logger.disabled, logger.level) for logger in ours]
+    # Earlier tests in the same process may have trained with nobody's logging set up, and then
+    # levanter gave its logger a handler of its own and stopped it propagating (train_lm's
+    # _ensure_logging): these lines must reach the root all the same.
+    ours = [logging.getLogger(name) for name in ("levanter", "levanter.trainer", "marin.experiment.train_step",
+                                                 "marin.execution.step_runner")]
+    saved = [(logger, logger.disabled, logger.level, logger.propagate) for logger in ours]
     for logger in ours:
-        logger.disabled, logger.level = False, logging.NOTSET
+        logger.disabled, logger.level, logger.propagate = False, logging.NOTSET, True
     try:
         report = StepRunner(prefix=prefix).run([model])
     finally:
         root.removeHandler(messages)
         root.setLevel(level)
-        for logger, disabled, logger_level in saved:
-            logger.disabled, logger.level = disabled, logger_level
+        for logger, disabled, logger_level, propagate in saved:
+            logger.disabled, logger.level, logger.propagate = disabled, logger_level, propagate
     _run_log.extend(messages.lines)
     return prefix, data, model, report
 
