@@ -149,9 +149,9 @@ class AttemptLog:
             job_attempt=job_attempt,
         )
         fsx.makedirs(attempt_url(folder, record.attempt))
-        log = cls(folder, record)
-        fsx.atomic_write(fsx.join(log.url, RECORD_FILE), record.to_json())
-        return log
+        # The record first, so a reader finds the folder without it only for the moment between the two.
+        fsx.atomic_write(fsx.join(attempt_url(folder, record.attempt), RECORD_FILE), record.to_json())
+        return cls(folder, record)
 
     @property
     def attempt(self) -> int:

@@ -32,6 +32,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # what a shell reports for Ctrl-C
 CHUNK_BYTES = 1 << 20
 POLL_S = 1.0
+RECORD_WAIT_S = 5.0  # how long a new attempt folder may lack its attempt.json before it is shown as unreadable
 ORPHAN_GRACE_S = 15.0  # longer than a remote writer's flush interval (iris.attempt_log.REMOTE_FLUSH_S)
 
 
@@ -182,6 +183,7 @@ def _replica_number(url: str) -> int:
 def _follow(folder: str, printer: _Printer, only: int | None) -> None:
     """Poll the newest attempt until it has an outcome and the step is not RUNNING (attempt ``only``: until it has an outcome)."""
     orphaned_since: float | None = None
+    first_seen: dict[int, float] = {}
     while True:
         time.sleep(POLL_S)
         listings = list_attempts(folder)
@@ -195,6 +197,11 @@ def _follow(folder: str, printer: _Printer, only: int | None) -> None:
                 if _finished(listing) and not _finished(current):
                     printer.line(f"=== {listing.describe()}")  # how the attempt followed so far ended
             elif current is None or listing.attempt > current.attempt:
+                # A folder whose record is not there yet is being opened right now: its writer makes the
+                # folder, then writes attempt.json. Wait for it a little rather than call it unreadable.
+                seen = first_seen.setdefault(listing.attempt, time.monotonic())
+                if listing.record is None and time.monotonic() - seen < RECORD_WAIT_S:
+                    break
                 printer.attempt(listing)
         newest = printer.current
         status = _status(folder)
