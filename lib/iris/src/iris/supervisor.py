@@ -94,12 +94,12 @@ class Replica:
         if self._exit_code is None:
             status = self.job.status()
             if status is JobStatus.LOST:
-                self._append(b"\niris: lost this replica's machine or worker; counted as preempted\n")
+                self.note("lost this replica's machine or worker; counted as preempted")
                 self._exit_code = PREEMPTED_EXIT_CODE
             elif status is JobStatus.TIMED_OUT:
                 self.timed_out = True
                 self.sync_logs()
-                self._append(b"\niris: the cluster ended this replica at the job's time limit\n")
+                self.note("the cluster ended this replica at the job's time limit")
                 code = self.job.exit_code()
                 self._exit_code = code if code not in (None, 0) else 1
             elif status.finished:
@@ -115,6 +115,10 @@ class Replica:
         while chunk := self.job.read_log(self._copied):
             self._append(chunk)
             self._copied += len(chunk)
+
+    def note(self, text: str) -> None:
+        """A line of iris's own in the replica's log, set apart from the replica's output."""
+        self._append(f"\niris: {text}\n".encode())
 
     def _append(self, data: bytes) -> None:
         with open(self.log_path, "ab") as handle:
@@ -312,7 +316,7 @@ class Supervisor:
                 for index, replica in enumerate(replicas):
                     if codes[index] is None:
                         replica.timed_out = True
-                        replica._append(b"\niris: ending this replica at the job's time limit\n")
+                        replica.note("ending this replica at the job's time limit")
                         codes[index] = replica.stop()
                 return ended(AttemptOutcome.TIMED_OUT.value)
             broken = any(code not in (None, 0) for code in codes)

@@ -204,6 +204,15 @@ class DistributedClient(Protocol):
     def shutdown(self) -> None: ...
 
 
+def read_whole_log(read_log: Callable[[int], bytes]) -> str:
+    """A job's whole output from its ``read_log(offset)``, which returns bounded chunks (``JobHandle.logs``)."""
+    chunks, offset = [], 0
+    while chunk := read_log(offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
 def describe_request(resources: ResourceConfig) -> str:
     """``"64 CPUs, 4g RAM"`` / ``"1 CPU, 16g RAM, 8 x H100 GPU"`` / ``"1 CPU, 4g RAM, trainer: 1"``: what a
     user asked for, in words."""

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import cloudpickle
 
-from fray.cluster.client import JobRequest, JobStatus
+from fray.cluster.client import JobRequest, JobStatus, read_whole_log
 
 LOOPBACK = "127.0.0.1"
 CANNOT_START_EXIT_CODE = 127
@@ -116,11 +116,7 @@ class ProcessJob:
             return handle.read(limit)
 
     def logs(self) -> str:
-        chunks, offset = [], 0
-        while chunk := self.read_log(offset):
-            chunks.append(chunk)
-            offset += len(chunk)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        return read_whole_log(self.read_log)
 
     def terminate(self, grace_s: float = 5.0) -> None:
         if self._process is None or self._process.poll() is not None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from rigging.log import get_logger
 
-from fray.cluster.client import JobStatus
+from fray.cluster.client import JobStatus, read_whole_log
 from fray.cluster.slurm_commands import (
     JobStateBoard,
     SlurmCommandError,
@@ -223,11 +223,7 @@ class SlurmJob:
             return b""
 
     def logs(self) -> str:
-        chunks, offset = [], 0
-        while chunk := self.read_log(offset):
-            chunks.append(chunk)
-            offset += len(chunk)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        return read_whole_log(self.read_log)
 
     # -- a job placed with start=False ---------------------------------------------------------------------
 

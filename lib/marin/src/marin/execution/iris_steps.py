@@ -171,8 +171,9 @@ class IrisStepExecutor:
     def _adoptable(self, job_id: str | None) -> str | None:
         if job_id is None:
             return None
-        record = self.store.get(job_id)
-        return job_id if record is not None and not get_job(job_id, self.store).state.finished else None
+        if self.store.get(job_id) is None:  # a job of another iris database: nothing to adopt here
+            return None
+        return job_id if not get_job(job_id, self.store).state.finished else None
 
     # -- waiting ------------------------------------------------------------------------------------
 
