@@ -16,16 +16,14 @@ import math
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rigging import filesystem as fsx
 
-from marin.curation.damaged_input import OnDamagedInput
 from marin.curation.steps import (
     CurationError,
-    Mode,
-    OutputFormat,
+    StepOptions,
     Verdict,
     curation_step,
     read_records,
@@ -33,6 +31,9 @@ from marin.curation.steps import (
 )
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _WORD = re.compile(r"[^\W_]+")
 
@@ -179,12 +180,7 @@ def classifier_filtered(
     *,
     threshold: float | None = 0.5,
     top_fraction: float | None = None,
-    text_field: str = "text",
-    mode: Mode = "remove",
-    output_format: OutputFormat = "jsonl",
-    version: str | None = None,
-    backend: Any = None,
-    on_damaged_input: OnDamagedInput = "fail",
+    **options: Unpack[StepOptions],
 ) -> LazyStep:
     """A lazy step writing ``score`` per document and keeping those >= ``threshold``.
 
@@ -194,6 +190,7 @@ def classifier_filtered(
     if top_fraction is not None and not 0 < top_fraction <= 1:
         raise CurationError(f"top_fraction must be in (0, 1], got {top_fraction}")
     resolved = resolve_input(source)
+    text_field = options.get("text_field", "text")
 
     def make_annotator(ctx) -> _Threshold:
         scorer = load_scorer(ctx.load_artifact(classifier, QualityClassifier).result)
@@ -206,7 +203,5 @@ def classifier_filtered(
 
     rule = {"threshold": None if top_fraction is not None else threshold, "top_fraction": top_fraction}
     return curation_step(
-        name, "quality_classifier", source, rule, make_annotator, text_field=text_field, mode=mode,
-        output_format=output_format, extra_deps=(classifier,), version=version, backend=backend,
-        on_damaged_input=on_damaged_input,
+        name, "quality_classifier", source, rule, make_annotator, extra_deps=(classifier,), **options
     )

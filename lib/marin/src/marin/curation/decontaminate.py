@@ -14,19 +14,20 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from marin.curation.damaged_input import OnDamagedInput
 from marin.curation.steps import (
     CurationError,
-    Mode,
-    OutputFormat,
+    StepOptions,
     Verdict,
     curation_step,
     read_records,
     resolve_input,
 )
 from marin.execution.lazy import LazyStep
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _TOKEN = re.compile(r"[^\W_]+")
 
@@ -107,12 +108,7 @@ def decontaminated(
     n: int = 13,
     min_words: int = 8,
     eval_text_fields: Sequence[str] = ("text",),
-    text_field: str = "text",
-    mode: Mode = "remove",
-    output_format: OutputFormat = "jsonl",
-    version: str | None = None,
-    backend: Any = None,
-    on_damaged_input: OnDamagedInput = "fail",
+    **options: Unpack[StepOptions],
 ) -> LazyStep:
     """A lazy step removing (``mode="remove"``) or marking (``"mark"``) documents that overlap ``eval_sets``.
 
@@ -125,6 +121,7 @@ def decontaminated(
     config = DecontaminationConfig(n, min_words)
     evals = resolve_input(eval_sets)
     fields = tuple(eval_text_fields)
+    text_field = options.get("text_field", "text")
 
     def make_annotator(ctx) -> ContaminationCheck:
         items = list(evaluation_items(evals.files_at_run_time(ctx), fields))
@@ -134,6 +131,5 @@ def decontaminated(
 
     return curation_step(
         name, "decontaminate", source, {"config": config, "eval_sets": evals.identity, "eval_text_fields": fields},
-        make_annotator, text_field=text_field, mode=mode, output_format=output_format,
-        extra_deps=evals.deps, version=version, backend=backend, on_damaged_input=on_damaged_input,
+        make_annotator, extra_deps=evals.deps, **options,
     )

@@ -2,8 +2,10 @@
 
 A handle's identity covers what the output *is*: the input's identity (content digests of files, or
 the identity of the curation step that produced them), the dedup config, ``mode`` and
-``output_format``. ``backend`` and ``num_shards`` only choose where and how finely work runs;
-outputs are the same bytes either way, so neither enters the hash.
+``output_format``. ``backend``, ``num_shards`` and ``spill`` (a
+:class:`~marin.curation.dedup.spill.SpillSettings`: the buffers that bound a worker's memory) only
+choose where, how finely and in what pieces work runs; outputs are the same bytes either way, so
+none of them enters the hash.
 
 Outputs are laid out as every curation step's (:mod:`marin.curation.steps`): ``data/`` (documents
 passed on), ``removed/`` (with ``mode="mark"``, nothing: removed documents stay in ``data/`` with
@@ -36,6 +38,7 @@ from marin.curation.dedup.passes import (
     run_pass,
 )
 from marin.curation.dedup.records import file_sources
+from marin.curation.dedup.spill import SpillSettings
 from marin.curation.steps import (
     CuratedDataset,
     CurationInput,
@@ -110,17 +113,18 @@ class _PassSetup:
     work: str
     output: CurationSink
     backend: Any
+    spill: SpillSettings
 
     @classmethod
     def of(cls, ctx: Any, resolved: CurationInput, config: Any, num_shards: int | None, backend: Any,
-           mode: Mode, output_format: OutputFormat) -> _PassSetup:
+           mode: Mode, output_format: OutputFormat, spill: SpillSettings) -> _PassSetup:
         files = resolved.files_at_run_time(ctx)
         sources = file_sources(files, config.text_field, config.id_field)
         shards = num_shards or len(sources)
         if backend is None:
             backend = default_backend(max(shards, len(sources)), files, "dedup shards")
         output = CurationSink(ctx.output_path, output_format, mode, config.text_field)
-        return cls(sources, shards, join_url(ctx.output_path, ".work"), output, backend)
+        return cls(sources, shards, join_url(ctx.output_path, ".work"), output, backend, spill)
 
     def finish(self, result: CuratedDataset) -> CuratedDataset:
         fs, path = filesystem(self.work)
@@ -140,20 +144,21 @@ def _declare(name: str, source: Any, kind: str, attributes: Mapping[str, Any], r
 
 def exact_deduplicated(name: str, source: Any, *, config: ExactDedupConfig = ExactDedupConfig(),
                        mode: Mode = "remove", output_format: OutputFormat = "jsonl", num_shards: int | None = None,
-                       backend: Any = None, version: str | None = None) -> LazyStep:
+                       backend: Any = None, version: str | None = None, spill: SpillSettings = SpillSettings()) -> LazyStep:
     """A lazy handle: ``source`` without the documents whose normalised text repeats (each cluster keeps its smallest id)."""
 
     def run(ctx, resolved: CurationInput) -> CuratedDataset:
-        at = _PassSetup.of(ctx, resolved, config, num_shards, backend, mode, output_format)
-        return at.finish(run_pass(at.sources, exact_decisions(at.sources, at.shards), join_url(at.work, "decisions"),
-                                  at.output, at.backend, len(at.sources)))
+        at = _PassSetup.of(ctx, resolved, config, num_shards, backend, mode, output_format, spill)
+        decisions, counters = exact_decisions(at.sources, join_url(at.work, "keys"), at.backend, at.shards, at.spill)
+        return at.finish(run_pass(at.sources, decisions, join_url(at.work, "decisions"), at.output, at.backend,
+                                  at.spill, counters=counters))
 
     return _declare(name, source, "exact", asdict(config), run, mode, output_format, version)
 
 
 def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = FuzzyDedupConfig(),
                        mode: Mode = "remove", output_format: OutputFormat = "jsonl", num_shards: int | None = None,
-                       backend: Any = None, version: str | None = None) -> LazyStep:
+                       backend: Any = None, version: str | None = None, spill: SpillSettings = SpillSettings()) -> LazyStep:
     """A lazy handle: ``source`` without MinHash near duplicates (each cluster keeps its smallest id)."""
     bands, rows = config.lsh()
 
@@ -164,11 +169,11 @@ def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = Fuz
                 "candidate_buckets": counters.get("fuzzy/candidate_buckets", 0)}
 
     def run(ctx, resolved: CurationInput) -> CuratedDataset:
-        at = _PassSetup.of(ctx, resolved, config, num_shards, backend, mode, output_format)
+        at = _PassSetup.of(ctx, resolved, config, num_shards, backend, mode, output_format, spill)
         decisions, counters = fuzzy_decisions(at.sources, config.minhash(), bands, rows, config.threshold, at.work,
-                                              at.backend, at.shards)
+                                              at.backend, at.shards, at.spill)
         return at.finish(run_pass(at.sources, decisions, join_url(at.work, "decisions"), at.output, at.backend,
-                                  len(at.sources), details=details, counters=counters))
+                                  at.spill, details=details, counters=counters))
 
     attributes = {**asdict(config), "bands": bands, "rows": rows, "signature": SIGNATURE_SCHEME}
     return _declare(name, source, "fuzzy", attributes, run, mode, output_format, version)
@@ -176,7 +181,7 @@ def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = Fuz
 
 def line_deduplicated(name: str, source: Any, *, config: LineDedupConfig = LineDedupConfig(),
                       mode: Mode = "remove", output_format: OutputFormat = "jsonl", num_shards: int | None = None,
-                      backend: Any = None, version: str | None = None) -> LazyStep:
+                      backend: Any = None, version: str | None = None, spill: SpillSettings = SpillSettings()) -> LazyStep:
     """A lazy handle: ``source`` with lines repeated across ``config.min_documents`` documents cut from the text."""
 
     def details(counters: Mapping[str, int]) -> dict[str, Any]:
@@ -185,9 +190,10 @@ def line_deduplicated(name: str, source: Any, *, config: LineDedupConfig = LineD
                 "documents_with_lines_removed": counters.get("lines/documents_changed", 0)}
 
     def run(ctx, resolved: CurationInput) -> CuratedDataset:
-        at = _PassSetup.of(ctx, resolved, config, num_shards, backend, mode, output_format)
-        decisions = line_decisions(at.sources, config.min_documents, config.min_chars, config.keep_first, at.shards)
+        at = _PassSetup.of(ctx, resolved, config, num_shards, backend, mode, output_format, spill)
+        decisions, counters = line_decisions(at.sources, config.min_documents, config.min_chars, config.keep_first,
+                                             join_url(at.work, "keys"), at.backend, at.shards, at.spill)
         return at.finish(run_pass(at.sources, decisions, join_url(at.work, "decisions"), at.output, at.backend,
-                                  len(at.sources), AnnotateLines(config.text_field, config.min_chars), details))
+                                  at.spill, AnnotateLines(config.text_field, config.min_chars), details, counters))
 
     return _declare(name, source, "lines", asdict(config), run, mode, output_format, version)

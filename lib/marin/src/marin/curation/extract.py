@@ -25,15 +25,18 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rigging import filesystem as fsx
 
-from marin.curation.damaged_input import DamagedInputError, OnDamagedInput
+from marin.curation.damaged_input import DamagedInputError
 from marin.curation.page_guard import MAX_PAGE_BYTES, PAGE_TIME_LIMIT_S, page_problem
-from marin.curation.steps import Mode, OutputFormat, Verdict, curation_step
+from marin.curation.steps import OutputOptions, Verdict, curation_step
 from marin.curation.warc import warc_records
 from marin.execution.lazy import LazyStep
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -166,17 +169,12 @@ def extracted(
     source: Any,
     *,
     extractor: Extractor = "resiliparse",
-    mode: Mode = "remove",
-    output_format: OutputFormat = "jsonl",
-    version: str | None = None,
-    backend: Any = None,
-    on_damaged_input: OnDamagedInput = "fail",
+    **options: Unpack[OutputOptions],
 ) -> LazyStep:
     """A lazy step extracting documents from HTML/WARC files (a file, folder, glob, URL or list)."""
     if extractor not in ("resiliparse", "trafilatura"):
         raise ValueError(f"extractor must be 'resiliparse' or 'trafilatura', not {extractor!r}")
     return curation_step(
-        name, "extract", source, {"extractor": extractor}, lambda ctx: _has_text, mode=mode, output_format=output_format,
-        reader=WebReader(extractor), accept=is_web_input, version=version, backend=backend,
-        on_damaged_input=on_damaged_input,
+        name, "extract", source, {"extractor": extractor}, lambda ctx: _has_text, reader=WebReader(extractor),
+        accept=is_web_input, **options,
     )

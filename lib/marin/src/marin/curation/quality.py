@@ -15,11 +15,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from marin.curation.damaged_input import OnDamagedInput
-from marin.curation.steps import FieldRule, Mode, OutputFormat, Verdict, curation_step
+from marin.curation.steps import StepOptions, Verdict, rule_step
 from marin.execution.lazy import LazyStep
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _WORD = re.compile(r"\S+")
 _ALPHA = re.compile(r"[^\W\d_]")
@@ -209,17 +211,8 @@ def quality_filtered(
     gopher: GopherRules | None = GOPHER,
     c4: C4Rules | None = C4,
     rewrite: bool = True,
-    text_field: str = "text",
-    mode: Mode = "remove",
-    output_format: OutputFormat = "jsonl",
-    version: str | None = None,
-    backend: Any = None,
-    on_damaged_input: OnDamagedInput = "fail",
+    **options: Unpack[StepOptions],
 ) -> LazyStep:
     """A lazy step applying the C4 and Gopher rules (either may be ``None``); reasons name the rule."""
     rules = QualityRules(gopher, c4, rewrite)
-    return curation_step(
-        name, "quality_heuristics", source, rules, lambda ctx: FieldRule(rules, text_field),
-        text_field=text_field, mode=mode, output_format=output_format, version=version, backend=backend,
-        on_damaged_input=on_damaged_input,
-    )
+    return rule_step(name, "quality_heuristics", source, rules, **options)

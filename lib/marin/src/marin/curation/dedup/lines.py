@@ -5,22 +5,25 @@ piece with surrounding whitespace stripped. Lines shorter than ``min_chars`` (af
 never keys, so short common lines ("The end.") are left alone. A line repeated within one document
 counts once for that document.
 
-Pass 1 maps each document to one ``(line hash, id, file, position)`` item per distinct key and
-groups them by line hash, so a reducer sees one line's documents; a line found in at least
-``min_documents`` documents is boilerplate, and every document but the first (smallest id), or
-every document, gets a :class:`Decision` to remove it. Pass 2 joins those decisions onto the
-documents per input file (:class:`AnnotateLines`) and cuts the lines from the text.
+Pass 1 gives each document one keyed entry per distinct line and groups them by line hash
+(:mod:`~marin.curation.dedup.keyed`: sorted runs on scratch, merged per key partition), so a
+reducer sees one line's documents; a line found in at least ``min_documents`` documents is
+boilerplate, and every document but the first (smallest id), or every document, gets a
+:class:`Decision` to remove it. Pass 2 joins those decisions onto the documents per input file
+(:class:`AnnotateLines`) and cuts the lines from the text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import xxhash
-from zephyr import Dataset
 from zephyr.worker_context import count
 
+from marin.curation.dedup.keyed import KeyBatch, Member, keyed_groups
 from marin.curation.dedup.records import (
     Decision,
     Doc,
@@ -28,22 +31,14 @@ from marin.curation.dedup.records import (
     considered,
     written,
 )
+from marin.curation.dedup.spill import SpillSettings
 
 
 def line_decisions(sources: Sequence[FileDocs], min_documents: int, min_chars: int, keep_first: bool,
-                   num_shards: int) -> Dataset:
+                   folder: str, backend: Any, partitions: int, settings: SpillSettings) -> tuple[Any, dict[str, int]]:
     """One ``Decision(file, position, {"line": hash})`` per boilerplate line occurrence to cut."""
-    return (Dataset.from_shards(sources).filter(considered).flat_map(LineItems(min_chars))
-            .group_by(_line_hash, LineDecisions(min_documents, keep_first), num_shards=num_shards)
-            .flat_map(_as_list))
-
-
-def _line_hash(item: tuple) -> int:
-    return item[0]
-
-
-def _as_list(decisions: list[Decision]) -> list[Decision]:
-    return decisions
+    return keyed_groups(sources, LineKeys(min_chars), LineDecisions(min_documents, keep_first), folder, backend,
+                        partitions, settings, min_size=min_documents)
 
 
 def line_key(line: str, min_chars: int) -> int | None:
@@ -55,36 +50,46 @@ def line_key(line: str, min_chars: int) -> int | None:
 
 
 @dataclass(frozen=True)
-class LineItems:
-    """flat_map function: a document -> one ``(line hash, id, file, position)`` per distinct line."""
+class LineKeys:
+    """Keys of a batch: one per distinct line of each document."""
 
     min_chars: int
+    num_perm: int = 0
 
-    def __call__(self, doc: Doc) -> list[tuple]:
-        keys = {line_key(line, self.min_chars) for line in doc.text.split("\n")}
-        keys.discard(None)
-        return [(key, doc.id, doc.file, doc.position) for key in sorted(keys)]
+    def open(self) -> LineKeys:
+        return self
+
+    def __call__(self, docs: list[Doc]) -> KeyBatch:
+        keys: list[int] = []
+        owners: list[int] = []
+        for index, doc in enumerate(docs):
+            found = {line_key(line, self.min_chars) for line in doc.text.split("\n")}
+            found.discard(None)
+            keys.extend(found)
+            owners.extend([index] * len(found))
+        key = np.array(keys, dtype=np.uint64)
+        return KeyBatch(key, np.zeros_like(key), np.array(owners, dtype=np.int64))
 
 
 @dataclass(frozen=True)
 class LineDecisions:
-    """group_by reducer over one line hash: removal decisions for the documents that lose the line."""
+    """Reducer over one line hash: removal decisions for the documents that lose the line."""
 
     min_documents: int
     keep_first: bool
 
-    def __call__(self, key: int, members: Iterator[tuple]) -> list[Decision]:
-        members = sorted(set(members), key=lambda m: (m[1], m[2], m[3]))
+    def __call__(self, key: int, key2: int, members: list[Member]) -> list[Decision]:
+        members = sorted({(m.id, m.file, m.position) for m in members})
         if len(members) < self.min_documents:
             return []
         count("lines/boilerplate")
         losers = members[1:] if self.keep_first else members
-        return [Decision(file, position, {"line": key}) for _, _, file, position in losers]
+        return [Decision(file, position, {"line": key}) for _, file, position in losers]
 
 
 @dataclass(frozen=True)
 class AnnotateLines:
-    """Per-file join reducer: each document written with its removed lines cut from ``text_field``.
+    """Join function: a document written with its removed lines cut from ``text_field``.
 
     Every document gets ``lines_removed`` (0 when none were); a document with nothing but whitespace
     left is ``kept: false`` with ``reason: "all-lines-duplicated"``.
@@ -93,31 +98,19 @@ class AnnotateLines:
     text_field: str
     min_chars: int
 
-    def __call__(self, file: int, items: Iterator[Doc | Decision]) -> list[tuple[dict, tuple, int]]:
-        docs: list[Doc] = []
-        removed: dict[int, set[int]] = {}
-        for item in items:
-            if isinstance(item, Doc):
-                docs.append(item)
-            else:
-                removed.setdefault(item.position, set()).add(item.attributes["line"])
-        docs.sort(key=lambda d: d.position)
-        out = []
-        for doc in docs:
-            record = dict(doc.record)
-            text = doc.text
-            if considered(doc):
-                text, n = cut_lines(doc.text, removed.get(doc.position, set()), self.min_chars)
-                record.setdefault("id", doc.id)
-                record[self.text_field] = text
-                record.update({"kept": True, "reason": None, "lines_removed": n})
-                if n:
-                    count("lines/removed", n)
-                    count("lines/documents_changed")
-                    if not text.strip():
-                        record.update({"kept": False, "reason": "all-lines-duplicated"})
-            out.append(written(doc, record))
-        return out
+    def __call__(self, doc: Doc, decided: list[dict]) -> tuple[dict, tuple, int]:
+        record = dict(doc.record)
+        if considered(doc):
+            text, n = cut_lines(doc.text, {attributes["line"] for attributes in decided}, self.min_chars)
+            record.setdefault("id", doc.id)
+            record[self.text_field] = text
+            record.update({"kept": True, "reason": None, "lines_removed": n})
+            if n:
+                count("lines/removed", n)
+                count("lines/documents_changed")
+                if not text.strip():
+                    record.update({"kept": False, "reason": "all-lines-duplicated"})
+        return written(doc, record)
 
 
 def cut_lines(text: str, keys: set[int], min_chars: int) -> tuple[str, int]:

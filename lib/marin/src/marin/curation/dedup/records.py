@@ -2,8 +2,8 @@
 
 A document is a :class:`Doc`: where it comes from (input file index and line/row), its id (the
 record's id field, else ``<file>#<line>``), its text and the whole record. Decisions are computed
-on small keyed items and joined back by a final ``group_by`` on the input file, so every input
-document comes out exactly once, in input order, with its ``kept``/``reason``/``cluster``
+on small keyed items and joined back per input file (:mod:`~marin.curation.dedup.join`), so every
+input document comes out exactly once, in input order, with its ``kept``/``reason``/``cluster``
 attributes, as the ``(record, hits, bytes in)`` items that :func:`marin.curation.steps.write_curated` writes.
 """
 
@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zephyr import Dataset
 from zephyr.errors import InputFileError
 from zephyr.readers import input_format, read_jsonl, read_parquet
 
@@ -105,40 +104,15 @@ def considered(doc: Doc) -> bool:
     return doc.record.get("kept", True) is not False
 
 
-def annotated_dataset(sources: Sequence[FileDocs], decisions: Sequence[Any], num_decision_shards: int,
-                      annotate: Any = None) -> Dataset:
-    """Input documents joined with decisions (callables yielding :class:`Decision`), grouped back per input file.
-
-    ``annotate`` is the per-file reducer (default: merge each decision's attributes into its document).
-    """
-    shards = list(sources) + list(decisions)
-    return Dataset.from_shards(shards).group_by(_file_of, annotate or _AnnotateFile(), num_shards=len(sources))
-
-
-def _file_of(item: Doc | Decision) -> int:
-    return item.file
-
-
-@dataclass(frozen=True)
-class _AnnotateFile:
-    def __call__(self, file: int, items: Iterator[Doc | Decision]) -> list[tuple[dict, tuple, int]]:
-        docs: list[Doc] = []
-        decided: dict[int, dict] = {}
-        for item in items:
-            if isinstance(item, Doc):
-                docs.append(item)
-            else:
-                decided.setdefault(item.position, {}).update(item.attributes)
-        docs.sort(key=lambda d: d.position)
-        out = []
-        for doc in docs:
-            record = dict(doc.record)
-            if considered(doc):
-                record.setdefault("id", doc.id)
-                record.update({"kept": True, "reason": None, "cluster": doc.id})
-                record.update(decided.get(doc.position, {}))
-            out.append(written(doc, record))
-        return out
+def annotate_document(doc: Doc, decided: list[dict]) -> tuple[dict, tuple, int]:
+    """The default join: the document's decisions' attributes merged onto it, in the order they came."""
+    record = dict(doc.record)
+    if considered(doc):
+        record.setdefault("id", doc.id)
+        record.update({"kept": True, "reason": None, "cluster": doc.id})
+        for attributes in decided:
+            record.update(attributes)
+    return written(doc, record)
 
 
 def written(doc: Doc, record: dict) -> tuple[dict, tuple, int]:
