@@ -65,9 +65,9 @@ ALLOWED: tuple[Allowed, ...] = (
     # rigging: the one place that does local file operations, each in its local branch.
     Allowed("rigging.filesystem", "absolute", "makes only protocol-less and file:// paths absolute; URLs pass unchanged"),
     Allowed("rigging.filesystem", "atomic_open", "the LocalFileSystem branch: temporary sibling, fsync, os.replace"),
-    Allowed("rigging.filesystem", "_LocalDisk.create", "conditional writes on LocalFileSystem: hard link of a private temporary file"),
-    Allowed("rigging.filesystem", "_LocalDisk.read", "conditional writes on LocalFileSystem: the version is the content's digest"),
-    Allowed("rigging.filesystem", "_LocalDisk.remove", "conditional writes on LocalFileSystem: an atomic rename aside, then a check"),
+    Allowed("rigging.conditional_writes", "_LocalDisk.create", "conditional writes on LocalFileSystem: hard link of a private temporary file"),
+    Allowed("rigging.conditional_writes", "_LocalDisk.read", "conditional writes on LocalFileSystem: the version is the content's digest"),
+    Allowed("rigging.conditional_writes", "_LocalDisk.remove", "conditional writes on LocalFileSystem: an atomic rename aside, then a check"),
     Allowed("rigging.config.discovery", "_resolve_prefix", "runs after URLs are returned unchanged; resolves local prefixes only"),
     Allowed("rigging.config.discovery", "discover_config", "the working directory where marin.yaml is searched for, upwards"),
     Allowed("rigging.lease", "_proc_stat", "reads /proc/<pid>/stat to tell whether a local holder is alive"),
@@ -123,7 +123,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("zephyr.execute", "execute", "removes the shuffle scratch folder it made with tempfile.mkdtemp"),
     Allowed("zephyr.readers", "_splits_in", _HF_CACHE),
     Allowed("zephyr.readers", "resolve_hub_dataset", _HF_CACHE),
-    Allowed("zephyr.token_cache", "_Shard._map", "memory-maps shards of local caches only; remote ones are read by range"),
+    Allowed("zephyr.token_cache.reader", "_Shard._map", "memory-maps shards of local caches only; remote ones are read by range"),
     # marin
     Allowed("marin.datasets.hub", "HuggingFaceHub.cached_revision", _HF_CACHE),
     Allowed("marin.evaluation.harness", "include_path_identity", "lm-eval reads task files from local disk; URLs are refused first"),

@@ -19,6 +19,7 @@ import fsspec
 import fsspec.asyn
 import pytest
 from fsspec.spec import AbstractFileSystem
+from rigging import conditional_writes
 from rigging import filesystem as fsx
 from rigging.lease import Lease, LeaseUnsupportedError
 
@@ -203,7 +204,7 @@ def test_a_late_takeover_never_deletes_the_lock_of_whoever_took_over_first(store
     first, late = Lease(url, ttl_s=60, heartbeat_s=1000), Lease(url, ttl_s=60, heartbeat_s=1000)
     # The late taker judges the record stale; its delete of that record lands after the first took over.
     late_judged, first_holds = threading.Event(), threading.Event()
-    remove = fsx.remove_if_unchanged
+    remove = conditional_writes.remove_if_unchanged
 
     def remove_late(target, version):
         if threading.current_thread().name == "late":
@@ -211,7 +212,7 @@ def test_a_late_takeover_never_deletes_the_lock_of_whoever_took_over_first(store
             first_holds.wait(timeout=30)
         return remove(target, version)
 
-    monkeypatch.setattr(fsx, "remove_if_unchanged", remove_late)
+    monkeypatch.setattr(conditional_writes, "remove_if_unchanged", remove_late)
     results: dict = {}
     taker = threading.Thread(target=lambda: results.update(late=late.try_acquire()), name="late")
     taker.start()
@@ -241,14 +242,14 @@ def test_a_store_without_conditional_writes_is_refused_by_name():
     assert "plainstore://" in message and url in message
     assert "create" in message  # what is missing
     assert "s3://" in message  # where leases do work
-    with pytest.raises(fsx.ConditionalWritesUnsupportedError):
-        fsx.create_exclusive(url, "x")
+    with pytest.raises(conditional_writes.ConditionalWritesUnsupportedError):
+        conditional_writes.create_exclusive(url, "x")
 
 
 def test_an_s3_client_that_would_drop_the_conditions_is_refused(s3_prefix, monkeypatch):
     # s3fs silently drops request parameters its botocore does not know: an old botocore would send
     # these writes unconditionally. Stand in for one by asking for a parameter no botocore has.
-    monkeypatch.setitem(fsx._S3_CONDITIONS, "DeleteObject", ("IfMatch", "IfNotYetInvented"))
+    monkeypatch.setitem(conditional_writes._S3_CONDITIONS, "DeleteObject", ("IfMatch", "IfNotYetInvented"))
     with pytest.raises(LeaseUnsupportedError, match="DeleteObject IfNotYetInvented") as caught:
         Lease(f"{s3_prefix}/old-client/.executor_lock").try_acquire()
     assert "upgrade botocore" in str(caught.value)
@@ -257,7 +258,7 @@ def test_an_s3_client_that_would_drop_the_conditions_is_refused(s3_prefix, monke
 def test_a_gcs_client_without_the_requests_the_conditions_need_is_refused(gcs_prefix, monkeypatch):
     # The generation preconditions go out as gcsfs's own JSON-API requests: a gcsfs that no longer
     # offers what they are sent through is refused up front, not halfway through a takeover.
-    monkeypatch.setattr(fsx, "_GCS_REQUESTS", (*fsx._GCS_REQUESTS, "_not_yet_invented"))
+    monkeypatch.setattr(conditional_writes, "_GCS_REQUESTS", (*conditional_writes._GCS_REQUESTS, "_not_yet_invented"))
     with pytest.raises(LeaseUnsupportedError, match="_not_yet_invented") as caught:
         Lease(f"{gcs_prefix}/old-client/.executor_lock").try_acquire()
     assert "gcsfs" in str(caught.value)
@@ -268,35 +269,35 @@ def test_a_gcs_client_without_the_requests_the_conditions_need_is_refused(gcs_pr
 
 def test_creating_an_existing_object_changes_nothing(store_prefix):
     url = f"{store_prefix}/conditions/create"
-    assert fsx.create_exclusive(url, "first")
-    assert not fsx.create_exclusive(url, "second")
-    assert fsx.read_versioned(url).data == b"first"
+    assert conditional_writes.create_exclusive(url, "first")
+    assert not conditional_writes.create_exclusive(url, "second")
+    assert conditional_writes.read_versioned(url).data == b"first"
 
 
 def test_a_replace_naming_an_old_version_writes_nothing(store_prefix):
     url = f"{store_prefix}/conditions/replace"
-    assert fsx.create_exclusive(url, "one")
-    old = fsx.read_versioned(url).version
-    new = fsx.replace_if_unchanged(url, "two", old)
+    assert conditional_writes.create_exclusive(url, "one")
+    old = conditional_writes.read_versioned(url).version
+    new = conditional_writes.replace_if_unchanged(url, "two", old)
     assert new is not None and new != old
-    assert fsx.read_versioned(url) == fsx.Versioned(b"two", new)
-    assert fsx.replace_if_unchanged(url, "three", old) is None
-    assert fsx.read_versioned(url).data == b"two"
-    assert fsx.replace_if_unchanged(f"{store_prefix}/conditions/absent", "x", new) is None
-    assert fsx.read_versioned(f"{store_prefix}/conditions/absent") is None
+    assert conditional_writes.read_versioned(url) == conditional_writes.Versioned(b"two", new)
+    assert conditional_writes.replace_if_unchanged(url, "three", old) is None
+    assert conditional_writes.read_versioned(url).data == b"two"
+    assert conditional_writes.replace_if_unchanged(f"{store_prefix}/conditions/absent", "x", new) is None
+    assert conditional_writes.read_versioned(f"{store_prefix}/conditions/absent") is None
 
 
 def test_a_delete_naming_an_old_version_deletes_nothing(store_prefix, request):
     _unproven_on_gcs(request, store_prefix)
     url = f"{store_prefix}/conditions/remove"
-    assert fsx.create_exclusive(url, "one")
-    old = fsx.read_versioned(url).version
-    new = fsx.replace_if_unchanged(url, "two", old)
-    assert not fsx.remove_if_unchanged(url, old)
-    assert fsx.read_versioned(url).data == b"two"
-    assert fsx.remove_if_unchanged(url, new)
-    assert fsx.read_versioned(url) is None
-    assert not fsx.remove_if_unchanged(url, new)
+    assert conditional_writes.create_exclusive(url, "one")
+    old = conditional_writes.read_versioned(url).version
+    new = conditional_writes.replace_if_unchanged(url, "two", old)
+    assert not conditional_writes.remove_if_unchanged(url, old)
+    assert conditional_writes.read_versioned(url).data == b"two"
+    assert conditional_writes.remove_if_unchanged(url, new)
+    assert conditional_writes.read_versioned(url) is None
+    assert not conditional_writes.remove_if_unchanged(url, new)
 
 
 def test_every_gcs_write_names_the_generation_it_expects(gcs_prefix, monkeypatch):
@@ -313,10 +314,10 @@ def test_every_gcs_write_names_the_generation_it_expects(gcs_prefix, monkeypatch
 
     monkeypatch.setattr(gcsfs.core.GCSFileSystem, "_call", recording_call)
     url = f"{gcs_prefix}/conditions/requests"
-    assert fsx.create_exclusive(url, "one")
-    first = fsx.read_versioned(url).version
-    second = fsx.replace_if_unchanged(url, "two", first)
-    assert fsx.remove_if_unchanged(url, second)
+    assert conditional_writes.create_exclusive(url, "one")
+    first = conditional_writes.read_versioned(url).version
+    second = conditional_writes.replace_if_unchanged(url, "two", first)
+    assert conditional_writes.remove_if_unchanged(url, second)
     assert sent == [("POST", "0"), ("GET", None), ("POST", first), ("DELETE", second)]
 
 

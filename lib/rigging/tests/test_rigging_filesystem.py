@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from rigging import conditional_writes
 from rigging import filesystem as fsx
 
 
@@ -43,8 +44,8 @@ def test_atomic_open_leaves_old_content_when_block_fails(root):
 
 def test_create_exclusive_only_once(root):
     target = fsx.join(root, "lock")
-    assert fsx.create_exclusive(target, "first")
-    assert not fsx.create_exclusive(target, "second")
+    assert conditional_writes.create_exclusive(target, "first")
+    assert not conditional_writes.create_exclusive(target, "second")
     assert fsx.read_text(target) == "first"
 
 

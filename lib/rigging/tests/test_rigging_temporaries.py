@@ -4,6 +4,7 @@ import os
 
 import fsspec
 
+from rigging import conditional_writes
 from rigging import filesystem as fsx
 
 
@@ -35,7 +36,7 @@ def test_atomic_open_and_create_exclusive_write_through_a_recognised_temporary(t
         # While the block runs, the only file in the folder is the temporary.
         in_progress = os.listdir(tmp_path)
         handle.write("{}")
-    assert fsx.create_exclusive(str(tmp_path / "lock"), "held")
+    assert conditional_writes.create_exclusive(str(tmp_path / "lock"), "held")
     assert len(in_progress) == 1 and fsx.is_temporary_name(in_progress[0])
     assert len(seen) == 2 and all(fsx.is_temporary_name(name) for name in seen)
     assert sorted(os.listdir(tmp_path)) == ["a.json", "lock"]

@@ -52,6 +52,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from rigging import conditional_writes
 from rigging import filesystem as fsx
 from rigging.errors import RiggingError
 from rigging.log import get_logger
@@ -112,7 +113,7 @@ class LeaseRecord:
             return None  # a torn or foreign file counts as no valid holder
 
 
-def _parse(current: fsx.Versioned | None) -> LeaseRecord | None:
+def _parse(current: conditional_writes.Versioned | None) -> LeaseRecord | None:
     return None if current is None else LeaseRecord.from_json(current.data.decode("utf-8", "replace"))
 
 
@@ -310,12 +311,12 @@ class Lease:
             return True
         self._check_storage()
         self._acquired_at = time.time()
-        if fsx.create_exclusive(self.url, self._record().to_json()):
+        if conditional_writes.create_exclusive(self.url, self._record().to_json()):
             return self._confirm_and_start()
-        current = fsx.read_versioned(self.url)
+        current = conditional_writes.read_versioned(self.url)
         if current is None:
             # Released between our create and read: try once more.
-            return fsx.create_exclusive(self.url, self._record().to_json()) and self._confirm_and_start()
+            return conditional_writes.create_exclusive(self.url, self._record().to_json()) and self._confirm_and_start()
         record = _parse(current)
         if record is not None and record.holder == self.holder_id:
             return self._confirm_and_start()
@@ -323,7 +324,7 @@ class Lease:
             return False
         # Delete exactly the record judged stale: if it changed since (its holder woke up, or another
         # taker was faster), this fails and the lease stays with whoever holds it now.
-        if not fsx.remove_if_unchanged(self.url, current.version):
+        if not conditional_writes.remove_if_unchanged(self.url, current.version):
             return False
         logger.info(
             "Taking over stale lease %s (holder %s on %s, pid %s)",
@@ -332,12 +333,12 @@ class Lease:
             record.host if record else "?",
             record.pid if record else "?",
         )
-        return fsx.create_exclusive(self.url, self._record().to_json()) and self._confirm_and_start()
+        return conditional_writes.create_exclusive(self.url, self._record().to_json()) and self._confirm_and_start()
 
     def _check_storage(self) -> None:
         try:
-            fsx.check_conditional_writes(self.url)
-        except fsx.ConditionalWritesUnsupportedError as exc:
+            conditional_writes.check_conditional_writes(self.url)
+        except conditional_writes.ConditionalWritesUnsupportedError as exc:
             raise LeaseUnsupportedError(
                 f"Cannot hold a lease on {self.url}: it is on {exc.protocol}://, where {exc.missing}, so two runners "
                 "could both take it and run the same work twice. Put the prefix on local disk (or a shared disk "
@@ -345,7 +346,7 @@ class Lease:
             ) from exc
 
     def _confirm_and_start(self) -> bool:
-        current = fsx.read_versioned(self.url)
+        current = conditional_writes.read_versioned(self.url)
         record = _parse(current)
         if current is None or record is None or record.holder != self.holder_id:
             return False
@@ -371,11 +372,11 @@ class Lease:
     def heartbeat(self) -> bool:
         """Refresh the heartbeat now; False (and :attr:`lost` set) if the lease is no longer ours."""
         with self._writing:
-            version = fsx.replace_if_unchanged(self.url, self._record().to_json(), self._version or "")
+            version = conditional_writes.replace_if_unchanged(self.url, self._record().to_json(), self._version or "")
             if version is not None:
                 self._version = version
                 return True
-            current = fsx.read_versioned(self.url)
+            current = conditional_writes.read_versioned(self.url)
             record = _parse(current)
             if current is None or record is None or record.holder != self.holder_id:
                 self._mark_lost(record)
@@ -414,10 +415,10 @@ class Lease:
             return
         self._held = False
         with self._writing:
-            current = fsx.read_versioned(self.url)
+            current = conditional_writes.read_versioned(self.url)
             record = _parse(current)
             if current is not None and record is not None and record.holder == self.holder_id:
-                fsx.remove_if_unchanged(self.url, current.version)
+                conditional_writes.remove_if_unchanged(self.url, current.version)
 
     def __enter__(self) -> "Lease":
         self.acquire()

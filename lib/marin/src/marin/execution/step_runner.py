@@ -40,6 +40,7 @@ from typing import Any
 
 from fray.cluster import ClusterConfigError, DistributedClient, client_for, current_client
 from fray.cluster.current import configured_cluster, split_orchestrator
+from rigging import conditional_writes
 from rigging import filesystem as fsx
 from rigging.config.discovery import discover_config
 from rigging.lease import DEFAULT_TTL_S
@@ -272,8 +273,8 @@ class StepRunner:
         if not fsx.is_local(self.prefix):
             if writing:
                 try:
-                    fsx.check_conditional_writes(fsx.join(self.prefix, LOCK_FILE))
-                except fsx.ConditionalWritesUnsupportedError as exc:
+                    conditional_writes.check_conditional_writes(fsx.join(self.prefix, LOCK_FILE))
+                except conditional_writes.ConditionalWritesUnsupportedError as exc:
                     raise PrefixNotWritableError(
                         f"Steps cannot run under the prefix {self.prefix}, set by "
                         f"{_describe_prefix_source(self._prefix_source)}: each running step holds a lease there, "

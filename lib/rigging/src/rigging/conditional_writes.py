@@ -1,0 +1,403 @@
+"""Conditional writes: create a file only if absent, replace or delete it only if unchanged.
+
+A lease (rigging.lease) is safe only if its lock file changes under conditions that the store
+itself checks: create it only if absent; replace or delete it only if it still is the version the
+caller read. Which backends offer that, and how, is decided here and nowhere else:
+
+  local disk  create: hard link of a complete temporary file (the kernel refuses an existing
+              target, between processes and over NFS). delete: rename aside (one renamer wins),
+              compare, then remove or put back. replace: compare, then ``os.replace``: a change
+              made between the two is overwritten (a window of one local read).
+  s3://       PutObject with If-None-Match: *, PutObject and DeleteObject with If-Match: <ETag>.
+              AWS S3 honours all three (conditional deletes since September 2025), and so does
+              moto. An S3-compatible store that ignores these headers is not safe, and this cannot
+              tell. Refused where the installed botocore cannot send them (_S3_CONDITIONS).
+  memory://   every operation under one lock, so exact between threads. The store lives inside one
+              process: no other process sees the lock at all.
+  gs://       JSON-API requests with ifGenerationMatch: 0 to create (a multipart upload), the
+              generation read to replace (the same upload) or delete. GCS honours all three; the
+              test server (fake-gcs-server) honours the two uploads but not the delete. Refused where
+              gcsfs no longer offers the request methods they are sent through (_GCS_REQUESTS).
+  any other   refused (ConditionalWritesUnsupportedError): a check-then-write would let two
+              writers both believe they won.
+
+Every function takes a path or any fsspec URL; plain reads and writes are in rigging.filesystem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import fsspec.asyn
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+from rigging.errors import RiggingError
+from rigging.filesystem import atomic_write, filesystem, is_s3_filesystem, temporary_name_for
+
+
+def _is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
+    core = sys.modules.get("gcsfs.core")  # the base of gcsfs's filesystems, whichever one gcsfs exports
+    return core is not None and isinstance(fs, core.GCSFileSystem)
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A file's bytes and their version: an opaque token to hand back to a conditional write."""
+
+    data: bytes
+    version: str
+
+
+class ConditionalWritesUnsupportedError(RiggingError):
+    """The URL's filesystem cannot create, replace or delete a file under a condition it checks itself."""
+
+    def __init__(self, url: str, protocol: str, missing: str) -> None:
+        self.url, self.protocol, self.missing = url, protocol, missing
+        super().__init__(
+            f"{url!r} is on {protocol}://, where {missing}; conditional writes work on local disk, s3://, gs:// "
+            "and memory:// (within one process)"
+        )
+
+
+def _content_version(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class _LocalDisk:
+    def create(self, fs: Any, path: str, payload: bytes) -> bool:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        # Write a private file, then hard-link it into place: link() fails if the target exists,
+        # and a reader never sees the file before its content is complete.
+        temp_path = temporary_name_for(path)
+        with open(temp_path, "wb") as handle:
+            handle.write(payload)
+        try:
+            os.link(temp_path, path)
+        except FileExistsError:
+            return False
+        except OSError:
+            # Filesystems without hard links: O_EXCL is still exclusive, only not all-at-once.
+            try:
+                descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(payload)
+        finally:
+            os.remove(temp_path)
+        return True
+
+    def read(self, fs: Any, path: str) -> Versioned | None:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        return Versioned(data, _content_version(data))
+
+    def replace(self, fs: Any, path: str, payload: bytes, version: str) -> str | None:
+        current = self.read(fs, path)
+        if current is None or current.version != version:
+            return None
+        atomic_write(path, payload)
+        return _content_version(payload)
+
+    def remove(self, fs: Any, path: str, version: str) -> bool:
+        # Renamed aside first (atomic): of two removers of the same file only one finds it.
+        private = temporary_name_for(path)
+        try:
+            os.rename(path, private)
+        except FileNotFoundError:
+            return False
+        with open(private, "rb") as handle:
+            moved = handle.read()
+        if _content_version(moved) != version:
+            # Moved a file someone had just replaced: put it back, unless it was replaced again.
+            with contextlib.suppress(FileExistsError):
+                os.link(private, path)
+            os.remove(private)
+            return False
+        os.remove(private)
+        return True
+
+
+class _Memory:
+    _lock = threading.Lock()
+
+    def create(self, fs: Any, path: str, payload: bytes) -> bool:
+        with self._lock:
+            if fs.exists(path):
+                return False
+            fs.pipe_file(path, payload)
+            return True
+
+    def read(self, fs: Any, path: str) -> Versioned | None:
+        try:
+            data = fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        return Versioned(data, _content_version(data))
+
+    def replace(self, fs: Any, path: str, payload: bytes, version: str) -> str | None:
+        with self._lock:
+            current = self.read(fs, path)
+            if current is None or current.version != version:
+                return None
+            fs.pipe_file(path, payload)
+            return _content_version(payload)
+
+    def remove(self, fs: Any, path: str, version: str) -> bool:
+        with self._lock:
+            current = self.read(fs, path)
+            if current is None or current.version != version:
+                return False
+            fs.rm_file(path)
+            return True
+
+
+def _condition_failed(error: BaseException) -> bool:
+    """Whether an S3 request was refused because its condition did not hold (412), or because
+    another conditional request on the same key was in flight (409); s3fs keeps boto's error as the cause."""
+    response = getattr(error.__cause__, "response", None) or getattr(error, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+async def _s3_get_object(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+    try:
+        return await response["Body"].read(), response["ETag"]
+    finally:
+        response["Body"].close()
+
+
+class _S3:
+    """Conditional requests; the version is the object's ETag."""
+
+    def create(self, fs: Any, path: str, payload: bytes) -> bool:
+        bucket, key, _ = fs.split_path(path)
+        try:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=payload, IfNoneMatch="*")
+        except OSError as error:
+            if _condition_failed(error):
+                return False
+            raise
+        finally:
+            fs.invalidate_cache(path)
+        return True
+
+    def read(self, fs: Any, path: str) -> Versioned | None:
+        bucket, key, _ = fs.split_path(path)
+        try:
+            data, etag = fsspec.asyn.sync(fs.loop, _s3_get_object, fs, bucket, key)
+        except FileNotFoundError:
+            return None
+        return Versioned(data, etag)
+
+    def replace(self, fs: Any, path: str, payload: bytes, version: str) -> str | None:
+        bucket, key, _ = fs.split_path(path)
+        try:
+            response = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=payload, IfMatch=version)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if _condition_failed(error):
+                return None
+            raise
+        finally:
+            fs.invalidate_cache(path)
+        return response["ETag"]
+
+    def remove(self, fs: Any, path: str, version: str) -> bool:
+        bucket, key, _ = fs.split_path(path)
+        try:
+            fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
+        except FileNotFoundError:
+            return False
+        except OSError as error:
+            if _condition_failed(error):
+                return False
+            raise
+        finally:
+            fs.invalidate_cache(path)
+        return True
+
+
+# The request parameters the S3 operations need. s3fs silently drops parameters its botocore does
+# not know, which would turn a conditional request into a plain one: so check that it knows them.
+_S3_CONDITIONS = {"PutObject": ("IfNoneMatch", "IfMatch"), "DeleteObject": ("IfMatch",)}
+
+
+def _s3_conditions_unknown(fs: Any) -> list[str]:
+    model = fs.s3.meta.service_model
+    return [
+        f"{operation} {name}"
+        for operation, names in _S3_CONDITIONS.items()
+        for name in names
+        if name not in model.operation_model(operation).input_shape.members
+    ]
+
+
+def _gcs_condition_failed(error: BaseException) -> bool:
+    """Whether a GCS request was refused because its generation precondition did not hold (412):
+    gcsfs raises FileExistsError for it (since 2024.12), older versions an HttpError with the code."""
+    return isinstance(error, FileExistsError) or getattr(error, "code", None) == 412
+
+
+def _gcs_request(fs: Any, method: str, path: str, *args: str, **kwargs: Any) -> Any:
+    """One JSON-API request through gcsfs (its authentication and retries); query parameters as kwargs."""
+    return fsspec.asyn.sync(fs.loop, fs._call, method, path, *args, **kwargs)
+
+
+class _GCS:
+    """Generation preconditions; the version is the object's generation."""
+
+    def create(self, fs: Any, path: str, payload: bytes) -> bool:
+        return self._upload(fs, path, payload, if_generation_match="0") is not None
+
+    def read(self, fs: Any, path: str) -> Versioned | None:
+        bucket, key, _ = fs.split_path(path)
+        try:
+            headers, data = _gcs_request(fs, "GET", "b/{}/o/{}", bucket, key, alt="media")
+        except FileNotFoundError:
+            return None
+        generation = headers.get("x-goog-generation")
+        if not generation:
+            raise OSError(f"gs://{path}: the store's reply names no generation (x-goog-generation)")
+        return Versioned(data, generation)
+
+    def replace(self, fs: Any, path: str, payload: bytes, version: str) -> str | None:
+        return self._upload(fs, path, payload, if_generation_match=version)
+
+    def remove(self, fs: Any, path: str, version: str) -> bool:
+        bucket, key, _ = fs.split_path(path)
+        try:
+            _gcs_request(fs, "DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=version)
+        except FileNotFoundError:
+            return False
+        except Exception as error:
+            if _gcs_condition_failed(error):
+                return False
+            raise
+        finally:
+            fs.invalidate_cache(path)
+        return True
+
+    def _upload(self, fs: Any, path: str, payload: bytes, if_generation_match: str) -> str | None:
+        """One multipart upload (metadata, then content) under the precondition; the new generation."""
+        bucket, key, _ = fs.split_path(path)
+        boundary = uuid.uuid4().hex
+        body = b"".join([
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
+            json.dumps({"name": key}).encode(),
+            f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
+            payload,
+            f"\r\n--{boundary}--\r\n".encode(),
+        ])
+        try:
+            resource = _gcs_request(
+                fs, "POST", f"{fs._location}/upload/storage/v1/b/{{}}/o", bucket,
+                uploadType="multipart", ifGenerationMatch=if_generation_match, data=body, json_out=True,
+                headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+            )
+        except Exception as error:
+            if _gcs_condition_failed(error):
+                return None
+            raise
+        finally:
+            fs.invalidate_cache(path)
+        return str(resource["generation"])
+
+
+# What the GCS operations use of gcsfs's filesystem: its JSON-API request method, the endpoint it
+# sends to, and its path and cache helpers. All are internal to gcsfs (2024.12 through 2026.10 have
+# them): a gcsfs without them is refused up front rather than failing halfway through a takeover.
+_GCS_REQUESTS = ("_call", "_location", "split_path", "invalidate_cache")
+
+
+def _gcs_requests_missing(fs: Any) -> list[str]:
+    return [name for name in _GCS_REQUESTS if not hasattr(fs, name)]
+
+
+_LOCAL_DISK, _MEMORY, _S3_STORE, _GCS_STORE = _LocalDisk(), _Memory(), _S3(), _GCS()
+
+
+def _conditional_store(url: str) -> tuple[_LocalDisk | _Memory | _S3 | _GCS, Any, str]:
+    fs, path = filesystem(url)
+    if isinstance(fs, LocalFileSystem):
+        return _LOCAL_DISK, fs, path
+    if isinstance(fs, MemoryFileSystem):
+        return _MEMORY, fs, path
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if is_s3_filesystem(fs):
+        unknown = _s3_conditions_unknown(fs)
+        if not unknown:
+            return _S3_STORE, fs, path
+        import botocore
+
+        missing = (
+            f"the installed botocore ({botocore.__version__}) cannot send {', '.join(unknown)}, so s3fs would "
+            "drop these conditions silently; upgrade botocore and aiobotocore"
+        )
+    elif _is_gcs(fs):
+        absent = _gcs_requests_missing(fs)
+        if not absent:
+            return _GCS_STORE, fs, path
+        import gcsfs
+
+        missing = (
+            f"the installed gcsfs ({gcsfs.__version__}) lacks {', '.join(absent)}, through which the generation "
+            "preconditions are sent; install a gcsfs that has them (2024.12 to 2026.10 do)"
+        )
+    else:
+        missing = f"the filesystem ({type(fs).__name__}) offers no create-if-absent or compare-and-swap"
+    raise ConditionalWritesUnsupportedError(str(url), protocol, missing)
+
+
+def check_conditional_writes(url: str) -> None:
+    """Raise :class:`ConditionalWritesUnsupportedError` unless ``url``'s filesystem supports the
+    conditional writes below (see the list above)."""
+    _conditional_store(url)
+
+
+def create_exclusive(url: str, data: str | bytes) -> bool:
+    """Create ``url`` holding ``data`` only if it does not exist; True when this call created it.
+
+    Exclusive between processes (and machines, on a shared disk or S3). Refuses filesystems that
+    cannot do it (:class:`ConditionalWritesUnsupportedError`) rather than check, then write.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    store, fs, path = _conditional_store(url)
+    return store.create(fs, path, payload)
+
+
+def read_versioned(url: str) -> Versioned | None:
+    """The file's bytes and version (for :func:`replace_if_unchanged` / :func:`remove_if_unchanged`),
+    read together in one request; ``None`` if it does not exist."""
+    store, fs, path = _conditional_store(url)
+    return store.read(fs, path)
+
+
+def replace_if_unchanged(url: str, data: str | bytes, version: str) -> str | None:
+    """Replace ``url`` with ``data`` only if it still is ``version``; the new version, or ``None``
+    when it changed or is gone (then nothing was written)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    store, fs, path = _conditional_store(url)
+    return store.replace(fs, path, payload, version)
+
+
+def remove_if_unchanged(url: str, version: str) -> bool:
+    """Delete ``url`` only if it still is ``version``; True when this call deleted it."""
+    store, fs, path = _conditional_store(url)
+    return store.remove(fs, path, version)
