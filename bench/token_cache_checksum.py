@@ -33,8 +33,8 @@ import zlib
 import numpy as np
 import xxhash
 
-from zephyr import token_cache
 from zephyr.token_cache import TokenCache, TokenCacheShardWriter, finalize_token_cache, shard_name
+from zephyr.token_cache import writer as token_cache_writer
 
 DOC_TOKENS = 1000
 VOCAB = 50_000
@@ -85,7 +85,7 @@ def _median_seconds(run, repeats: int) -> float:
 
 def checksum_work_seconds_per_gb(size_bytes: int) -> float:
     """The work the writer adds per chunk: hash the token and offset bytes, take the largest id."""
-    chunk_tokens = token_cache._WRITE_CHUNK_TOKENS
+    chunk_tokens = token_cache_writer._WRITE_CHUNK_TOKENS
     ids = np.random.default_rng(2).integers(0, VOCAB, min(size_bytes // 2, 64 << 20), dtype=np.uint16)
     ends = np.arange(DOC_TOKENS, chunk_tokens + 1, DOC_TOKENS, dtype=np.int64)
 
@@ -127,15 +127,15 @@ def write_cache(root: str, size_bytes: int, shards: int) -> None:
 
 
 def timed_write(root: str, size_bytes: int, shards: int, hashing: bool) -> float:
-    original = token_cache._new_hasher
+    original = token_cache_writer.new_hasher
     if not hashing:
-        token_cache._new_hasher = _NoHash
+        token_cache_writer.new_hasher = _NoHash
     try:
         began = time.perf_counter()
         write_cache(root, size_bytes, shards)
         return time.perf_counter() - began
     finally:
-        token_cache._new_hasher = original
+        token_cache_writer.new_hasher = original
 
 
 def cache_files(root: str) -> list[str]:

@@ -92,9 +92,9 @@ def test_remote_fsspec_url_reads_same_bytes():
 
 
 def test_writer_streams_in_chunks_and_rejects_out_of_range_ids(tmp_path, monkeypatch):
-    import zephyr.token_cache as token_cache
+    import zephyr.token_cache.writer as token_cache_writer
 
-    monkeypatch.setattr(token_cache, "_WRITE_CHUNK_TOKENS", 16)
+    monkeypatch.setattr(token_cache_writer, "_WRITE_CHUNK_TOKENS", 16)
     documents = _documents(3, 40, 1000)
     summary = write_token_cache_shard(str(tmp_path / "s"), (np.asarray(d) for d in documents), np.uint16)
     assert summary.documents == 40 and summary.tokens == sum(len(d) for d in documents)
