@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 
 from marin.curation import reference_tasks
 from marin.curation.decontaminate import decontaminated
@@ -160,6 +161,14 @@ def test_a_cache_folder_is_decoded_with_the_tokenizer_its_step_recorded(tmp_path
     assert paired.identity == handle.identity
     kept, removed = outcome(run(StepRunner(prefix=str(tmp_path / "q")), paired))
     assert kept == ["story"] and removed == {"leak": [f"{name}/train:1"]}
+
+    # Ids are never decoded with a vocabulary other than the one the ledger records.
+    save_tokenizer(train_bpe_tokenizer(generate_stories(5, seed=1), 300), str(tmp_path / "other-tokenizer"))
+    other = decontaminated("curated/no-other", str(train), eval_caches=[(str(copy), str(tmp_path / "other-tokenizer"))],
+                           backend="inline")
+    with pytest.raises(StepRunFailed, match=r"CurationError: token cache .* was written by tokenizer sha256:.*decode it with "
+                                            r"the tokenizer that wrote it"):
+        runner.run([other])
 
 
 def test_a_cache_with_other_content_gives_another_identity(tmp_path, gpt2):
