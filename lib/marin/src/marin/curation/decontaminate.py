@@ -64,8 +64,8 @@ class ReferenceIndex:
         self.owners: dict[bytes, list[str]] = {}
         self.short_lengths: set[int] = set()  # word counts of the items indexed whole
 
-    def add(self, item_id: str, text: str) -> int:
-        """Index one text of ``item_id``; its word count (it was indexed if that is >= ``min_words``)."""
+    def add(self, item_id: str, text: str) -> tuple[int, bool]:
+        """Index one text of ``item_id``: its word count, and whether it was long enough to index."""
         words = normalized_words(text)
         if len(words) >= self.config.n:
             keys = set(ngram_keys(words, self.config.n))
@@ -73,24 +73,25 @@ class ReferenceIndex:
             keys = {_gram_key(words)}
             self.short_lengths.add(len(words))
         else:
-            return len(words)
+            return len(words), False
         for key in keys:
             owners = self.owners.setdefault(key, [])
             if not owners or owners[-1] != item_id:
                 owners.append(item_id)
-        return len(words)
+        return len(words), True
 
     def add_references(self, references: References, ctx: Any) -> None:
         """Index every item of ``references``; refuse a set that must match but has nothing to match on."""
-        items, indexed, longest, last = 0, set(), 0, None
+        items = indexed = longest = 0
+        last = last_indexed = None  # an item's texts come one after another
         for item_id, text in references.items_at_run_time(ctx):
             if item_id != last:
                 items, last = items + 1, item_id
-            words = self.add(item_id, text)
+            words, added = self.add(item_id, text)
             longest = max(longest, words)
-            if words >= self.config.min_words:
-                indexed.add(item_id)
-        logger.info("decontamination: %s: %d items, %d long enough to match on", references.label, items, len(indexed))
+            if added and item_id != last_indexed:
+                indexed, last_indexed = indexed + 1, item_id
+        logger.info("decontamination: %s: %d items, %d long enough to match on", references.label, items, indexed)
         if references.must_match and not indexed:
             raise CurationError(
                 f"{references.label}: none of its {items} items has min_words={self.config.min_words} words (the longest "
