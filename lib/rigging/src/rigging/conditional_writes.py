@@ -182,20 +182,25 @@ async def _s3_get_object(fs: Any, bucket: str, key: str) -> tuple[bytes, str]:
         response["Body"].close()
 
 
+def _s3_conditional(fs: Any, path: str, operation: str, *, absent_fails: bool = False, **params: Any) -> dict | None:
+    """One conditional request on the object at ``path``: its response, or None when the store refused
+    it because the condition did not hold (or, with ``absent_fails``, because the object is gone)."""
+    bucket, key, _ = fs.split_path(path)
+    try:
+        return fs.call_s3(operation, Bucket=bucket, Key=key, **params)
+    except OSError as error:
+        if _condition_failed(error) or (absent_fails and isinstance(error, FileNotFoundError)):
+            return None
+        raise
+    finally:
+        fs.invalidate_cache(path)
+
+
 class _S3:
     """Conditional requests; the version is the object's ETag."""
 
     def create(self, fs: Any, path: str, payload: bytes) -> bool:
-        bucket, key, _ = fs.split_path(path)
-        try:
-            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=payload, IfNoneMatch="*")
-        except OSError as error:
-            if _condition_failed(error):
-                return False
-            raise
-        finally:
-            fs.invalidate_cache(path)
-        return True
+        return _s3_conditional(fs, path, "put_object", Body=payload, IfNoneMatch="*") is not None
 
     def read(self, fs: Any, path: str) -> Versioned | None:
         bucket, key, _ = fs.split_path(path)
@@ -206,32 +211,11 @@ class _S3:
         return Versioned(data, etag)
 
     def replace(self, fs: Any, path: str, payload: bytes, version: str) -> str | None:
-        bucket, key, _ = fs.split_path(path)
-        try:
-            response = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=payload, IfMatch=version)
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            if _condition_failed(error):
-                return None
-            raise
-        finally:
-            fs.invalidate_cache(path)
-        return response["ETag"]
+        response = _s3_conditional(fs, path, "put_object", absent_fails=True, Body=payload, IfMatch=version)
+        return None if response is None else response["ETag"]
 
     def remove(self, fs: Any, path: str, version: str) -> bool:
-        bucket, key, _ = fs.split_path(path)
-        try:
-            fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
-        except FileNotFoundError:
-            return False
-        except OSError as error:
-            if _condition_failed(error):
-                return False
-            raise
-        finally:
-            fs.invalidate_cache(path)
-        return True
+        return _s3_conditional(fs, path, "delete_object", absent_fails=True, IfMatch=version) is not None
 
 
 # The request parameters the S3 operations need. s3fs silently drops parameters its botocore does
@@ -239,14 +223,23 @@ class _S3:
 _S3_CONDITIONS = {"PutObject": ("IfNoneMatch", "IfMatch"), "DeleteObject": ("IfMatch",)}
 
 
-def _s3_conditions_unknown(fs: Any) -> list[str]:
+def _s3_unsupported(fs: Any) -> str | None:
+    """Why this s3fs cannot send the conditions (its botocore does not know them), or None when it can."""
     model = fs.s3.meta.service_model
-    return [
+    unknown = [
         f"{operation} {name}"
         for operation, names in _S3_CONDITIONS.items()
         for name in names
         if name not in model.operation_model(operation).input_shape.members
     ]
+    if not unknown:
+        return None
+    import botocore
+
+    return (
+        f"the installed botocore ({botocore.__version__}) cannot send {', '.join(unknown)}, so s3fs would "
+        "drop these conditions silently; upgrade botocore and aiobotocore"
+    )
 
 
 def _gcs_condition_failed(error: BaseException) -> bool:
@@ -326,8 +319,17 @@ class _GCS:
 _GCS_REQUESTS = ("_call", "_location", "split_path", "invalidate_cache")
 
 
-def _gcs_requests_missing(fs: Any) -> list[str]:
-    return [name for name in _GCS_REQUESTS if not hasattr(fs, name)]
+def _gcs_unsupported(fs: Any) -> str | None:
+    """Why this gcsfs cannot send the generation preconditions, or None when it can."""
+    absent = [name for name in _GCS_REQUESTS if not hasattr(fs, name)]
+    if not absent:
+        return None
+    import gcsfs
+
+    return (
+        f"the installed gcsfs ({gcsfs.__version__}) lacks {', '.join(absent)}, through which the generation "
+        "preconditions are sent; install a gcsfs that has them (2024.12 to 2026.10 do)"
+    )
 
 
 _LOCAL_DISK, _MEMORY, _S3_STORE, _GCS_STORE = _LocalDisk(), _Memory(), _S3(), _GCS()
@@ -341,33 +343,19 @@ def _conditional_store(url: str) -> tuple[_LocalDisk | _Memory | _S3 | _GCS, Any
         return _MEMORY, fs, path
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if is_s3_filesystem(fs):
-        unknown = _s3_conditions_unknown(fs)
-        if not unknown:
-            return _S3_STORE, fs, path
-        import botocore
-
-        missing = (
-            f"the installed botocore ({botocore.__version__}) cannot send {', '.join(unknown)}, so s3fs would "
-            "drop these conditions silently; upgrade botocore and aiobotocore"
-        )
+        store, missing = _S3_STORE, _s3_unsupported(fs)
     elif _is_gcs(fs):
-        absent = _gcs_requests_missing(fs)
-        if not absent:
-            return _GCS_STORE, fs, path
-        import gcsfs
-
-        missing = (
-            f"the installed gcsfs ({gcsfs.__version__}) lacks {', '.join(absent)}, through which the generation "
-            "preconditions are sent; install a gcsfs that has them (2024.12 to 2026.10 do)"
-        )
+        store, missing = _GCS_STORE, _gcs_unsupported(fs)
     else:
-        missing = f"the filesystem ({type(fs).__name__}) offers no create-if-absent or compare-and-swap"
+        store, missing = None, f"the filesystem ({type(fs).__name__}) offers no create-if-absent or compare-and-swap"
+    if store is not None and missing is None:
+        return store, fs, path
     raise ConditionalWritesUnsupportedError(str(url), protocol, missing)
 
 
 def check_conditional_writes(url: str) -> None:
     """Raise :class:`ConditionalWritesUnsupportedError` unless ``url``'s filesystem supports the
-    conditional writes below (see the list above)."""
+    conditional writes (see the list at the top of this module)."""
     _conditional_store(url)
 
 
