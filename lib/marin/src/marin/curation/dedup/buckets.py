@@ -77,10 +77,15 @@ class BucketEdges:
 
     def __call__(self, key: int, band: int, found: list[Member]) -> list[dict]:
         count("fuzzy/candidate_buckets")
-        members = sorted({m.id: m for m in found}.items())
-        if len(members) < 2:
+        # One member per id (the first in file order, if ids repeat), sorted by id.
+        rows = sorted({m.id: m for m in sorted(found, key=_place, reverse=True)}.values(), key=_id)
+        if len(rows) < 2:
             return []
-        rows = [m for _, m in members]
+        if len(rows) == 2:  # most buckets: one pair, no forest to build
+            similarity = np.count_nonzero(rows[0].signature == rows[1].signature) / len(rows[0].signature)
+            if similarity < self.threshold:
+                return []
+            return [_edge(rows[0], rows[0], rows[1], similarity), _edge(rows[1], rows[0], rows[0], similarity)]
         sigs = np.stack([m.signature for m in rows])
         parent = list(range(len(rows)))
         best: dict[int, tuple[float, int]] = {}
@@ -111,6 +116,14 @@ class BucketEdges:
                 similarity, neighbour = best[i]
                 edges.append(_edge(rows[i], rows[root(i)], rows[neighbour], similarity))
         return edges
+
+
+def _place(member: Member) -> tuple[int, int]:
+    return member.file, member.position
+
+
+def _id(member: Member) -> str:
+    return member.id
 
 
 def _edge(member: Member, local_root: Member, neighbour: Member, similarity: float) -> dict:

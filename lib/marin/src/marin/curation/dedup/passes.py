@@ -195,6 +195,13 @@ def fuzzy_decisions(sources: Sequence[FileDocs], config: MinHashConfig, bands: i
                                    join_url(work, "buckets"), backend, num_shards, settings)
     edge_files, found = _write_items(edges, join_url(work, "edges"), backend)
     counters.update(found)
+    decisions, found = component_decisions(edge_files, work, backend, num_shards, max_rounds)
+    return decisions, {**counters, **found}
+
+
+def component_decisions(edge_files: Sequence[str], work: str, backend: Any, num_shards: int,
+                        max_rounds: int = 100) -> tuple[Dataset, dict[str, int]]:
+    """Connected components of the edges in ``edge_files`` (jsonl), by rounds of min-label propagation."""
     states = (Dataset.from_shards([JsonlItems(url) for url in edge_files]).flat_map(_node_messages)
               .group_by(_node_id, _initial_state, num_shards=num_shards))
     state_files, _ = _write_items(states, join_url(work, "round-000"), backend)
@@ -205,9 +212,8 @@ def fuzzy_decisions(sources: Sequence[FileDocs], config: MinHashConfig, bands: i
         changed = found.get("components/changed", 0)
         logger.info("dedup: label propagation round %d changed %d labels", round_index, changed)
         if changed == 0:
-            counters["components/rounds"] = round_index
             break
     else:
         raise DedupNotConvergedError(f"connected components did not converge in {max_rounds} rounds")
     decisions = Dataset.from_shards([JsonlItems(url) for url in state_files]).map(_component_decision)
-    return decisions, counters
+    return decisions, {"components/rounds": round_index}

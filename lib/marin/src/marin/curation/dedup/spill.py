@@ -57,7 +57,8 @@ def partition_bounds(partitions: int) -> np.ndarray:
 
 
 def sort_entries(entries: np.ndarray) -> np.ndarray:
-    return entries[np.lexsort((entries["ordinal"], entries["shard"], entries["key2"], entries["key"]))]
+    """By (``key``, ``key2``): what grouping needs. The order within a group is not promised."""
+    return entries[np.lexsort((entries["key2"], entries["key"]))]
 
 
 def _write_run(url: str, blocks: Iterable[np.ndarray], bounds: np.ndarray) -> int:
@@ -177,7 +178,8 @@ def merge_sorted(streams: Iterable[Iterator[np.ndarray]]) -> Iterator[np.ndarray
                 block = block[cut:]
             kept.append((block, stream))
         heads = kept
-        yield sort_entries(np.concatenate(taken))
+        taken = [block for block in taken if len(block)]
+        yield taken[0] if len(taken) == 1 else sort_entries(np.concatenate(taken))
 
 
 def groups(blocks: Iterable[np.ndarray], min_size: int) -> Iterator[np.ndarray]:
