@@ -136,7 +136,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("marin.execution.commands", "run_command", "the user's script on this machine, run with runpy"),
     Allowed("marin.execution.reproduce_command", "reproduce_command", "the user's script on this machine, run with runpy"),
     Allowed("marin.execution.tensor_diff", "npz_difference", "np.load reads bytes fetched with fsx.open_url, not a path"),
-    Allowed("marin.execution.step_runner", "StepRunner._check_prefix", "returns early unless fsx.is_local(prefix): probes local prefixes only"),
+    Allowed("marin.execution.prefix_check", "check_prefix", "returns early unless fsx.is_local(prefix): probes local prefixes only"),
     Allowed("marin.serve.paths", "_inside", "called only by stays_inside when fsx.is_local(prefix): where a local link leads"),
     Allowed("marin.curation.classifier", "load_scorer", "np.load reads a file object opened with fsx.open_url, not a path"),
     # levanter: local branches, staging folders, the hub cache.

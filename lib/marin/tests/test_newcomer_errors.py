@@ -152,12 +152,12 @@ def test_prefix_in_a_read_only_folder(tmp_path):
 
 def test_prefix_the_file_system_refuses_names_the_error(tmp_path, monkeypatch):
     # Root ignores folder permissions, so the refusal is simulated where the runner first writes.
-    from marin.execution import step_runner
+    from marin.execution import prefix_check
 
     def refuse(*args, dir=None, **kwargs):
         raise PermissionError(13, "Permission denied", dir)
 
-    monkeypatch.setattr(step_runner.tempfile, "TemporaryFile", refuse)
+    monkeypatch.setattr(prefix_check.tempfile, "TemporaryFile", refuse)
     prefix = tmp_path / "outputs"
     with pytest.raises(PrefixNotWritableError) as caught:
         StepRunner(prefix=str(prefix)).run([_noop_step()])

@@ -1,0 +1,142 @@
+"""A run's plan: the steps it considers, where each one's output goes, and which are done already.
+
+:func:`plan_steps` collects the steps and all their dependencies (less those needed only by steps
+whose outputs exist elsewhere, and those ``run_only`` leaves out), gives each its output folder,
+refuses two identities sharing one folder or a folder holding another identity's output, and
+reads each step's status; it writes nothing. :func:`print_dry_run` shows a plan as a dry run
+reports it: every step, its hash, its output folder and what a run would do with it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from marin.execution.executor_files import STATUS_FAILED, STATUS_SUCCESS, StatusRecord, read_status
+from marin.execution.output_reuse import check_recorded_identity, made_by_other_code
+from marin.execution.run_defaults import RunOptionError
+from marin.execution.run_report import Outcome, RunReport, StepOutcome
+from marin.execution.step_graph import StepGraphError, collect_steps, flatten_steps, topological_order
+from marin.execution.step_spec import StepSpec
+
+
+@dataclass
+class PlannedStep:
+    """One step of a plan: the spec, where its output goes, and its status when planned.
+
+    A SUCCESS status in a plan is always this spec's own: planning refuses folders that hold
+    another identity's output.
+    """
+
+    spec: StepSpec
+    output_path: str
+    status: StatusRecord | None
+
+    @property
+    def cached(self) -> bool:
+        return self.status is not None and self.status.status == STATUS_SUCCESS
+
+    @property
+    def code_changed(self) -> bool:
+        """Cached, and made by code other than the step's function now (when the two can be compared)."""
+        return self.cached and made_by_other_code(self.spec, self.status)
+
+
+def plan_steps(
+    steps: Iterable[Any],
+    *,
+    run_only: str | None,
+    output_path_for: Callable[[StepSpec], str],
+    existing_outputs: Mapping[str, str],
+) -> list[PlannedStep]:
+    """The steps a run of ``steps`` considers, in topological order, with output paths and current status.
+
+    ``existing_outputs`` maps identities to finished outputs elsewhere (see
+    :class:`~marin.execution.step_runner.StepRunner`); every other step's output goes to
+    ``output_path_for(spec)``.
+    """
+    roots = flatten_steps(steps, taker="StepRunner.run")
+    specs = _select(_not_upstream_of(collect_steps(roots), roots, existing_outputs), run_only)
+    planned = []
+    owners: dict[str, StepSpec] = {}
+    for spec in specs:
+        output_path = existing_outputs.get(spec.identity) or output_path_for(spec)
+        other = owners.setdefault(output_path, spec)
+        if other is not spec:
+            raise StepGraphError(
+                f"Steps {other.name!r} ({other.short_hash}) and {spec.name!r} ({spec.short_hash}) both write to "
+                f"{output_path}; give one of them another output_path."
+            )
+        status = read_status(output_path)
+        check_recorded_identity(spec, output_path, status)
+        if spec.identity in existing_outputs and (status is None or status.status != STATUS_SUCCESS):
+            raise RunOptionError(
+                f"Step {spec.name!r} was given as finished at {output_path}, but its status there is "
+                f"{status.status if status else 'missing'}; run it to completion there first."
+            )
+        planned.append(PlannedStep(spec, output_path, status))
+    return planned
+
+
+def print_dry_run(planned: list[PlannedStep], *, prefix: str, force_run_failed: bool, report: RunReport) -> None:
+    """Print what a run would do with each planned step, and record it in ``report``."""
+    print(f"Dry run under {prefix}: {len(planned)} step(s)")
+    blocked: set[str] = set()
+    for item in planned:
+        spec, status = item.spec, item.status
+        if item.cached:
+            outcome = Outcome.CACHED
+        elif any(dep.identity in blocked for dep in spec.deps):
+            outcome = Outcome.DEP_FAILED
+        elif status is not None and status.status == STATUS_FAILED and not force_run_failed:
+            outcome = Outcome.FAILED
+        else:
+            outcome = Outcome.WOULD_RUN
+        if outcome.blocks_dependents:
+            blocked.add(spec.identity)
+        print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}")
+        report.outcomes.append(StepOutcome(spec.name, spec.identity, item.output_path, outcome))
+    print(f"Dry run: {report.summary()}; nothing was written.")
+
+
+_DRY_RUN_LABELS = {
+    Outcome.CACHED: "cached",
+    Outcome.WOULD_RUN: "to run",
+    Outcome.FAILED: "failed (not rerun)",
+    Outcome.DEP_FAILED: "dep failed",
+}
+
+
+def _not_upstream_of(specs: list[StepSpec], roots: list[StepSpec], existing: Mapping[str, str]) -> list[StepSpec]:
+    """``specs`` less the steps needed only by steps whose outputs exist elsewhere (never run here)."""
+    if not existing:
+        return specs
+    needed: set[str] = set()
+    stack = list(roots)
+    while stack:
+        spec = stack.pop()
+        if spec.identity in needed:
+            continue
+        needed.add(spec.identity)
+        if spec.identity not in existing:
+            stack.extend(spec.deps)
+    return [spec for spec in specs if spec.identity in needed]
+
+
+def _select(specs: list[StepSpec], run_only: str | None) -> list[StepSpec]:
+    """``specs`` whose name ``run_only`` matches, with their dependencies; all of them without it."""
+    if not run_only:
+        return specs
+    try:
+        pattern = re.compile(run_only)
+    except re.error as exc:
+        raise RunOptionError(f"run_only {run_only!r} is not a valid regular expression: {exc}") from exc
+    chosen = [s for s in specs if pattern.search(s.name)]
+    if not chosen:
+        names = ", ".join(s.name for s in specs)
+        raise RunOptionError(f"run_only {run_only!r} matches no step. Step names: {names}.")
+    # By identity: a dependency may be a different (but equal) object from the one kept in specs.
+    needed = {s.identity for s in topological_order(chosen)}
+    return [s for s in specs if s.identity in needed]
