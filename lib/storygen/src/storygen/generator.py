@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from storygen import lexicon
+from storygen.beats import cast_story
 from storygen.grammar import Character
-from storygen.plots import PLOTS, cast_story
+from storygen.plots import PLOTS
 from storygen.writer import StoryWriter
 
 # Bumped whenever a change to the lexicon, grammar or plots changes any generated text: it is
