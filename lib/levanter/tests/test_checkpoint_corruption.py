@@ -19,7 +19,7 @@ from orbax.checkpoint._src.path import async_path
 from levanter.models.llama import LlamaConfig
 from levanter.optim import AdamConfig
 from levanter.trainer import CheckpointError, Checkpointer, MeshConfig, Trainer, TrainerConfig
-from levanter.trainer.checkpoint import CheckpointDiskFullError
+from levanter.trainer.checkpoint_errors import CheckpointDiskFullError
 from levanter.trainer.sources import InMemoryWindows
 from levanter.trainer.tracker import read_metrics
 

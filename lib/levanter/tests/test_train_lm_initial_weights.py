@@ -13,7 +13,8 @@ from levanter.main.train_lm import InitialWeights, InitialWeightsError, TrainLmC
 from levanter.models.llama import LlamaConfig
 from levanter.optim import AdamConfig, LionConfig
 from levanter.trainer import Trainer, TrainerConfig
-from levanter.trainer.checkpoint import Checkpointer, committed_steps
+from levanter.trainer.checkpoint import Checkpointer
+from levanter.trainer.checkpoint_reading import committed_steps
 from levanter.trainer.sources import InMemoryWindows
 
 VOCAB = 64

@@ -23,7 +23,7 @@ from levanter.models.llama import LlamaConfig
 from levanter.optim import AdamConfig
 from levanter.tokenization import load_tokenizer, save_tokenizer, train_bpe_tokenizer
 from levanter.trainer import CheckpointError, Checkpointer, MeshConfig, Trainer, TrainerConfig
-from levanter.trainer.checkpoint import CheckpointDiskFullError
+from levanter.trainer.checkpoint_errors import CheckpointDiskFullError
 from levanter.trainer.sources import InMemoryWindows
 from levanter.trainer.tracker import JsonlTracker, build_trackers, read_metrics
 from rigging import filesystem as fsx

@@ -51,7 +51,9 @@ from levanter.lora import (
 )
 from levanter.optim import OptimizerConfig
 from levanter.trainer import EvalSources, Trainer, TrainerConfig, TrainState
-from levanter.trainer.checkpoint import CheckpointMismatchError, flatten_state, read_state_fields
+from levanter.trainer.checkpoint_errors import CheckpointMismatchError
+from levanter.trainer.checkpoint_keys import flatten_state
+from levanter.trainer.checkpoint_reading import read_state_fields
 from levanter.trainer.compilation_cache import enable_compilation_cache
 from levanter.trainer.dpo import DpoConfig, DpoObjective
 from levanter.trainer.state import FrozenArrays

@@ -26,101 +26,39 @@ with a WARNING and resumes from the one before it (a name Orbax never lists, so 
 inspection but never picked again); a full disk during a save is reported as
 :class:`CheckpointDiskFullError` instead of Orbax's error from its writer thread.
 
-Another run's checkpoint can be a starting point: :func:`committed_steps` lists a ``checkpoints/``
-folder without changing it, and :func:`read_state_fields` reads some fields of a step's state (the
-parameters, say, without the optimizer state) into a run's own template.
+What a storage error means is decided in :mod:`levanter.trainer.checkpoint_errors`; the names the
+state's arrays are stored under in :mod:`levanter.trainer.checkpoint_keys`. Reading another run's
+checkpoint without changing it is :mod:`levanter.trainer.checkpoint_reading`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-from etils import epath
 
-from levanter.errors import LevanterError
+from levanter.trainer.checkpoint_errors import (
+    CheckpointDiskFullError,
+    CheckpointError,
+    UnreadableCheckpointError,
+    is_disk_full,
+    is_passing_trouble,
+    root_cause,
+)
+from levanter.trainer.checkpoint_keys import flatten_state, unflatten_state
 from levanter.trainer.checkpoint_manifest import verify_manifest, write_manifest
 from levanter.trainer.checkpoint_staging import COMMIT_MARKER, CheckpointStaging, UploadError, orbax_writes_natively
 from rigging import filesystem as fsx
 
 logger = logging.getLogger(__name__)
-
-
-class CheckpointError(LevanterError, RuntimeError):
-    """A checkpoint that cannot be read back into this run's state."""
-
-
-class UnreadableCheckpointError(CheckpointError):
-    """A committed checkpoint whose files are damaged: missing, truncated or unparsable."""
-
-
-class CheckpointDiskFullError(CheckpointError):
-    """A checkpoint could not be written because its disk (or quota) is full."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """Another run's checkpoint whose arrays differ from this run's (``stored``: what it holds)."""
-
-    def __init__(self, message: str, stored: Mapping[str, jax.ShapeDtypeStruct]):
-        super().__init__(message)
-        self.stored = dict(stored)
-
-
-# TensorStore prefixes its errors with a status code. These say the storage could not be reached
-# or the machine ran out of something, not that the files are bad: such a checkpoint stays put.
-_PASSING_TROUBLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED",
-                    "CANCELLED", "ABORTED")
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and the exceptions it was raised from, outermost first (as a traceback shows them)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
-
-
-def _root_cause(error: BaseException) -> str:
-    # The outer errors of Orbax's reader repeat a whole TensorStore spec; the innermost one is the
-    # sentence that says what is wrong with which file (TensorStore's carry a status code first).
-    innermost = list(_causes(error))[-1]
-    text = " ".join(str(innermost).split()).split(" [tensorstore_spec=")[0]
-    if not re.match(r"[A-Z_]+: ", text):
-        text = f"{type(innermost).__name__}: {text}" if text else type(innermost).__name__
-    return text if len(text) <= 400 else text[:400] + "..."
-
-
-def _is_passing_trouble(error: BaseException) -> bool:
-    for cause in _causes(error):
-        if isinstance(cause, (PermissionError, ConnectionError, TimeoutError, MemoryError)):
-            return True
-        if str(cause).startswith(_PASSING_TROUBLE):
-            return True
-    return False
-
-
-def _is_disk_full(error: BaseException) -> bool:
-    for cause in _causes(error):
-        if isinstance(cause, OSError) and cause.errno in _DISK_FULL_ERRNOS:
-            return True
-        # TensorStore's array writes report the OS error in the text: "... [os_error_code='28']".
-        text = str(cause)
-        if any(os.strerror(code) in text or f"os_error_code='{code}'" in text for code in _DISK_FULL_ERRNOS):
-            return True
-    return False
 
 
 def _size(num_bytes: float) -> str:
@@ -145,29 +83,6 @@ def _move_folder(source: str, target: str) -> None:
     # The commit marker goes first, so a move cut short leaves a folder that is no longer listed as a step.
     fsx.remove_files(source, [name for name in names if name == COMMIT_MARKER])
     fsx.remove_files(source, [name for name in names if name != COMMIT_MARKER])
-
-
-def _flat_name(path) -> str:
-    name = jax.tree_util.keystr(path)
-    # Orbax uses the keys as parts of storage paths; keep them to a safe alphabet.
-    return re.sub(r"[^A-Za-z0-9_.\-]+", "_", name).strip("._") or "root"
-
-
-def flatten_state(state: Any) -> tuple[dict[str, jax.Array], Any]:
-    """The state's array leaves as ``{readable path: array}`` and the treedef to rebuild it."""
-    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(state)
-    flat: dict[str, jax.Array] = {}
-    for path, leaf in leaves_with_paths:
-        name = _flat_name(path)
-        if name in flat:
-            raise CheckpointError(f"Two state entries map to the checkpoint key {name!r}.")
-        flat[name] = leaf
-    return flat, treedef
-
-
-def unflatten_state(flat: dict[str, Any], template: Any) -> Any:
-    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(template)
-    return jax.tree_util.tree_unflatten(treedef, [flat[_flat_name(p)] for p, _ in leaves_with_paths])
 
 
 class Checkpointer:
@@ -347,7 +262,7 @@ class Checkpointer:
             self._staging.download(step)
         except Exception as e:
             raise CheckpointError(
-                f"Checkpoint {self.path_of(step)} could not be downloaded ({_root_cause(e)}); it was left in place. "
+                f"Checkpoint {self.path_of(step)} could not be downloaded ({root_cause(e)}); it was left in place. "
                 "Check that its storage is reachable and run again."
             ) from e
         self._manager.reload()
@@ -407,12 +322,12 @@ class Checkpointer:
         except CheckpointError:
             raise
         except Exception as e:
-            if _is_passing_trouble(e):
+            if is_passing_trouble(e):
                 raise CheckpointError(
-                    f"Checkpoint {self.path_of(step)} could not be read ({_root_cause(e)}); it was left in place. "
+                    f"Checkpoint {self.path_of(step)} could not be read ({root_cause(e)}); it was left in place. "
                     "Check that its storage is reachable and run again."
                 ) from e
-            raise UnreadableCheckpointError(f"Checkpoint {self.path_of(step)} cannot be read: {_root_cause(e)}.") from e
+            raise UnreadableCheckpointError(f"Checkpoint {self.path_of(step)} cannot be read: {root_cause(e)}.") from e
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
@@ -423,7 +338,7 @@ class Checkpointer:
         except UploadError as e:
             raise CheckpointError(str(e)) from e
         except Exception as e:
-            if _is_disk_full(e):
+            if is_disk_full(e):
                 raise CheckpointDiskFullError(self._disk_full_message()) from e
             raise
 
@@ -502,128 +417,3 @@ class Checkpointer:
         self._sealer.shutdown()
         if self._staging is not None:
             self._staging.close()
-
-
-# -- reading a checkpoint another run wrote ------------------------------------------------------
-
-
-def committed_steps(directory: str) -> list[int]:
-    """The committed steps of a ``checkpoints/`` folder (local or any URL), oldest first; nothing is written.
-
-    Orbax renames a local step into place once complete, so there every number-named folder is
-    whole; elsewhere (``gs://``, staged uploads) a step counts once its commit marker is there.
-    """
-    fs, root = fsx.filesystem(directory)
-    try:
-        entries = fs.ls(root, detail=False)
-    except FileNotFoundError:
-        return []
-    steps = []
-    for entry in entries:
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if name.isdigit() and (fsx.is_local(directory) or fs.exists(f"{entry.rstrip('/')}/{COMMIT_MARKER}")):
-            steps.append(int(name))
-    return sorted(steps)
-
-
-def _selected(template: Any, fields: Sequence[str]) -> tuple[list[tuple[Any, Any]], list[bool]]:
-    """The template's leaves with their paths, and whether each lies under one of ``fields``."""
-    leaves_with_paths, _ = jax.tree_util.tree_flatten_with_path(template)
-    wanted = []
-    for path, _leaf in leaves_with_paths:
-        first = path[0] if path else None
-        wanted.append(getattr(first, "name", getattr(first, "key", None)) in fields)
-    return leaves_with_paths, wanted
-
-
-def read_state_fields(step_url: str, template: Any, fields: Sequence[str]) -> Any:
-    """``template`` with its arrays under the attributes ``fields`` (``("params",)``, say) read
-    from the checkpoint step folder ``step_url`` (``<checkpoints>/<step>``, local or any URL).
-
-    Only those arrays are read (the weights of a large model without its optimizer state), each
-    into the sharding of its template leaf; the rest of ``template`` is returned as it is. Names,
-    shapes and dtypes are compared with the stored metadata first, and a difference raises
-    :class:`CheckpointMismatchError` listing them. Nothing in the checkpoint's folder is written.
-    """
-    leaves_with_paths, wanted = _selected(template, fields)
-    abstract = {
-        _flat_name(path): jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=getattr(leaf, "sharding", None))
-        for (path, leaf), take in zip(leaves_with_paths, wanted)
-        if take
-    }
-    with _readable_copy(step_url) as local_step:
-        verification = verify_manifest(local_step)
-        if verification.problems:
-            raise CheckpointError(f"Checkpoint {step_url} cannot be read: {'; '.join(verification.problems[:3])}.")
-        if not verification.has_manifest:
-            logger.warning("Checkpoint %s has no checksum manifest: its files are not verified.", step_url)
-        state_dir = epath.Path(local_step) / "state"
-        handler = ocp.PyTreeCheckpointHandler()
-        try:
-            with _reading_foreign(step_url):
-                stored = handler.metadata(state_dir)
-            _check_subset(step_url, abstract, getattr(stored, "tree", stored), fields)
-            restore_args = {
-                name: ocp.ArrayRestoreArgs(sharding=spec.sharding, global_shape=spec.shape, dtype=spec.dtype)
-                for name, spec in abstract.items()
-            }
-            with _reading_foreign(step_url):
-                restored = handler.restore(
-                    state_dir, args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
-                )
-        finally:
-            handler.close()
-    leaves = [restored[_flat_name(path)] if take else leaf for (path, leaf), take in zip(leaves_with_paths, wanted)]
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), leaves)
-
-
-@contextlib.contextmanager
-def _readable_copy(step_url: str) -> Iterator[str]:
-    """``step_url`` where Orbax can read it: as it is when Orbax reads its storage, else a local copy
-    (downloaded as a staged checkpoint is restored, see :mod:`levanter.trainer.checkpoint_staging`)."""
-    directory, _, step = step_url.rstrip("/").rpartition("/")
-    if not step.isdigit() or not fsx.exists(fsx.join(step_url, "state")):
-        raise CheckpointError(f"{step_url} is not a checkpoint step folder (<checkpoints>/<step> holding state/).")
-    if orbax_writes_natively(step_url):
-        yield step_url
-        return
-    staging = CheckpointStaging(directory, keep_last=None, keep_every=None)
-    try:
-        try:
-            staging.download(int(step))
-        except Exception as e:
-            raise CheckpointError(f"Checkpoint {step_url} could not be downloaded ({_root_cause(e)}).") from e
-        yield staging.local_path_of(int(step))
-    finally:
-        staging.close()
-
-
-@contextlib.contextmanager
-def _reading_foreign(step_url: str) -> Iterator[None]:
-    try:
-        yield
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"Checkpoint {step_url} cannot be read: {_root_cause(e)}.") from e
-
-
-def _check_subset(step_url: str, abstract: Mapping[str, jax.ShapeDtypeStruct], stored: Any, fields: Sequence[str]) -> None:
-    if not isinstance(stored, Mapping):
-        raise CheckpointError(f"Checkpoint {step_url} cannot be read: its metadata does not list the saved arrays.")
-    problems = []
-    for name, spec in abstract.items():
-        if name not in stored:
-            problems.append(f"{name}: missing from the checkpoint")
-        elif tuple(stored[name].shape) != tuple(spec.shape) or stored[name].dtype != spec.dtype:
-            problems.append(f"{name}: stored {tuple(stored[name].shape)} {stored[name].dtype}, expected {tuple(spec.shape)} {spec.dtype}")
-    # Arrays of those fields that the run would leave behind (an untied output layer, another optimizer's moments).
-    for name in sorted(stored):
-        if name not in abstract and any(name == f or name.startswith((f"{f}.", f"{f}_")) for f in fields):
-            problems.append(f"{name}: in the checkpoint but not in this run's state")
-    if problems:
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise CheckpointMismatchError(
-            f"Checkpoint {step_url} does not match this run's {' and '.join(fields)}: {shown}.",
-            {name: jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype) for name, meta in stored.items()},
-        )

@@ -18,7 +18,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from levanter.trainer.checkpoint import CheckpointError, _readable_copy, _reading_foreign
+from levanter.trainer.checkpoint_errors import CheckpointError
+from levanter.trainer.checkpoint_reading import readable_copy, reading_foreign
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class CheckpointArrays:
         self.step_url = step_url
         self._state_dir = state_dir
         self._handler = handler
-        with _reading_foreign(step_url):
+        with reading_foreign(step_url):
             metadata = handler.metadata(state_dir)
         tree = getattr(metadata, "tree", metadata)
         if not isinstance(tree, dict) or not all(hasattr(v, "shape") and hasattr(v, "dtype") for v in tree.values()):
@@ -51,7 +52,7 @@ class CheckpointArrays:
             restore_args={name: ocp.RestoreArgs(restore_type=np.ndarray) for name in names},
             partial_restore=True,
         )
-        with _reading_foreign(self.step_url):
+        with reading_foreign(self.step_url):
             restored = self._handler.restore(self._state_dir, args=args)
         return {name: np.asarray(restored[name]) for name in names}
 
@@ -60,10 +61,10 @@ class CheckpointArrays:
 def open_checkpoint_arrays(step_url: str) -> Iterator[CheckpointArrays]:
     """The arrays of the checkpoint step folder ``step_url`` (``<checkpoints>/<step>``, local or any URL).
 
-    Raises :class:`~levanter.trainer.checkpoint.CheckpointError` when it is not a checkpoint step
+    Raises :class:`~levanter.trainer.checkpoint_errors.CheckpointError` when it is not a checkpoint step
     folder or cannot be read.
     """
-    with _readable_copy(step_url) as local_step:
+    with readable_copy(step_url) as local_step:
         handler = ocp.PyTreeCheckpointHandler()
         try:
             yield CheckpointArrays(step_url, epath.Path(local_step) / "state", handler)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from levanter.errors import LevanterError
 from levanter.main.train_lm import InitialWeights, check_model_matches, hf_model_config
 from levanter.optim import OptimizerConfig
-from levanter.trainer.checkpoint import committed_steps
+from levanter.trainer.checkpoint_reading import committed_steps
 from marin.datasets.hub import HubClient, HubRefusedError, hub_offline, resolve_revision
 from marin.errors import MarinError
 from marin.evaluation.model_source import checkpoint_folder_identity
