@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from marin.curation.quality import C4, GOPHER, QualityRules, quality_filtered
+from marin.curation.quality import C4, GOPHER, C4Rules, GopherRules, QualityRules, quality_filtered
 from marin.curation.steps import CuratedDataset, read_curated
 from marin.execution.artifact import load_artifact
 from marin.execution.lazy import lower
@@ -53,22 +53,32 @@ def test_repetition_rules_catch_repeated_ngrams():
     assert "gopher_top_2gram_chars" in GOPHER.failures(PROSE + " " + "click here " * 60)
 
 
-def test_c4_drops_bad_lines_and_removes_bad_pages():
+def test_c4_cleans_the_text_gopher_then_reads():
     page = "\n".join([
         "Home | About | Contact",
         "Please enable JavaScript to view the comments powered by us.",
         "This site uses cookies to improve your experience, we promise.",
+        "function f() { return 1; }",  # no end mark: dropped before the curly bracket rule sees it
         "Too short.",
         *STORIES[0].split("\n"),
     ])
-    cleaned, failed = C4.clean(page)
-    assert failed == []
-    assert "Home" not in cleaned and "JavaScript" not in cleaned and "cookies to improve" not in cleaned and "Too short." not in cleaned
-    assert C4.clean(PROSE + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit.")[1] == ["c4_lorem_ipsum"]
-    assert C4.clean(PROSE + "\nfunction f() { return 1; }")[1] == ["c4_curly_brace"]
-    assert C4.clean("One sentence only here.")[1] == ["c4_too_few_sentences"]
     verdict = QualityRules()({"text": page})
-    assert verdict.kept and verdict.attributes["c4_lines_dropped"] == 4
+    assert verdict.kept and verdict.attributes["c4_lines_dropped"] == 5
+    assert verdict.attributes["text"] == C4.clean(STORIES[0])[0]
+    assert QualityRules()({"text": PROSE + "\nWrite the set as {1, 2, 3} in your notes."}).reason == "c4_curly_brace"
+    unchanged = QualityRules(rewrite=False)({"text": page})
+    assert "text" not in unchanged.attributes and unchanged.attributes["c4_lines_dropped"] == 5
+
+
+def test_the_identity_covers_what_the_rules_measure(tmp_path):
+    """Outputs made under an earlier definition of a rule set are not reused: its definition is hashed."""
+    source = _inputs(tmp_path / "in")
+    current = quality_filtered("curated/quality", source)
+    for rules in (GopherRules(), C4Rules()):
+        object.__setattr__(rules, "definition", rules.definition - 1)
+        older = quality_filtered("curated/quality", source, **{"gopher" if isinstance(rules, GopherRules) else "c4": rules})
+        assert older.identity != current.identity
+    assert quality_filtered("curated/quality", source, gopher=GopherRules()).identity == current.identity
 
 
 def test_rules_are_configurable():
