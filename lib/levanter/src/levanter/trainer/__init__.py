@@ -4,18 +4,20 @@ and checkpoints that resume to the same trajectory."""
 from levanter.trainer.checkpoint import CheckpointError, Checkpointer
 from levanter.trainer.config import MeshConfig, ProfileConfig, TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError
+from levanter.trainer.evaluation import EvalSources
 from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.state import TrainState
-from levanter.trainer.stopping import StopAction, StopRequest, StopSignal, StopSource, TrainingAbandoned
-from levanter.trainer.trainer import (
-    DataSource,
-    EvalSources,
-    NonFiniteLossError,
-    Trainer,
+from levanter.trainer.step_metrics import NonFiniteLossError
+from levanter.trainer.stopping import (
+    StopAction,
+    StopRequest,
+    StopSignal,
+    StopSource,
+    TrainingAbandoned,
     TrainingPreempted,
-    TrainResult,
 )
+from levanter.trainer.trainer import DataSource, Trainer, TrainResult
 
 __all__ = [
     "CheckpointError",

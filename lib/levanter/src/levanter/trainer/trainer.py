@@ -3,19 +3,18 @@
 The host loop stays thin: step ``k+1`` is dispatched before the scalars of step ``k`` are fetched,
 so the device always has queued work while the host writes metrics; batches are prepared in a
 background thread. Every step gets a line in ``metrics.jsonl``; a non-finite loss stops the run
-with the step's number, before that state can be checkpointed. Logging, checkpoints and evaluation
-are hooks, each on its own schedule (:mod:`levanter.trainer.hooks`); the rates they report come from
-:mod:`levanter.trainer.throughput`. Between steps the loop asks its stop sources (see
-:mod:`levanter.trainer.stopping`; SIGTERM is one) whether to checkpoint and stop, or to stop writing
-at once.
+with the step's number, before that state can be checkpointed (:mod:`levanter.trainer.step_metrics`).
+Logging, checkpoints and evaluation (:mod:`levanter.trainer.evaluation`) are hooks, each on its own
+schedule (:mod:`levanter.trainer.hooks`); the rates they report come from
+:mod:`levanter.trainer.throughput`. A fresh state comes from :mod:`levanter.trainer.initial_state`.
+Between steps the loop asks its stop sources (see :mod:`levanter.trainer.stopping`; SIGTERM is one)
+whether to checkpoint and stop, or to stop writing at once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import math
 import signal
 import threading
 import time
@@ -23,26 +22,26 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from levanter.data.batch import Batch
 from levanter.distributed import initialize_distributed
-from levanter.errors import LevanterError
-from levanter.optim import OptimizerConfig, weight_decay_mask_from_axes
+from levanter.optim import OptimizerConfig
 from levanter.trainer.checkpoint import Checkpointer
 from levanter.trainer.config import TrainerConfig, TrainerConfigError
-from levanter.trainer.data_feed import DataSourceError, Prefetcher, to_device
+from levanter.trainer.data_feed import DataSourceError, Prefetcher
+from levanter.trainer.evaluation import EvalSources, eval_hook, evaluate_sets
 from levanter.trainer.hardware import peak_flops_per_device
 from levanter.trainer.hooks import AtLastStep, Hook, StepInfo, due_hooks, run_hooks
-from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
+from levanter.trainer.initial_state import init_train_state, whole_model, with_reference
+from levanter.trainer.mixed_precision import resolve_compute_dtype
 from levanter.trainer.profiler import StepProfiler
 from levanter.trainer.state import FrozenArrays, TrainState
 from levanter.trainer.step import Objective, build_step_functions
+from levanter.trainer.step_metrics import logging_hooks, record_step
 from levanter.trainer.stopping import (
     StopAction,
     StopRequest,
@@ -52,7 +51,7 @@ from levanter.trainer.stopping import (
     TrainingPreempted,
     first_stop_request,
 )
-from levanter.trainer.throughput import ThroughputMeter, WindowThroughput
+from levanter.trainer.throughput import ThroughputMeter
 from levanter.trainer.tracker import build_trackers
 from rigging import filesystem as fsx
 from rigging.progress import terminal_bar
@@ -60,15 +59,10 @@ from rigging.progress import terminal_bar
 logger = logging.getLogger("levanter.trainer")
 
 
-class NonFiniteLossError(LevanterError, FloatingPointError):
-    """The training loss became NaN or infinite."""
-
-
 class DataSource(Protocol):
     def iter_from(self, start_step: int) -> Iterator[Batch]: ...
 
 
-EvalSources = Mapping[str, Callable[[], Iterable[Batch]]]
 # Called after each step's metrics are recorded: hook(trainer, step, metrics).
 StepHook = Callable[["Trainer", int, Mapping[str, Any]], None]
 
@@ -85,19 +79,6 @@ class TrainResult:
     metrics_path: str
     resumed_from: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _advance(bar: Any, info: StepInfo) -> None:
-    m = info.metrics
-    bar.set_postfix(loss=f"{m['loss']:.4f}", lr=f"{m['lr']:.3g}", refresh=False)
-    bar.update(1)  # the hook runs once for every step whose scalars are read
-
-
-def _format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
 class Trainer:
@@ -210,91 +191,10 @@ class Trainer:
 
     def init_state(self, init_model: Callable[[jax.Array], Any]) -> tuple[TrainState, Any, optax.GradientTransformation]:
         """A fresh, sharded state; returns it, the model's static part and the optimizer."""
-        from haliax.module import logical_axes
-
-        model_key, train_key = jax.random.split(jax.random.PRNGKey(self.config.seed))
-        params, frozen_model, static = self._init_params(init_model, model_key)
-        param_shardings = jax.tree.map(lambda x: x.sharding, params)
-
-        decay_mask = weight_decay_mask_from_axes(logical_axes(params), params)
-        optimizer = self.optimizer_config.build(self.config.num_train_steps, weight_decay_mask=decay_mask)
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        abstract_opt = jax.eval_shape(optimizer.init, params)
-        opt_shardings = optax.tree_map_params(
-            optimizer,
-            lambda _, sharding: sharding,
-            abstract_opt,
-            param_shardings,
-            transform_non_params=lambda _: replicated,
+        return init_train_state(
+            init_model, self.config, self.optimizer_config, self.mesh,
+            trainable=self.trainable, keep_reference=self.keep_reference,
         )
-        opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
-        state = TrainState(
-            step=jax.device_put(jnp.asarray(0, jnp.int32), replicated),
-            params=params,
-            opt_state=opt_state,
-            key=jax.device_put(train_key, replicated),
-        )
-        if frozen_model is not None or self.keep_reference:
-            state = dataclasses.replace(state, frozen=FrozenArrays(model=frozen_model))
-            state = self._with_reference(state)
-        self._log_parameter_counts(state)
-        return state, static, optimizer
-
-    def _with_reference(self, state: TrainState) -> TrainState:
-        """``state`` whose frozen reference is a copy of its trainable arrays now (when one is kept).
-
-        Under LoRA (frozen base weights, adapters trained) the reference is the base model itself,
-        read from the frozen arrays with the adapters at zero, so nothing is copied.
-        """
-        if not self.keep_reference or state.frozen.model is not None:
-            return state
-        reference = jax.tree.map(lambda x: x.copy(), state.params)  # own buffers: params are donated each step
-        return dataclasses.replace(state, frozen=FrozenArrays(model=None, reference=reference))
-
-    def _log_parameter_counts(self, state: TrainState) -> None:
-        trainable = sum(x.size for x in jax.tree.leaves(state.params))
-        frozen_model = None if state.frozen is None else state.frozen.model
-        total = trainable + sum(x.size for x in jax.tree.leaves(frozen_model))
-        logger.info("trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100.0 * trainable / max(total, 1))
-
-    def _init_params(self, init_model, key):
-        """Initialise under jit, each parameter created directly in its sharding: one compiled
-        program instead of hundreds of eager ops, and no device ever holds the whole model.
-
-        Returns the trainable arrays, the frozen floating arrays (None unless ``trainable`` leaves
-        some floating array out) and the static rest."""
-        from haliax.partitioning import shardings_for
-
-        if self.trainable is None:
-
-            def floating_part(k):
-                # Master weights are f32 whatever dtype the model was built in; compute casts per step.
-                return cast_floating(eqx.partition(init_model(k), _is_floating)[0], jnp.float32)
-
-            abstract_params, static = eqx.partition(eqx.filter_eval_shape(init_model, key), _is_floating)
-            if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(static)):
-                # Integer buffers in the model: materialise the non-trainable part for real.
-                static = eqx.filter_jit(lambda k: eqx.partition(init_model(k), _is_floating)[1])(key)
-            abstract_params = cast_floating(abstract_params, jnp.float32)
-            param_shardings = shardings_for(abstract_params, self.mesh)
-            params = jax.jit(floating_part, out_shardings=param_shardings)(key)
-            return params, None, static
-
-        def parts(model):
-            trainable, rest = eqx.partition(model, self.trainable(model))
-            frozen, static = eqx.partition(rest, _is_floating)
-            return trainable, frozen, static
-
-        def floating_parts(k):
-            trainable, frozen, _ = parts(init_model(k))
-            return cast_floating(trainable, jnp.float32), cast_floating(frozen, jnp.float32)
-
-        abstract_params, abstract_frozen, static = parts(eqx.filter_eval_shape(init_model, key))
-        if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(static)):
-            static = eqx.filter_jit(lambda k: parts(init_model(k))[2])(key)
-        abstract = cast_floating((abstract_params, abstract_frozen), jnp.float32)
-        params, frozen = jax.jit(floating_parts, out_shardings=shardings_for(abstract, self.mesh))(key)
-        return params, frozen, static
 
     @staticmethod
     def shardings_of(state: TrainState) -> TrainState:
@@ -321,7 +221,7 @@ class Trainer:
             state = initialize(fresh)
             if jax.tree.structure(state) != jax.tree.structure(fresh):
                 raise TrainerConfigError("initialize must return a state of the same structure as the fresh one it is given.")
-            state = self._with_reference(state)  # the reference is the weights training starts from
+            state = with_reference(state, self.keep_reference)  # the reference is the weights training starts from
         return state, static, optimizer, resumed_from
 
     def train(
@@ -449,7 +349,8 @@ class Trainer:
             time.monotonic(), num_devices=self.mesh.devices.size, peak_flops_per_device=self._peak_flops
         )
         bar = terminal_bar(last_step - start_step, "training", unit="step")  # on a terminal; else console lines
-        record = functools.partial(self._record, meter=meter, log_hooks=self._log_hooks(trackers, history, meter, bar))
+        log_hooks = logging_hooks(self.config, trackers, history, meter, bar, self._call_callers_hooks)
+        record = functools.partial(record_step, meter=meter, log_hooks=log_hooks, last_step=last_step)
         eval_losses: dict[str, float] = {}
         save = self._checkpoint_hook(trackers)
         step_hooks = [save, *([self._eval_hook(eval_sources, trackers, history, eval_losses)] if eval_sources else [])]
@@ -521,69 +422,12 @@ class Trainer:
             self.flops_per_token = float(self.flops_per_token(seq_len))  # resolved once, on the first batch
         return self.flops_per_token
 
-    def _record(
-        self, step: int, device_metrics: dict[str, jax.Array], *, meter: ThroughputMeter, log_hooks: list[Hook]
-    ) -> dict[str, Any]:
-        """Read a step's scalars (waiting for the step), refuse a non-finite loss, run the logging hooks."""
-        values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-        now = time.monotonic()
-        if not math.isfinite(values["loss"]) or not math.isfinite(values["total_loss"]):
-            raise NonFiniteLossError(
-                f"Training loss is {values['loss']} (total objective {values['total_loss']}) at step {step}. "
-                "Lower the learning rate, raise warmup, add z_loss_weight or check the data; "
-                "the last good checkpoint is kept."
-            )
-        rate = meter.step(now)
-        line = {
-            "loss": values["loss"],
-            "lr": values["lr"],
-            "grad_norm": values["grad_norm"],
-            "tokens": rate.tokens,
-            "tokens_per_second": rate.tokens_per_second,
-            "mfu": rate.mfu,
-            "wall_time": rate.wall_time,
-            "aux_loss": values["aux_loss"],
-            "z_loss": values["z_loss"],
-            "loss_tokens": values["loss_tokens"],
-        }
-        # An objective's own scalars (a preference objective's rewards and accuracy) follow.
-        line.update({k: v for k, v in values.items() if k not in line and k != "total_loss"})
-        run_hooks(due_hooks(log_hooks, step, self.config.num_train_steps), StepInfo(step, line))
-        return line
-
     # -- hooks -----------------------------------------------------------------------------------
 
-    def _log_hooks(self, trackers, history: list[dict[str, Any]], meter: ThroughputMeter, bar: Any = None) -> list[Hook]:
-        """Run as each step's scalars are read, usually one step late. ``bar``: a terminal's progress
-        bar, which then takes the console lines' place."""
-        log_every, last = self.config.log_every, AtLastStep.ALWAYS
-        jsonl, *others = trackers.trackers
-
-        def write_others(info: StepInfo) -> None:
-            for tracker in others:
-                tracker.log(info.step, info.metrics)
-
-        def call_callers_hooks(info: StepInfo) -> None:
-            for hook in self.hooks:
-                hook(self, info.step, info.metrics)
-
-        return [
-            Hook("metrics.jsonl", lambda info: jsonl.log(info.step, info.metrics)),
-            *([Hook("trackers", write_others, every=log_every, at_last=last)] if others else []),
-            Hook("history", lambda info: history.append({"step": info.step, **info.metrics})),
-            (Hook("console", lambda info: self._log_progress(info, meter.window()), every=log_every, at_last=last)
-             if bar is None else Hook("progress bar", lambda info: _advance(bar, info))),
-            Hook("hooks", call_callers_hooks),  # the ``hooks`` given to the constructor
-        ]
-
-    def _log_progress(self, info: StepInfo, window: WindowThroughput) -> None:
-        m, last_step = info.metrics, self.config.num_train_steps
-        logger.info(
-            "step %d/%d  loss %.4f  lr %.3g  grad_norm %.3g  %.0f tokens/s%s  elapsed %s  ETA %s",
-            info.step, last_step, m["loss"], m["lr"], m["grad_norm"], window.tokens_per_second,
-            "" if m["mfu"] is None else f"  MFU {100 * m['mfu']:.1f}%",
-            _format_duration(m["wall_time"]), _format_duration(window.seconds_per_step * (last_step - info.step)),
-        )
+    def _call_callers_hooks(self, info: StepInfo) -> None:
+        """The ``hooks`` given to the constructor, on each step's metrics line."""
+        for hook in self.hooks:
+            hook(self, info.step, info.metrics)
 
     def _checkpoint_hook(self, trackers) -> Hook:
         """By the checkpointer's own step and time policy; never on the last step, which ``train`` saves."""
@@ -598,49 +442,16 @@ class Trainer:
 
     def _eval_hook(self, eval_sources: EvalSources, trackers, history, results: dict[str, float]) -> Hook:
         """Every ``eval_every`` steps and after the last; ``results`` keeps the latest losses."""
-
-        def evaluate(info: StepInfo) -> None:
-            results.clear()
-            results.update(self.evaluate(info.state.params, eval_sources, info.state.frozen))
-            eval_line = {f"eval/{name}/loss": loss for name, loss in results.items()}
-            trackers.log(info.step, eval_line)
-            history.append({"step": info.step, **eval_line})
-            logger.info("step %d eval: %s", info.step, ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
-
-        return Hook("eval", evaluate, every=self.config.eval_every, at_last=AtLastStep.ALWAYS)
+        return eval_hook(
+            lambda state: self.evaluate(state.params, eval_sources, state.frozen),
+            trackers, history, results, every=self.config.eval_every,
+        )
 
     # -- evaluation ------------------------------------------------------------------------------
 
     def evaluate(self, params, eval_sources: EvalSources, frozen: FrozenArrays | None = None) -> dict[str, float]:
         """Mean next-token loss over the masked-in positions of each eval set."""
-        results = {}
-        for name, make_batches in eval_sources.items():
-            started = time.monotonic()
-            loss_total, weight_total = 0.0, 0.0
-            sums = []
-            for batch in make_batches():
-                device_batch = to_device(batch, self._eval_sharding(batch.batch_size))
-                sums.append(self._steps.eval_step(params, device_batch, frozen))
-            for loss_sum, weight_sum in jax.device_get(sums):
-                loss_total += float(loss_sum)
-                weight_total += float(weight_sum)
-            if weight_total == 0:
-                raise DataSourceError(f"Eval set {name!r} yielded no masked-in tokens.")
-            results[name] = loss_total / weight_total
-            logger.debug("eval %s: %d batches in %.1fs", name, len(sums), time.monotonic() - started)
-        return results
-
-
-def whole_model(state: TrainState, static: Any) -> Any:
-    """The model a state holds: its trainable arrays, its frozen model arrays and the static rest."""
-    frozen_model = None if state.frozen is None else state.frozen.model
-    if frozen_model is None:
-        return eqx.combine(state.params, static)
-    return eqx.combine(state.params, frozen_model, static)
-
-
-def _is_floating(x) -> bool:
-    return isinstance(x, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact)
+        return evaluate_sets(self._steps.eval_step, params, eval_sources, frozen, self._eval_sharding)
 
 
 def _last_logged_loss(metrics_path: str) -> float | None:
