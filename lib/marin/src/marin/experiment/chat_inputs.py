@@ -1,26 +1,53 @@
-"""What ``chat_dataset(...)`` and ``preference_dataset(...)`` resolve when they are declared.
+"""What ``chat_dataset(...)`` and ``preference_dataset(...)`` resolve when they are declared, and the step they declare.
 
 Both render records with a chat template before tokenizing, so both need the source, the
 tokenizer, and the template's identity: its name and content digest when the tokenizer can be
 loaded now, or only what was asked for when a dependency step builds the tokenizer (that step's
-identity then covers the rest).
+identity then covers the rest). Both then declare the same kind of step, with the same options
+(:class:`RenderedDatasetOptions`, :func:`rendered_dataset_step`); only the fields of their records,
+their tokenize config and their tokenize function differ.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Callable
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from levanter.tokenization import load_tokenizer, resolve_chat_template
 
-from marin.execution.lazy import LazyStep
+from marin.execution.lazy import LazyStep, lazy_step
 from marin.experiment.data import (
     DatasetSource,
+    inputs_at_run_time,
     resolve_dataset_source,
     resolve_tokenizer,
 )
 from marin.processing.chat import describe_template
+from marin.processing.tokenize import TokenizedDataset
+
+logger = logging.getLogger(__name__)
+
+
+class RenderedDatasetOptions(TypedDict, total=False):
+    """The options ``chat_dataset(...)`` and ``preference_dataset(...)`` share, passed on to :func:`rendered_dataset_step`.
+
+    ``sample_count``: only the first N records of each split; ``validation``: a source of its
+    own for the validation split; ``version``: a label that changes the step's identity by hand;
+    ``num_shards``: how many token-cache shards to write; ``output_path``, ``resources`` and
+    ``backend`` (where shards run; not part of the identity) as for ``tokenized(...)``.
+    """
+
+    sample_count: int | None
+    validation: str | os.PathLike[str] | None
+    version: str | None
+    num_shards: int | None
+    output_path: str | None
+    resources: Any
+    backend: Any
 
 
 @dataclass(frozen=True)
@@ -63,3 +90,52 @@ def template_request(template: str | None) -> str | None:
     if template is None or ("{{" not in template and "{%" not in template):
         return template
     return "sha256:" + hashlib.sha256(template.encode("utf-8")).hexdigest()
+
+
+def rendered_dataset_step(
+    declared_as: str,
+    name: str,
+    source: Any,
+    tokenizer: Any,
+    template: str | None,
+    *,
+    config_type: type,
+    fields: dict[str, Any],
+    tokenize: Callable[..., TokenizedDataset],
+    attribute: str,
+    format_version: str,
+    sample_count: int | None = None,
+    validation: Any = None,
+    version: str | None = None,
+    num_shards: int | None = None,
+    output_path: str | None = None,
+    resources: Any = None,
+    backend: Any = None,
+) -> LazyStep:
+    """The lazy step that renders the records of ``source`` with a chat template and tokenizes them.
+
+    Its identity is ``config_type`` (a tokenize config) built from the resolved inputs and the
+    record ``fields``, hashed under ``attribute`` beside ``format_version``; at run time
+    ``tokenize(config, inputs, output_path, template=..., backend=...)`` writes the caches.
+    ``declared_as`` names the declaration in its log line.
+    """
+    chat = resolve_chat_inputs(source, tokenizer, template, sample_count, validation)
+    config = config_type(
+        source=chat.source.identity,
+        tokenizer=chat.tokenizer_identity,
+        template=chat.template_identity,
+        splits=chat.source.splits,
+        sample_count=sample_count,
+        num_shards=num_shards,
+        **fields,
+    )
+    logger.info("%s(%r): %s Tokenizer: %s; %s", declared_as, name, chat.source.description, chat.tokenizer_name,
+                chat.template_note)
+
+    def run(ctx) -> TokenizedDataset:
+        inputs, run_config = inputs_at_run_time(ctx, chat.source, config, chat.tokenizer_dep, chat.tokenizer_location,
+                                                chat.tokenizer_revision)
+        return tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
+
+    return lazy_step(name, run, deps=chat.deps, hash_attrs={attribute: config, "format": format_version},
+                     version=version, resources=resources, output_path=output_path)

@@ -11,27 +11,20 @@ the reference is then the frozen base itself.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from levanter.trainer.dpo import DpoConfig
 
-from marin.execution.lazy import LazyStep, lazy_step
-from marin.experiment.chat_inputs import resolve_chat_inputs
-from marin.experiment.data import (
-    inputs_at_run_time,
-)
+from marin.execution.lazy import LazyStep
+from marin.experiment.chat_inputs import RenderedDatasetOptions, rendered_dataset_step
 from marin.experiment.train import train_lm
 from marin.experiment.train_step import TrainConfigError
 from marin.processing.preference import (
     PreferenceTokenizeConfig,
     run_preference_tokenize,
 )
-from marin.processing.tokenize import TokenizedDataset
-
-logger = logging.getLogger(__name__)
 
 PREFERENCE_STEP_VERSION = "1"
 _PREFERENCE_ATTRIBUTE = "preference"
@@ -43,43 +36,22 @@ def preference_dataset(
     tokenizer: str | os.PathLike[str] | LazyStep | Any,
     template: str | None = None,
     *,
-    sample_count: int | None = None,
-    validation: str | os.PathLike[str] | None = None,
     prompt_field: str = "prompt",
     chosen_field: str = "chosen",
     rejected_field: str = "rejected",
-    version: str | None = None,
-    num_shards: int | None = None,
-    output_path: str | None = None,
-    resources: Any = None,
-    backend: Any = None,
+    **options: Unpack[RenderedDatasetOptions],
 ) -> LazyStep:
     """A lazy handle for the preference pairs of ``source``, tokenized for :func:`dpo`.
 
     Each record has ``prompt`` (a string: one user message; or a list of ``{"role", "content"}``
     messages), ``chosen`` and ``rejected`` (a string: the assistant's reply; or a list of messages).
-    ``source``, ``tokenizer`` and ``template`` are as for ``chat_dataset(...)``.
+    ``source``, ``tokenizer``, ``template`` and the other options are as for ``chat_dataset(...)``.
     """
-    chat = resolve_chat_inputs(source, tokenizer, template, sample_count, validation)
-    config = PreferenceTokenizeConfig(
-        source=chat.source.identity,
-        tokenizer=chat.tokenizer_identity,
-        template=chat.template_identity,
-        splits=chat.source.splits,
-        sample_count=sample_count,
-        fields=(prompt_field, chosen_field, rejected_field),
-        num_shards=num_shards,
+    return rendered_dataset_step(
+        "preference_dataset", name, source, tokenizer, template, config_type=PreferenceTokenizeConfig,
+        fields={"fields": (prompt_field, chosen_field, rejected_field)}, tokenize=run_preference_tokenize,
+        attribute=_PREFERENCE_ATTRIBUTE, format_version=PREFERENCE_STEP_VERSION, **options,
     )
-    logger.info("preference_dataset(%r): %s Tokenizer: %s; %s", name, chat.source.description, chat.tokenizer_name,
-                chat.template_note)
-
-    def run(ctx) -> TokenizedDataset:
-        inputs, run_config = inputs_at_run_time(ctx, chat.source, config, chat.tokenizer_dep, chat.tokenizer_location,
-                                                chat.tokenizer_revision)
-        return run_preference_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
-
-    return lazy_step(name, run, deps=chat.deps, hash_attrs={_PREFERENCE_ATTRIBUTE: config, "format": PREFERENCE_STEP_VERSION},
-                     version=version, resources=resources, output_path=output_path)
 
 
 def is_preference_dataset(handle: Any) -> bool:

@@ -10,25 +10,18 @@ digest) and the settings; never where anything lives.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
-from marin.execution.lazy import LazyStep, lazy_step
-from marin.experiment.chat_inputs import resolve_chat_inputs
-from marin.experiment.data import (
-    inputs_at_run_time,
-)
+from marin.execution.lazy import LazyStep
+from marin.experiment.chat_inputs import RenderedDatasetOptions, rendered_dataset_step
 from marin.experiment.train import train_lm
 from marin.experiment.train_step import TrainConfigError
 from marin.processing.chat import (
     ChatTokenizeConfig,
     run_chat_tokenize,
 )
-from marin.processing.tokenize import TokenizedDataset
-
-logger = logging.getLogger(__name__)
 
 # Bumped when the chat tokenize step's output changes meaning, so old caches are never reused for it.
 CHAT_STEP_VERSION = "1"
@@ -41,14 +34,8 @@ def chat_dataset(
     tokenizer: str | os.PathLike[str] | LazyStep | Any,
     template: str | None = None,
     *,
-    sample_count: int | None = None,
-    validation: str | os.PathLike[str] | None = None,
     messages_field: str = "messages",
-    version: str | None = None,
-    num_shards: int | None = None,
-    output_path: str | None = None,
-    resources: Any = None,
-    backend: Any = None,
+    **options: Unpack[RenderedDatasetOptions],
 ) -> LazyStep:
     """A lazy handle for the conversations of ``source`` tokenized for training on the assistant's replies.
 
@@ -57,35 +44,15 @@ def chat_dataset(
     has ``messages_field``, a list of ``{"role", "content"}`` messages. ``tokenizer``: as for
     ``tokenized(...)``. ``template``: None for the tokenizer's own chat template, or ``"chatml"``
     when it has none; a name from ``levanter.tokenization.chat.NAMED_TEMPLATES``; ``"tokenizer"``
-    to require the tokenizer's own; or a Jinja template text. The artifact is a
-    :class:`TokenizedDataset` whose caches carry the loss mask.
+    to require the tokenizer's own; or a Jinja template text. ``options``:
+    :class:`~marin.experiment.chat_inputs.RenderedDatasetOptions` (``sample_count``, ``validation``,
+    ``version``, ``num_shards``, ...). The artifact is a :class:`TokenizedDataset` whose caches
+    carry the loss mask.
     """
-    chat = resolve_chat_inputs(source, tokenizer, template, sample_count, validation)
-    config = ChatTokenizeConfig(
-        source=chat.source.identity,
-        tokenizer=chat.tokenizer_identity,
-        template=chat.template_identity,
-        splits=chat.source.splits,
-        sample_count=sample_count,
-        messages_field=messages_field,
-        num_shards=num_shards,
-    )
-    logger.info("chat_dataset(%r): %s Tokenizer: %s; %s", name, chat.source.description, chat.tokenizer_name,
-                chat.template_note)
-
-    def run(ctx) -> TokenizedDataset:
-        inputs, run_config = inputs_at_run_time(ctx, chat.source, config, chat.tokenizer_dep, chat.tokenizer_location,
-                                                chat.tokenizer_revision)
-        return run_chat_tokenize(run_config, inputs, ctx.output_path, template=template, backend=backend)
-
-    return lazy_step(
-        name,
-        run,
-        deps=chat.deps,
-        hash_attrs={_CHAT_ATTRIBUTE: config, "format": CHAT_STEP_VERSION},
-        version=version,
-        resources=resources,
-        output_path=output_path,
+    return rendered_dataset_step(
+        "chat_dataset", name, source, tokenizer, template, config_type=ChatTokenizeConfig,
+        fields={"messages_field": messages_field}, tokenize=run_chat_tokenize, attribute=_CHAT_ATTRIBUTE,
+        format_version=CHAT_STEP_VERSION, **options,
     )
 
 
