@@ -60,6 +60,8 @@ def test_a_line_without_terminal_punctuation_is_dropped():
     assert failed == []
     assert cleaned == kept("Did the miller ever sell the mill?", "What a fine old mill it is!",
                            'He said "the mill is not for sale"')
+    typographic = replace(C4, end_marks=(*C4.end_marks, "”"))
+    assert typographic.clean(page("She said “we will see.”")) == (kept("She said “we will see.”"), [])
 
 
 def test_a_line_ending_in_an_ellipsis_is_dropped():
