@@ -68,7 +68,7 @@ def run_ours(stage: str, data: str, work: str) -> float:
     from marin.curation.dedup.buckets import BandKeys, BucketEdges
     from marin.curation.dedup.join import DecisionRuns, joined_dataset
     from marin.curation.dedup.keyed import GroupShard, SpillShard
-    from marin.curation.dedup.passes import component_decisions
+    from marin.curation.dedup.components import component_decisions
     from marin.curation.dedup.records import file_sources
     from marin.curation.dedup.spill import SpillSettings
     from marin.curation.dedup_steps import FuzzyDedupConfig
@@ -87,8 +87,9 @@ def run_ours(stage: str, data: str, work: str) -> float:
             for edge in GroupShard(f"{work}/buckets", 0, BucketEdges(config.threshold), 2, config.num_perm, settings)():
                 out.write(json.dumps(edge) + "\n")
     elif stage == "components":
-        decisions, _ = component_decisions([f"{work}/edges/part-00000.jsonl"], f"{work}/components", "inline", 1)
-        decisions.map_shard(DecisionRuns(f"{work}/runs", settings.decision_buffer)).write_jsonl(
+        decisions, _ = component_decisions([f"{work}/edges/part-00000.jsonl"], f"{work}/components", "inline", 1,
+                                           settings)
+        decisions.map_shard(DecisionRuns(f"{work}/runs", settings.record_buffer)).write_jsonl(
             f"{work}/summary/part-{{shard:05d}}.jsonl", backend="inline")
     elif stage == "join":
         sink = CurationSink(f"{work}/out", "jsonl", "mark", "text")

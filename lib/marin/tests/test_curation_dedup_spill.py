@@ -25,9 +25,9 @@ from marin.execution.artifact import load_artifact
 from marin.execution.step_runner import StepRunner
 from storygen import generate_stories
 
-TINY = SpillSettings(batch_docs=3, buffer_entries=5, read_chunk=2, fan_in=2, lookup_batch=1, decision_buffer=2)
+TINY = SpillSettings(batch_docs=3, buffer_entries=5, read_chunk=2, fan_in=2, lookup_batch=1, record_buffer=2)
 HUGE = SpillSettings(batch_docs=100_000, buffer_entries=1 << 20, read_chunk=1 << 20, fan_in=1000,
-                     lookup_batch=1 << 20, decision_buffer=1 << 20)
+                     lookup_batch=1 << 20, record_buffer=1 << 20)
 
 
 def random_entries(rng: np.random.Generator, count: int, distinct_keys: int) -> np.ndarray:
@@ -135,3 +135,26 @@ def test_tiny_buffers_remove_exactly_what_huge_buffers_remove(corpus, tmp_path):
     assert results["dedup/exact"]["summary"]["removed"]["exact-duplicate"]["documents"] == 8
     assert results["dedup/fuzzy"]["summary"]["removed"]["near-duplicate"]["documents"] >= 10
     assert results["dedup/lines"]["details"]["lines_removed"] >= 60
+
+
+def test_components_of_a_chain_across_partitions_keep_the_smallest_id(tmp_path):
+    """d-c, c-b, b-a, and x-y apart: labels travel the chain in rounds, a message run per record."""
+    from marin.curation.dedup.components import component_decisions
+
+    def edge(member: str, root: str, similarity: float) -> dict:
+        return {"id": member, "file": 0, "position": ord(member), "root": root, "root_file": 0,
+                "root_position": ord(root), "similar_to": root, "similarity": similarity}
+
+    files = []
+    for i, edges in enumerate([[edge("d", "c", 0.9), edge("c", "c", 0.9)], [edge("c", "b", 0.8)],
+                               [edge("b", "a", 0.75), edge("y", "x", 0.95)]]):
+        files.append(str(tmp_path / f"edges-{i}.jsonl"))
+        Path(files[-1]).write_text("".join(json.dumps(e) + "\n" for e in edges))
+    Path(tmp_path / "edges-empty.jsonl").write_text("")
+    decisions, counters = component_decisions(files + [str(tmp_path / "edges-empty.jsonl")], str(tmp_path / "work"),
+                                              "inline", 3, SpillSettings(record_buffer=1))
+    found = {chr(d.position): d.attributes for d in decisions.collect(backend="inline")}
+    assert {node: a["cluster"] for node, a in found.items()} == {**dict.fromkeys("abcd", "a"), "x": "x", "y": "x"}
+    assert [node for node, a in sorted(found.items()) if a.get("kept") is False] == ["b", "c", "d", "y"]
+    assert (found["d"]["similar_to"], found["d"]["similarity"]) == ("c", 0.9)
+    assert counters["components/rounds"] >= 2  # d learns of a only through c and b

@@ -144,7 +144,8 @@ def _declare(name: str, source: Any, kind: str, attributes: Mapping[str, Any], r
 
 def exact_deduplicated(name: str, source: Any, *, config: ExactDedupConfig = ExactDedupConfig(),
                        mode: Mode = "remove", output_format: OutputFormat = "jsonl", num_shards: int | None = None,
-                       backend: Any = None, version: str | None = None, spill: SpillSettings = SpillSettings()) -> LazyStep:
+                       backend: Any = None, version: str | None = None,
+                       spill: SpillSettings = SpillSettings()) -> LazyStep:
     """A lazy handle: ``source`` without the documents whose normalised text repeats (each cluster keeps its smallest id)."""
 
     def run(ctx, resolved: CurationInput) -> CuratedDataset:
@@ -158,7 +159,8 @@ def exact_deduplicated(name: str, source: Any, *, config: ExactDedupConfig = Exa
 
 def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = FuzzyDedupConfig(),
                        mode: Mode = "remove", output_format: OutputFormat = "jsonl", num_shards: int | None = None,
-                       backend: Any = None, version: str | None = None, spill: SpillSettings = SpillSettings()) -> LazyStep:
+                       backend: Any = None, version: str | None = None,
+                       spill: SpillSettings = SpillSettings()) -> LazyStep:
     """A lazy handle: ``source`` without MinHash near duplicates (each cluster keeps its smallest id)."""
     bands, rows = config.lsh()
 
@@ -181,7 +183,8 @@ def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = Fuz
 
 def line_deduplicated(name: str, source: Any, *, config: LineDedupConfig = LineDedupConfig(),
                       mode: Mode = "remove", output_format: OutputFormat = "jsonl", num_shards: int | None = None,
-                      backend: Any = None, version: str | None = None, spill: SpillSettings = SpillSettings()) -> LazyStep:
+                      backend: Any = None, version: str | None = None,
+                      spill: SpillSettings = SpillSettings()) -> LazyStep:
     """A lazy handle: ``source`` with lines repeated across ``config.min_documents`` documents cut from the text."""
 
     def details(counters: Mapping[str, int]) -> dict[str, Any]:

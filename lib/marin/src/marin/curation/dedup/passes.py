@@ -7,57 +7,31 @@ memory is set by :class:`~marin.curation.dedup.spill.SpillSettings`, not by its 
 
 Exact: a document's key is the 128-bit BLAKE2b digest of its normalised text; each group of two or
 more keeps its smallest id. Near duplicates: LSH buckets give verified edges
-(:mod:`~marin.curation.dedup.buckets`); connected components of all edges come from sharded
-min-label propagation: each round is one ``group_by`` over the nodes that have edges, and rounds
-repeat until no label changes. Each component keeps its smallest id; every other member gets
-``reason: "near-duplicate"`` (its ``cluster`` names the kept one), with the neighbour it was most
-similar to as evidence.
+(:mod:`~marin.curation.dedup.buckets`), and the connected components of all edges
+(:mod:`~marin.curation.dedup.components`) keep each component's smallest id.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from rigging.filesystem import filesystem
 from rigging.filesystem import join as join_url
 from zephyr import Dataset
-from zephyr.readers import read_jsonl
 from zephyr.worker_context import count
 
 from marin.curation.dedup.buckets import BandKeys, BucketEdges
+from marin.curation.dedup.components import component_decisions
 from marin.curation.dedup.join import DecisionRuns, joined_dataset
 from marin.curation.dedup.keyed import KeyBatch, Member, keyed_groups
 from marin.curation.dedup.minhash import MinHashConfig, normalize_text
 from marin.curation.dedup.records import Decision, Doc, FileDocs
 from marin.curation.dedup.spill import SpillSettings
 from marin.curation.steps import CuratedDataset, CurationSink, write_curated
-from marin.errors import MarinError
 
-logger = logging.getLogger(__name__)
-
-
-class DedupNotConvergedError(MarinError, RuntimeError):
-    """Label propagation still changed labels after the maximum number of rounds."""
-
-
-@dataclass(frozen=True)
-class JsonlItems:
-    """A shard source reading one jsonl file of records."""
-
-    url: str
-
-    def __call__(self) -> Iterator[Any]:
-        yield from read_jsonl(self.url, on_error="raise") if _nonempty(self.url) else ()
-
-
-def _nonempty(url: str) -> bool:
-    fs, path = filesystem(url)
-    return fs.size(path) > 0
 
 
 def _write_items(dataset: Dataset, folder: str, backend: Any) -> tuple[list[str], dict[str, int]]:
@@ -75,7 +49,7 @@ def run_pass(sources: Sequence[FileDocs], decisions: Dataset, work: str, sink: C
     of the join.
     """
     runs = join_url(work, "runs")
-    _, decided = _write_items(decisions.map_shard(DecisionRuns(runs, settings.decision_buffer)),
+    _, decided = _write_items(decisions.map_shard(DecisionRuns(runs, settings.record_buffer)),
                               join_url(work, "summary"), backend)
     earlier = {**(counters or {}), **decided}
     return write_curated(joined_dataset(sources, runs, annotate), sink, backend=backend,
@@ -125,66 +99,7 @@ def exact_decisions(sources: Sequence[FileDocs], folder: str, backend: Any, part
     return keyed_groups(sources, ContentKeys(), exact_group, folder, backend, partitions, settings)
 
 
-# -- near duplicates: connected components -----------------------------------------------------------
-
-
-def _node_messages(edge: dict) -> Iterator[tuple]:
-    """An edge as adjacency: each end learns of the other (and the evidence for its own end)."""
-    yield (edge["id"], edge["file"], edge["position"], edge["root"], (edge["similarity"], edge["similar_to"]))
-    if edge["root"] != edge["id"]:
-        yield (edge["root"], edge["root_file"], edge["root_position"], edge["id"], None)
-
-
-def _node_id(item: tuple) -> str:
-    return item[0]
-
-
-def _initial_state(node: str, messages: Iterator[tuple]) -> dict:
-    neighbours: set[str] = set()
-    evidence: tuple[float, str] | None = None
-    file = position = None
-    for _, file, position, neighbour, found in messages:
-        if neighbour != node:
-            neighbours.add(neighbour)
-        if found is not None and (evidence is None or found > evidence):
-            evidence = found
-    ordered = sorted(neighbours)
-    return {"id": node, "file": file, "position": position, "label": min([node, *ordered]),
-            "neighbours": ordered, "evidence": list(evidence) if evidence else None}
-
-
-def _propagate(state: dict) -> Iterator[tuple]:
-    yield (state["id"], state)
-    for neighbour in state["neighbours"]:
-        yield (neighbour, state["label"])
-
-
-def _first_of_pair(item: tuple) -> str:
-    return item[0]
-
-
-def _relabel(node: str, items: Iterator[tuple]) -> dict:
-    state, labels = None, []
-    for _, value in items:
-        if isinstance(value, dict):
-            state = value
-        else:
-            labels.append(value)
-    label = min([state["label"], *labels])
-    if label != state["label"]:
-        count("components/changed")
-    return {**state, "label": label}
-
-
-def _component_decision(state: dict) -> Decision:
-    label = state["label"]
-    attributes: dict[str, Any] = {"cluster": label}
-    if label != state["id"]:
-        count("fuzzy/near_duplicates")
-        similarity, similar_to = state["evidence"] if state["evidence"] else (None, None)
-        attributes.update({"kept": False, "reason": "near-duplicate",
-                           "similar_to": similar_to, "similarity": similarity})
-    return Decision(state["file"], state["position"], attributes)
+# -- near duplicates -------------------------------------------------------------------------------
 
 
 def fuzzy_decisions(sources: Sequence[FileDocs], config: MinHashConfig, bands: int, rows: int, threshold: float,
@@ -195,25 +110,6 @@ def fuzzy_decisions(sources: Sequence[FileDocs], config: MinHashConfig, bands: i
                                    join_url(work, "buckets"), backend, num_shards, settings)
     edge_files, found = _write_items(edges, join_url(work, "edges"), backend)
     counters.update(found)
-    decisions, found = component_decisions(edge_files, work, backend, num_shards, max_rounds)
+    decisions, found = component_decisions(edge_files, join_url(work, "components"), backend, num_shards, settings,
+                                           max_rounds)
     return decisions, {**counters, **found}
-
-
-def component_decisions(edge_files: Sequence[str], work: str, backend: Any, num_shards: int,
-                        max_rounds: int = 100) -> tuple[Dataset, dict[str, int]]:
-    """Connected components of the edges in ``edge_files`` (jsonl), by rounds of min-label propagation."""
-    states = (Dataset.from_shards([JsonlItems(url) for url in edge_files]).flat_map(_node_messages)
-              .group_by(_node_id, _initial_state, num_shards=num_shards))
-    state_files, _ = _write_items(states, join_url(work, "round-000"), backend)
-    for round_index in range(1, max_rounds + 1):
-        step = (Dataset.from_shards([JsonlItems(url) for url in state_files]).flat_map(_propagate)
-                .group_by(_first_of_pair, _relabel, num_shards=num_shards))
-        state_files, found = _write_items(step, join_url(work, f"round-{round_index:03d}"), backend)
-        changed = found.get("components/changed", 0)
-        logger.info("dedup: label propagation round %d changed %d labels", round_index, changed)
-        if changed == 0:
-            break
-    else:
-        raise DedupNotConvergedError(f"connected components did not converge in {max_rounds} rounds")
-    decisions = Dataset.from_shards([JsonlItems(url) for url in state_files]).map(_component_decision)
-    return decisions, {"components/rounds": round_index}

@@ -33,18 +33,19 @@ class SpillSettings:
     holds before writing a sorted run. ``read_chunk``: entries read at once from each run while
     merging. ``fan_in``: runs a shard leaves for the merge (more are merged first). ``lookup_batch``:
     members of candidate groups whose ids (and signatures) are read from the document tables at once.
-    ``decision_buffer``: decisions held before a sorted run of them is written for the join.
+    ``record_buffer``: decisions (for the join) or component messages held before a sorted run of
+    them is written.
     """
 
     batch_docs: int = 512
-    buffer_entries: int = 1 << 18
+    buffer_entries: int = 1 << 17
     read_chunk: int = 4096
     fan_in: int = 32
-    lookup_batch: int = 1 << 14
-    decision_buffer: int = 1 << 16
+    lookup_batch: int = 1 << 12
+    record_buffer: int = 1 << 14
 
     def __post_init__(self) -> None:
-        for name in ("batch_docs", "buffer_entries", "read_chunk", "lookup_batch", "decision_buffer"):
+        for name in ("batch_docs", "buffer_entries", "read_chunk", "lookup_batch", "record_buffer"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SpillSettings.{name} must be at least 1, got {getattr(self, name)}")
         if self.fan_in < 2:
