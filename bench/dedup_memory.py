@@ -184,11 +184,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--docs", type=int, nargs="+", default=[100_000, 300_000])
     parser.add_argument("--datatrove", default="/tmp/dtvenv/bin/python",
-                        help="a Python with datatrove installed; measured on the smallest --docs only")
+                        help="a Python with datatrove installed ('none': skip it); measured on the first --docs only")
     parser.add_argument("--scratch", default=None, help="folder for the corpus and the workers' files")
     args = parser.parse_args()
     report: dict = {"ours": {}, "datatrove": {}}
-    datatrove = args.datatrove if os.path.exists(args.datatrove) else None
+    datatrove = args.datatrove if args.datatrove != "none" and os.path.exists(args.datatrove) else None
     for index, count in enumerate(args.docs):
         folder = Path(tempfile.mkdtemp(prefix="dedup-memory-", dir=args.scratch))
         try:
@@ -207,7 +207,10 @@ def main() -> None:
                     flush=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    if not datatrove:
+    if args.datatrove == "none":
+        report["datatrove"] = "not measured (--datatrove none)"
+        print(report["datatrove"])
+    elif not datatrove:
         report["datatrove"] = f"not measured: no Python at {args.datatrove} (install datatrove there, apart from this environment)"
         print(report["datatrove"])
     print(json.dumps(report))
