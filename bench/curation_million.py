@@ -31,6 +31,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -170,13 +171,23 @@ def ray_cluster_client():
     from fray.cluster.ray_client import RayClient
     from fray.cluster.ray_nodes import LocalRayCluster
 
-    tempdir, tempfile.tempdir = tempfile.tempdir, None
-    try:
-        cluster = LocalRayCluster()
-    finally:
-        tempfile.tempdir = tempdir
-    cluster.start_head("head", cpus=1)
-    cluster.add_node("second", cpus=1)
+    from fray.cluster.ray_nodes import RayNodeError
+
+    for attempt in (1, 2):  # on a loaded machine a node can miss Ray's 30 s start-up deadline
+        tempdir, tempfile.tempdir = tempfile.tempdir, None
+        try:
+            cluster = LocalRayCluster()
+        finally:
+            tempfile.tempdir = tempdir
+        try:
+            cluster.start_head("head", cpus=1, timeout=180)
+            cluster.add_node("second", cpus=1, timeout=180)
+            break
+        except RayNodeError as error:
+            cluster.stop()
+            if attempt == 2:
+                raise
+            print(f"[ray] the cluster did not start ({str(error).splitlines()[0][:200]}); trying once more", flush=True)
     os.environ.update(cluster.driver_env)
     return cluster, RayClient(address=cluster.address, task_retries=1)
 
@@ -322,11 +333,12 @@ def main() -> None:
     parser.add_argument("--no-side-by-side", action="store_true")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds; stages not started by then are skipped")
     args = parser.parse_args()
+    # A run stopped from outside (timeout's SIGTERM) still stops its Ray nodes and removes its scratch.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     work = Path(args.work)
     # Shuffle scratch (zephyr's temporary folders) in a folder of this run, so that only ours is counted.
-    tmp = work / "tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = work / f"tmp-{os.getpid()}"  # per run: two runs may share a corpus
     tmp.mkdir(parents=True)
     deadline = time.monotonic() + args.timeout
     began = time.perf_counter()
@@ -344,8 +356,13 @@ def main() -> None:
         if not args.no_side_by_side:
             figures["side_by_side"] = side_by_side(corpus, args, work, sampler, scratch)
         for backend in [b for b in args.backends.split(",") if b]:
-            figures[backend] = run_backend(backend, corpus, args.tokenizer, work, sampler, deadline, scratch)
+            try:
+                figures[backend] = run_backend(backend, corpus, args.tokenizer, work, sampler, deadline, scratch)
+            except Exception as error:  # the other backend's figures still count
+                print(f"[{backend}] failed: {type(error).__name__}: {str(error)[:2000]}", flush=True)
+                figures[backend] = {"failed": f"{type(error).__name__}: {str(error)[:2000]}", "stages": [], "recall": {}}
         tempfile.tempdir = None
+    shutil.rmtree(tmp, ignore_errors=True)
 
     for backend in [b for b in args.backends.split(",") if b]:
         print_table(f"{backend} backend, {args.documents:,} documents:", figures[backend]["stages"])
