@@ -106,11 +106,13 @@ def run_chain(steps, prefix: Path, sampler: TreeSampler, label: str, deadline: f
         row = {"stage": name, "documents_in": docs_in, "documents_out": docs_out, "seconds": round(seconds, 1),
                "documents_per_s": round(docs_in / seconds), "worker_peak_rss_mib": _mib(cost.worker_peak_rss),
                "driver_peak_rss_mib": _mib(cost.driver_peak_rss), "workers": len(cost.workers_seen),
+               "cpu_seconds": round(cost.worker_cpu_seconds + cost.driver_cpu_seconds, 1),
+               "documents_per_cpu_s": round(docs_in / max(cost.worker_cpu_seconds + cost.driver_cpu_seconds, 1e-9)),
                "scratch_peak_mib": _mib(cost.scratch_peak), "scratch_written_mib": _mib(cost.scratch_written),
                "output": output, **extra, "result": result}
         rows.append(row)
         print(f"[{label}] {name}: {docs_in:,} -> {docs_out:,} documents in {seconds:.1f} s "
-              f"({row['documents_per_s']:,}/s); worker peak {row['worker_peak_rss_mib']} MiB, driver "
+              f"({row['documents_per_s']:,}/s; {row['cpu_seconds']} CPU-s, {row['documents_per_cpu_s']:,} per CPU-s); worker peak {row['worker_peak_rss_mib']} MiB, driver "
               f"{row['driver_peak_rss_mib']} MiB; scratch peak {row['scratch_peak_mib']} MiB, written "
               f"{row['scratch_written_mib']} MiB", flush=True)
     return rows
@@ -282,6 +284,8 @@ def run_peer(python: str, files: list[str], work: Path, sampler: TreeSampler, ti
         cost = sampler.costs.get(f"datatrove/{row['stage']}")
         if cost is not None:
             row["worker_peak_rss_mib"] = _mib(cost.worker_peak_rss)
+            row["cpu_seconds"] = round(cost.worker_cpu_seconds, 1)  # its pool's workers (its driver waits)
+            row["documents_per_cpu_s"] = round(row["documents_in"] / max(cost.worker_cpu_seconds, 1e-9))
             row["scratch_written_mib"] = row.get("scratch_on_disk_mib")
     return result
 
@@ -310,13 +314,14 @@ def side_by_side(corpus: CorpusLayout, args, work: Path, sampler: TreeSampler, s
 
 def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
-    print(f"{'stage':16} {'docs in':>10} {'docs out':>10} {'s':>7} {'docs/s':>8} {'worker MiB':>10} {'driver MiB':>10} "
-          f"{'scratch peak':>12} {'written':>9}")
+    print(f"{'stage':16} {'docs in':>10} {'docs out':>10} {'s':>7} {'docs/s':>8} {'CPU-s':>8} {'docs/CPU-s':>10} "
+          f"{'worker MiB':>10} {'driver MiB':>10} {'scratch peak':>12} {'written':>9}")
     for r in rows:
         if r.get("failed"):
             print(f"{r['stage']:16} FAILED after {r['seconds']} s")
             continue
         print(f"{r['stage']:16} {r['documents_in']:>10,} {r['documents_out']:>10,} {r['seconds']:>7} {r['documents_per_s']:>8,} "
+              f"{r.get('cpu_seconds', '-')!s:>8} {r.get('documents_per_cpu_s', '-')!s:>10} "
               f"{r.get('worker_peak_rss_mib', '-')!s:>10} {r.get('driver_peak_rss_mib', '-')!s:>10} "
               f"{r.get('scratch_peak_mib', '-')!s:>12} {r.get('scratch_written_mib', '-')!s:>9}")
 

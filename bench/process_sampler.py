@@ -8,6 +8,9 @@ charged to the stage the caller says is running (:meth:`TreeSampler.stage`), so 
 
 * ``worker_peak_rss``: the largest resident size any one worker reached while the stage ran;
 * ``driver_peak_rss``: the same for this process;
+* ``worker_cpu_seconds`` / ``driver_cpu_seconds``: CPU time (user + system) the workers and this
+  process spent in the stage. On a shared machine wall time depends on everyone's load, CPU time
+  much less: documents per CPU-second is the figure that compares across runs;
 * ``scratch_peak``: the most scratch bytes on disk at once;
 * ``scratch_written``: the sum over scratch files of the largest size each was seen at (files
   live until their pipeline ends, so sampling sees nearly all of them; one created and removed
@@ -29,6 +32,7 @@ from pathlib import Path
 from rigging.filesystem import is_temporary_name
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -39,10 +43,22 @@ class StageCost:
     scratch_files: dict[str, int] = field(default_factory=dict)
     workers_seen: set[int] = field(default_factory=set)
     samples: int = 0
+    worker_cpu_first: dict[int, float] = field(default_factory=dict)
+    worker_cpu_last: dict[int, float] = field(default_factory=dict)
+    driver_cpu_first: float | None = None
+    driver_cpu_last: float = 0.0
 
     @property
     def scratch_written(self) -> int:
         return sum(self.scratch_files.values())
+
+    @property
+    def worker_cpu_seconds(self) -> float:
+        return sum(last - self.worker_cpu_first[pid] for pid, last in self.worker_cpu_last.items())
+
+    @property
+    def driver_cpu_seconds(self) -> float:
+        return self.driver_cpu_last - (self.driver_cpu_first or 0.0)
 
 
 def _children() -> dict[int, list[int]]:
@@ -65,6 +81,16 @@ def _descendants(root: int, children: dict[int, list[int]]) -> list[int]:
         found.append(pid)
         stack.extend(children.get(pid, ()))
     return found
+
+
+def _cpu(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` so far (``None`` once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def _rss(pid: int) -> int:
@@ -153,7 +179,17 @@ class TreeSampler:
             if pid in peer_tree or is_worker(_cmdline(pid)):
                 cost.worker_peak_rss = max(cost.worker_peak_rss, _rss(pid))
                 cost.workers_seen.add(pid)
+                cpu = _cpu(pid)
+                if cpu is not None:
+                    # A worker there at the stage's first sample counts from then; one started
+                    # later, from its start.
+                    cost.worker_cpu_first.setdefault(pid, cpu if cost.samples == 0 else 0.0)
+                    cost.worker_cpu_last[pid] = cpu
         cost.driver_peak_rss = max(cost.driver_peak_rss, _rss(me))
+        driver_cpu = _cpu(me) or 0.0
+        if cost.driver_cpu_first is None:
+            cost.driver_cpu_first = driver_cpu
+        cost.driver_cpu_last = driver_cpu
         files = _scratch_files(self.scratch_roots())
         cost.scratch_peak = max(cost.scratch_peak, sum(files.values()))
         for path, size in files.items():
