@@ -138,6 +138,9 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("marin.execution.tensor_diff", "npz_difference", "np.load reads bytes fetched with fsx.open_url, not a path"),
     Allowed("marin.execution.prefix_check", "check_prefix", "returns early unless fsx.is_local(prefix): probes local prefixes only"),
     Allowed("marin.serve.paths", "_inside", "called only by stays_inside when fsx.is_local(prefix): where a local link leads"),
+    Allowed("marin.curation.language_models", "_sha256", "a language model file a pip install put in site-packages"),
+    Allowed("marin.curation.language_models", "_installed_file", "a language model file a pip install put in site-packages"),
+    Allowed("marin.curation.reference_tasks", "builtin_tasks", _PACKAGE_DATA),
     Allowed("marin.curation.classifier", "load_scorer", "np.load reads a file object opened with fsx.open_url, not a path"),
     # levanter: local branches, staging folders, the hub cache.
     Allowed("levanter.compat.hf_format", "save_safetensors", "inside `if fsx.is_local(url)`: safetensors streams to disk"),
