@@ -10,6 +10,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.marin-installed
+# Most of the suite waits on subprocesses, servers and clusters, so it runs on more workers than
+# cores; each test file stays on one worker (see conftest.py).
+TEST_WORKERS ?= 4
 TEST_STAMP := $(VENV)/.marin-test-installed
 
 .PHONY: setup setup-test tutorial test clean-venv
@@ -35,7 +38,7 @@ test: $(TEST_STAMP)
 	bash scripts/install_browser.sh
 	bash scripts/install_slurm.sh
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

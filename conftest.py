@@ -46,6 +46,64 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.OK
 
 
+# -- how make test spreads the suite over workers (pytest-xdist) -------------------------------------
+
+# Test files that must run on the same worker because they share one thing for the whole run.
+SHARED_WORKER = {
+    "slurm": (  # one Slurm cluster for the run (the session fixture slurm_cluster)
+        "lib/fray/tests/test_clients_slurm.py",
+        "lib/marin/tests/test_steps_through_iris.py",
+        "lib/marin/tests/test_steps_through_iris_failures.py",
+    ),
+    "ray": (  # local Ray clusters, one at a time: a node starting on a busy machine can miss Ray's 30 s limit
+        "lib/fray/tests/test_clients_ray.py",
+        "lib/fray/tests/test_jobs.py",
+        "lib/iris/tests/test_iris_jobs.py",
+        "lib/marin/tests/test_curation_on_ray.py",
+        "lib/marin/tests/test_ray_two_nodes.py",
+        "lib/marin/tests/test_runner_on_ray.py",
+        "lib/zephyr/tests/test_zephyr_ray.py",
+    ),
+}
+_GROUP_OF_FILE = {path: group for group, paths in SHARED_WORKER.items() for path in paths}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Each test file runs whole on one worker (``--dist loadfile``), files in SHARED_WORKER together.
+
+    A file's module fixtures (a trained model, a server) are then built once, not once per worker.
+    (xdist's own ``loadgroup`` marks are not used: they ride on rewritten node ids, which newer
+    pytest releases no longer carry to the scheduler.)
+    """
+    from xdist.scheduler import LoadFileScheduling
+
+    if config.getvalue("dist") != "loadfile":
+        return None
+
+    class FilesAndSharedGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _GROUP_OF_FILE.get(path, path)
+
+    return FilesAndSharedGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The shared groups first, then files holding ``slow`` tests, so that no long unit of work
+    starts last and runs alone at the end.
+
+    Workers hand the scheduler their items in this order; ``--no-loadscope-reorder`` keeps it.
+    """
+    slow_files = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+
+    def start_order(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return 0 if path in _GROUP_OF_FILE else 1 if path in slow_files else 2
+
+    items.sort(key=start_order)  # stable: the order within each part is kept
+
+
 # -- text the tests make themselves ---------------------------------------------------------------
 
 

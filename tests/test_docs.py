@@ -116,6 +116,7 @@ def test_every_fence_names_its_language_and_known_options(page):
         assert not unknown, f"{page.name}, block at line {line}: unknown fence options {unknown}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=[p.name for p in PYTHON_PAGES])
 def test_docs_examples_run(page, tmp_path, monkeypatch):
     workdir, env = scratch(tmp_path)
@@ -135,6 +136,7 @@ def test_docs_examples_run(page, tmp_path, monkeypatch):
     assert left == [".venv", "experiments"], f"{page.name} wrote {left} outside its scratch folder"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", SHELL_PAGES, ids=[p.name for p in SHELL_PAGES])
 def test_docs_shell_blocks_run(page, tmp_path, tutorial_prefix):
     workdir, env = scratch(tmp_path)

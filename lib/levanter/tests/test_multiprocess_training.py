@@ -22,7 +22,7 @@ VOCAB = 64
 SEQ = 16
 BATCH = 8
 STEPS = 4
-WORKER_TIMEOUT_S = 150
+WORKER_TIMEOUT_S = 400  # three processes compiling at once on a busy 2-core machine take minutes
 
 
 def _train(cache_url: str, output_dir: str) -> None:
@@ -130,6 +130,7 @@ def token_cache(tmp_path_factory):
     return url
 
 
+@pytest.mark.slow
 def test_two_processes_train_together_like_one_process_on_four_devices(token_cache, tmp_path):
     port = _free_port()
     replica_env = {"IRIS_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "IRIS_NUM_REPLICAS": "2"}

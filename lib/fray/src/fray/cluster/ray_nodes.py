@@ -19,6 +19,7 @@ Linux only (it reads ``/proc``); meant for tests and for trying a multi-node set
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -39,14 +40,25 @@ from fray.errors import FrayError
 # The lines `ray start` prints once the node is registered with the cluster (and, with --block,
 # right before it starts waiting).
 _STARTED = "Ray runtime started"
-# Worker processes of a node get ports from a range of their own (Ray's default range, 10002-19999,
-# is left to other Ray instances of the machine).
+# Worker processes of a node get ports from a range of their own, claimed machine-wide (a lock file
+# held while the cluster lives), so that clusters started at once by several processes never share
+# one. Ray's default range, 10002-19999, is left to other Ray instances of the machine, and the
+# ranges end below 32768, where the system's ephemeral ports (and _free_port's) begin.
 _WORKER_PORT_BASE = 20000
-_WORKER_PORTS_PER_NODE = 200
+_WORKER_PORTS_PER_NODE = 100
+_WORKER_PORT_RANGES = (32768 - _WORKER_PORT_BASE) // _WORKER_PORTS_PER_NODE
 
 
 class RayNodeError(FrayError, RuntimeError):
     """A node that did not start (its ``ray start`` output is in the message)."""
+
+
+class _StartupTimedOut(RayNodeError):
+    """``ray start`` gave up waiting for its node to register (Ray's own limit, not ours)."""
+
+
+_RAY_STARTUP_TIMEOUT = "timed out during startup"
+_START_ATTEMPTS = 2
 
 
 @dataclass
@@ -84,7 +96,7 @@ class LocalRayCluster:
         self.port: int | None = None
         self._token = secrets.token_hex(16)
         self._started = 0  # nodes started so far, for unique folder names when a node is restarted
-        self._worker_ports = _WORKER_PORT_BASE + _WORKER_PORTS_PER_NODE * (os.getpid() % 40)
+        self._port_claims: list = []  # open, locked files: one per range of worker ports in use
 
     # -- what a driver needs ----------------------------------------------------------------------
 
@@ -124,12 +136,23 @@ class LocalRayCluster:
                env: Mapping[str, str] | None, timeout: float) -> RayNode:
         if name in self.nodes and self.nodes[name].alive:
             raise RayNodeError(f"a node named {name!r} is already running")
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                return self._start_once(name, role_args, cpus, resources, env, timeout)
+            except _StartupTimedOut as error:
+                # Ray gives a new node a fixed 30 s to register with its head; on a machine busy with
+                # other work it can miss that and exit, though nothing is wrong: start it again.
+                if attempt == _START_ATTEMPTS:
+                    raise RayNodeError(str(error)) from None
+        raise AssertionError("unreachable")
+
+    def _start_once(self, name: str, role_args: list[str], cpus: int, resources: Mapping[str, float] | None,
+                    env: Mapping[str, str] | None, timeout: float) -> RayNode:
         label = f"{name}-{self._started}"
         self._started += 1
         temp_dir = self.root / label
         temp_dir.mkdir()
-        first_port = self._worker_ports
-        self._worker_ports += _WORKER_PORTS_PER_NODE
+        first_port = self._claim_worker_ports()
         command = [
             _ray_cli(), "start", *role_args, "--block",
             "--node-ip-address=127.0.0.1",
@@ -161,7 +184,9 @@ class LocalRayCluster:
             if not node.alive or time.monotonic() > deadline:
                 self._terminate(node, grace=0)
                 reason = f"exited with {process.returncode}" if process.returncode is not None else f"not up after {timeout:.0f} s"
-                raise RayNodeError(f"Ray node {name!r} {reason}; `{' '.join(command)}` printed:\n{node.output()[-4000:]}")
+                printed = node.output()
+                error = _StartupTimedOut if _RAY_STARTUP_TIMEOUT in printed else RayNodeError
+                raise error(f"Ray node {name!r} {reason}; `{' '.join(command)}` printed:\n{printed[-4000:]}")
             time.sleep(0.1)
         return node
 
@@ -178,6 +203,24 @@ class LocalRayCluster:
         for node in reversed(list(self.nodes.values())):
             self._terminate(node, grace=grace)
         shutil.rmtree(self.root, ignore_errors=True)
+        for claim in self._port_claims:
+            claim.close()  # closing the file releases its lock
+        self._port_claims.clear()
+
+    def _claim_worker_ports(self) -> int:
+        """The first port of a range no other cluster of this machine holds; held until stop()."""
+        folder = Path(tempfile.gettempdir()) / "fray-ray-worker-ports"
+        folder.mkdir(exist_ok=True)
+        for index in range(_WORKER_PORT_RANGES):
+            claim = open(folder / f"{index}.lock", "w")
+            try:
+                fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the holder exits, even by SIGKILL
+            except BlockingIOError:
+                claim.close()
+                continue
+            self._port_claims.append(claim)
+            return _WORKER_PORT_BASE + index * _WORKER_PORTS_PER_NODE
+        raise RayNodeError(f"every range of worker ports ({_WORKER_PORT_BASE}-32767) is held by other Ray clusters of this machine")
 
     def _terminate(self, node: RayNode, *, grace: float) -> None:
         processes = _process_tree(node.process.pid)  # before any signal: orphans lose their parent link
