@@ -266,3 +266,46 @@ def test_workers_see_the_environment_and_directory_of_the_call_not_of_their_star
         assert client.map(probe, range(2)) == [("credentials-for-step-2", str(tmp_path))] * 2
     finally:
         client.shutdown()
+
+
+ORPHAN_DRIVER = """
+import os, pathlib, sys, time
+from fray.cluster import LocalClient
+
+def hold(index):
+    pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+    time.sleep(120)  # a long shard: far longer than the test waits
+    return index
+
+if __name__ == "__main__":
+    LocalClient(processes=True, max_workers=1).map(hold, [0])
+"""
+
+
+def test_a_worker_whose_driver_was_killed_stops_within_seconds_not_after_its_task(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "driver.py").write_text(ORPHAN_DRIVER)
+    pid_file = tmp_path / "worker.pid"
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(pid_file)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert driver.poll() is None and time.monotonic() < deadline, "the worker never started its task"
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        driver.send_signal(signal.SIGKILL)  # no chance to stop its pool
+        driver.wait(timeout=30)
+        deadline = time.monotonic() + 20  # the worker checks its parent every second
+        while os.path.exists(f"/proc/{worker}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        alive = os.path.exists(f"/proc/{worker}")
+        if alive:
+            os.kill(worker, signal.SIGKILL)
+        assert not alive, "the orphaned worker was still running its task 20 s after its driver died"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=30)

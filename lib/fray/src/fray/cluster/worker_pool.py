@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ import cloudpickle
 IDLE_SHUTDOWN_S = 10.0
 # A function pickled larger than this travels as a temporary file rather than with each task.
 INLINE_FUNCTION_BYTES = 1 << 20
+# How often a worker checks that the process that started it is still there.
+PARENT_CHECK_S = 1.0
 # Functions a worker keeps unpickled: calls running side by side each find theirs.
 _KEPT_FUNCTIONS = 4
 
@@ -95,6 +98,18 @@ def _spawn_context() -> str:
 
 def _mark_started(started: Any) -> None:
     started.set()  # past the re-import of the user's script, the part of start-up that can go wrong
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="fray-parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once the process that started it is gone.
+
+    A worker learns of its parent's death only when it asks for its next task; one in the middle of
+    a long shard (minutes, on a large input) went on computing, orphaned, for nobody.
+    """
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
 
 
 class WorkerPool:
