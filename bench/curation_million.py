@@ -51,22 +51,32 @@ PEER_SCRIPT = Path(__file__).resolve().parent / "curation_million_datatrove.py"
 INSTALL_PEER = "python3 -m venv /tmp/dtvenv && /tmp/dtvenv/bin/pip install 'datatrove[processing]'"
 
 
-def chain(corpus: CorpusLayout, tokenizer: str, backend) -> list[tuple[str, object]]:
+STAGES = ("language", "quality", "decontaminate", "exact-dedup", "fuzzy-dedup", "line-dedup", "tokenize")
+
+
+def chain(corpus: CorpusLayout, tokenizer: str, backend, stages: tuple[str, ...] = STAGES) -> list[tuple[str, object]]:
+    """The chosen stages in the chain's order, each reading the one before it (the first, the raw corpus)."""
     from marin.curation.decontaminate import decontaminated
     from marin.curation.dedup_steps import exact_deduplicated, fuzzy_deduplicated, line_deduplicated
     from marin.curation.language import language_filtered
     from marin.curation.quality import quality_filtered
     from marin.experiment.data import tokenized
 
-    language = language_filtered("curated/language", corpus.shards, backend=backend)
-    quality = quality_filtered("curated/quality", language, backend=backend)
-    clean = decontaminated("curated/decontaminated", quality, corpus.eval_file, backend=backend)
-    exact = exact_deduplicated("curated/exact-dedup", clean, backend=backend)
-    fuzzy = fuzzy_deduplicated("curated/fuzzy-dedup", exact, backend=backend)
-    lines = line_deduplicated("curated/line-dedup", fuzzy, backend=backend)
-    tokens = tokenized("tokenized/curated", lines, tokenizer=tokenizer, backend=backend)
-    return [("language", language), ("quality", quality), ("decontaminate", clean), ("exact-dedup", exact),
-            ("fuzzy-dedup", fuzzy), ("line-dedup", lines), ("tokenize", tokens)]
+    make = {
+        "language": lambda source: language_filtered("curated/language", source, backend=backend),
+        "quality": lambda source: quality_filtered("curated/quality", source, backend=backend),
+        "decontaminate": lambda source: decontaminated("curated/decontaminated", source, corpus.eval_file, backend=backend),
+        "exact-dedup": lambda source: exact_deduplicated("curated/exact-dedup", source, backend=backend),
+        "fuzzy-dedup": lambda source: fuzzy_deduplicated("curated/fuzzy-dedup", source, backend=backend),
+        "line-dedup": lambda source: line_deduplicated("curated/line-dedup", source, backend=backend),
+        "tokenize": lambda source: tokenized("tokenized/curated", source, tokenizer=tokenizer, backend=backend),
+    }
+    steps, source = [], corpus.shards
+    for name in STAGES:
+        if name in stages:
+            source = make[name](source)
+            steps.append((name, source))
+    return steps
 
 
 def _mib(n: int) -> float:
@@ -136,8 +146,8 @@ def recall(rows: list[dict], corpus: CorpusLayout) -> dict:
     gone: set[str] = set()  # removed before the stage at hand
     out = {}
     for name in ("language", "quality", "decontaminate", "exact-dedup", "fuzzy-dedup"):
-        if name not in by_stage:
-            break
+        if name not in by_stage:  # not run (--stages), or the chain stopped before it
+            continue
         removed = {r["id"]: r for r in _records(by_stage[name]["result"]["removed_files"])}
         if name in ("exact-dedup", "fuzzy-dedup"):
             kind = "exact" if name == "exact-dedup" else "near"
@@ -195,7 +205,7 @@ def ray_cluster_client():
 
 
 def run_backend(backend: str, corpus: CorpusLayout, tokenizer: str, work: Path, sampler: TreeSampler,
-                deadline: float, scratch: list[Path]) -> dict:
+                deadline: float, scratch: list[Path], stages: tuple[str, ...] = STAGES) -> dict:
     """The chain on ``backend``; shuffle scratch goes to this process's temporary folder (the run's own)."""
     prefix = work / f"prefix-{backend}"
     shutil.rmtree(prefix, ignore_errors=True)
@@ -206,7 +216,7 @@ def run_backend(backend: str, corpus: CorpusLayout, tokenizer: str, work: Path, 
         else:
             client = backend
         scratch[:] = [prefix]
-        rows = run_chain(chain(corpus, tokenizer, client), prefix, sampler, backend, deadline)
+        rows = run_chain(chain(corpus, tokenizer, client, stages), prefix, sampler, backend, deadline)
         return {"stages": rows, "recall": recall(rows, corpus)}
     finally:
         if cluster is not None:
@@ -296,10 +306,7 @@ def side_by_side(corpus: CorpusLayout, args, work: Path, sampler: TreeSampler, s
     prefix = work / "prefix-side-by-side"
     shutil.rmtree(prefix, ignore_errors=True)
     scratch[:] = [prefix]
-    steps = [s for s in chain(subset, args.tokenizer, "processes") if s[0] in ("language", "quality")]
-    from marin.curation.dedup_steps import fuzzy_deduplicated
-
-    steps.append(("fuzzy-dedup", fuzzy_deduplicated("curated/fuzzy-dedup", steps[-1][1], backend="processes")))
+    steps = chain(subset, args.tokenizer, "processes", ("language", "quality", "fuzzy-dedup"))
     ours = run_chain(steps, prefix, sampler, "ours-first", time.monotonic() + args.timeout)
     for row in ours:
         row.pop("result", None)
@@ -332,12 +339,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="/tmp/curation-million", help="corpus, outputs and scratch (reused corpus)")
     parser.add_argument("--backends", default="processes,ray")
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help="a part of the chain (each stage reads the one before it, the first the raw corpus)")
     parser.add_argument("--tokenizer", default=str(GPT2))
     parser.add_argument("--peer-documents", type=int, default=100_000)
     parser.add_argument("--datatrove-python", default=None, help="the python of a venv with datatrove[processing]")
     parser.add_argument("--no-side-by-side", action="store_true")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds; stages not started by then are skipped")
     args = parser.parse_args()
+    unknown = set(args.stages.split(",")) - set(STAGES)
+    if unknown:
+        parser.error(f"unknown stages {sorted(unknown)}; choose from {', '.join(STAGES)}")
     # A run stopped from outside (timeout's SIGTERM) still stops its Ray nodes and removes its scratch.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -362,7 +374,8 @@ def main() -> None:
             figures["side_by_side"] = side_by_side(corpus, args, work, sampler, scratch)
         for backend in [b for b in args.backends.split(",") if b]:
             try:
-                figures[backend] = run_backend(backend, corpus, args.tokenizer, work, sampler, deadline, scratch)
+                figures[backend] = run_backend(backend, corpus, args.tokenizer, work, sampler, deadline, scratch,
+                                               tuple(args.stages.split(",")))
             except Exception as error:  # the other backend's figures still count
                 print(f"[{backend}] failed: {type(error).__name__}: {str(error)[:2000]}", flush=True)
                 figures[backend] = {"failed": f"{type(error).__name__}: {str(error)[:2000]}", "stages": [], "recall": {}}
