@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tokenizers
 
@@ -13,6 +14,7 @@ from levanter.tokenization import (
     HfTokenizer,
     MissingSpecialTokenError,
     SpecialTokenPolicy,
+    TokenIdOverflowError,
     TokenizerNotFoundError,
     encode_documents,
     load_tokenizer,
@@ -68,6 +70,20 @@ def test_bos_is_prepended_when_asked(tok):
     policy = SpecialTokenPolicy.for_tokenizer(tok, prepend_bos=True, append_eos=False)
     (ids,) = encode_documents(tok, ["Hello there"], policy)
     assert ids.tolist() == [tok.bos_id] + tok.tokenizer.encode("Hello there").ids
+
+
+def test_ids_in_a_narrower_dtype_are_the_same_ids_and_never_wrap(tok, stories):
+    policy = SpecialTokenPolicy.for_tokenizer(tok, prepend_bos=True, append_eos=True)
+    wide = encode_documents(tok, stories[:50], policy)
+    narrow = encode_documents(tok, stories[:50], policy, dtype=np.uint16)
+    assert all(n.dtype == np.uint16 and n.tolist() == w.tolist() for n, w in zip(narrow, wide))
+    # A long text takes the piece-by-piece path: the same ids there too.
+    text = " ".join(stories[:40])
+    (long_narrow,) = encode_documents(tok, [text], policy, max_piece_chars=300, dtype=np.uint16)
+    assert long_narrow.tolist() == encode_documents(tok, [text], policy)[0].tolist()
+    # Ids of 400 fit uint16 but not a dtype of 256 values: refused, not wrapped to other ids.
+    with pytest.raises(TokenIdOverflowError, match="cannot hold"):
+        encode_documents(tok, stories[:50], policy, dtype=np.uint8)
 
 
 def test_missing_paths_and_uncached_hub_ids_are_clear_errors(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from levanter.tokenization.encoding import (
     DEFAULT_MAX_PIECE_CHARS,
     MissingSpecialTokenError,
     SpecialTokenPolicy,
+    TokenIdOverflowError,
     encode_documents,
     split_text,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "MissingSpecialTokenError",
     "SegmentationMismatchError",
     "SpecialTokenPolicy",
+    "TokenIdOverflowError",
     "TokenizerFormatError",
     "TokenizerNotFoundError",
     "encode_conversations",

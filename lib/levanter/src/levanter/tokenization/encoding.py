@@ -29,6 +29,10 @@ class MissingSpecialTokenError(LevanterError, ValueError):
     """BOS or EOS was asked for but the tokenizer defines no such token."""
 
 
+class TokenIdOverflowError(LevanterError, ValueError):
+    """The tokenizer produced an id too large for the dtype the ids were asked in."""
+
+
 @dataclass(frozen=True)
 class SpecialTokenPolicy:
     """Which special ids wrap every document: ``[bos] + content + [eos]`` as configured."""
@@ -85,29 +89,51 @@ def encode_documents(
     *,
     max_piece_chars: int = DEFAULT_MAX_PIECE_CHARS,
     max_batch_chars: int = DEFAULT_MAX_BATCH_CHARS,
+    dtype: np.dtype | type = np.uint32,
 ) -> list[np.ndarray]:
-    """Token ids (uint32) of each text, wrapped with BOS/EOS per ``special``.
+    """Token ids of each text, wrapped with BOS/EOS per ``special``, as arrays of ``dtype``.
 
     The tokenizer's own post-processing (its template special tokens) is not applied: ``special`` is
     the single source of truth for what wraps a document, and it is recorded in the cache metadata.
+    ``dtype`` (unsigned) lets a caller that stores narrower ids (a token cache of a small vocabulary)
+    get them without a second conversion; an id it cannot hold is a :class:`TokenIdOverflowError`.
     """
     tok = tokenizer.tokenizer
     encode_batch = fastest_encode_batch(tok)
-    head = np.asarray([special.bos_id] if special.bos_id is not None else [], dtype=np.uint32)
-    tail = np.asarray([special.eos_id] if special.eos_id is not None else [], dtype=np.uint32)
+    dtype = np.dtype(dtype)
     results: list[np.ndarray | None] = [None] * len(texts)
 
     short_idx = [i for i, t in enumerate(texts) if len(t) <= max_piece_chars]
     # Short texts: one encode_batch call per bounded group, so the Rust side parallelises across cores.
+    # The special ids join the list the tokenizer returns, so each document becomes an array once.
     for group in _groups_by_chars(short_idx, texts, max_batch_chars):
         encodings = encode_batch([texts[i] for i in group], add_special_tokens=False)
         for i, enc in zip(group, encodings):
-            results[i] = np.concatenate([head, np.asarray(enc.ids, dtype=np.uint32), tail])
+            ids = enc.ids
+            if special.bos_id is not None:
+                ids.insert(0, special.bos_id)
+            if special.eos_id is not None:
+                ids.append(special.eos_id)
+            results[i] = _ids_array(ids, dtype)
 
     for i, text in enumerate(texts):
         if results[i] is None:
-            results[i] = np.concatenate([head, _encode_long(encode_batch, text, max_piece_chars, max_batch_chars), tail])
+            ids = _encode_long(encode_batch, text, max_piece_chars, max_batch_chars).tolist()
+            head = [special.bos_id] if special.bos_id is not None else []
+            tail = [special.eos_id] if special.eos_id is not None else []
+            results[i] = _ids_array(head + ids + tail, dtype)
     return results  # type: ignore[return-value]
+
+
+def _ids_array(ids: list[int], dtype: np.dtype) -> np.ndarray:
+    """``ids`` as an array of ``dtype``; an id it cannot hold is refused, never wrapped around."""
+    try:
+        return np.array(ids, dtype=dtype)  # NumPy refuses a Python int the dtype cannot hold
+    except OverflowError:
+        raise TokenIdOverflowError(
+            f"the tokenizer produced token id {max(ids)}, which {dtype.name} cannot hold; is the tokenizer's "
+            "vocab_size what the ids were sized for?"
+        ) from None
 
 
 def fastest_encode_batch(tok):

@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ from levanter.tokenization import (
 from rigging import filesystem as fsx
 from zephyr.dataset import Dataset
 from zephyr.readers import DocumentReader
-from zephyr.token_cache import TokenCache
+from zephyr.token_cache import TokenCache, dtype_for_vocab
 from zephyr.worker_context import count
 from zephyr.writers import write_token_cache
 
@@ -136,7 +137,13 @@ class TokenizedDataset:
 
 @dataclass(frozen=True)
 class EncodeShard:
-    """``map_shard`` function: texts in, token arrays out, encoded a batch at a time."""
+    """``map_shard`` function: texts in, token arrays of the cache's dtype out, encoded a batch at a time.
+
+    Each batch is encoded in a background thread while the main thread writes the batch before it and
+    reads the one after: encode_batch releases the GIL, so reading and writing (Python) overlap
+    with encoding (Rust, on every core) instead of leaving the cores idle in between. Documents come
+    out in input order; at most two batches wait for encoding.
+    """
 
     tokenizer: HfTokenizer
     special: SpecialTokenPolicy
@@ -144,24 +151,42 @@ class EncodeShard:
 
     def __call__(self, texts: Iterator[str]) -> Iterator[np.ndarray]:
         meter = RateMeter()
-        batch: list[str] = []
-        size = 0
-        for text in texts:
-            batch.append(text)
-            size += len(text)
-            if size >= self.batch_chars:
-                yield from self._encode(batch, meter)
-                batch, size = [], 0
-        if batch:
-            yield from self._encode(batch, meter)
+        # Ids in the dtype the cache stores, so the writer keeps each array as it is.
+        dtype = dtype_for_vocab(self.tokenizer.vocab_size)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize-encode")
+        try:
+            previous = None
+            for batch in _batches_by_chars(texts, self.batch_chars):
+                encoding = pool.submit(encode_documents, self.tokenizer, batch, self.special, dtype=dtype)
+                if previous is not None:
+                    yield from _counted(previous.result(), meter)
+                previous = encoding
+            if previous is not None:
+                yield from _counted(previous.result(), meter)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    def _encode(self, batch: list[str], meter: "RateMeter") -> list[np.ndarray]:
-        encoded = encode_documents(self.tokenizer, batch, self.special)
-        tokens = sum(int(ids.size) for ids in encoded)
-        count("documents", len(encoded))
-        count("tokens", tokens)
-        meter.add(len(encoded), tokens)
-        return encoded
+
+def _batches_by_chars(texts: Iterator[str], batch_chars: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= batch_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _counted(encoded: list[np.ndarray], meter: "RateMeter") -> list[np.ndarray]:
+    # Counted here, in the shard's own thread: zephyr's counters belong to the running task's context.
+    tokens = sum(int(ids.size) for ids in encoded)
+    count("documents", len(encoded))
+    count("tokens", tokens)
+    meter.add(len(encoded), tokens)
+    return encoded
 
 
 class RateMeter:
