@@ -1,6 +1,6 @@
 """A shard's considered documents on scratch, by ordinal: position in the file, id and signature.
 
-Spilled entries name a document by ``(shard, ordinal)`` only (16 bytes with the key), so a shard's
+Spilled entries name a document by ``(shard, ordinal)`` only (8 of an entry's 24 bytes), so a shard's
 worker never keeps its documents; whoever needs the id or the signature of a group's members
 reads just those rows back. Three files per shard, written as the documents stream past:
 ``.rows`` (fixed-width: position, end of the id in ``.ids``), ``.ids`` (the ids, UTF-8, back to
