@@ -52,7 +52,9 @@ from marin.execution.lazy import LazyStep, lazy_step
 from marin.execution.shard_backend import default_backend
 
 # 2: outputs laid out as every curation step's (data/, removed/, stats/), reasons without ids.
-DEDUP_STEP_VERSION = "2"
+# 3: output shard i holds input file i (the streaming passes), where 2 placed files by a hash of their
+#    index: the same decisions in other files, so results laid out by 2 are not reused.
+DEDUP_STEP_VERSION = "3"
 
 
 @dataclass(frozen=True)
