@@ -48,7 +48,7 @@ from process_sampler import TreeSampler  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 GPT2 = ROOT / ".." / "shared" / "tokenizers" / "gpt2" / "tokenizer.json"
 PEER_SCRIPT = Path(__file__).resolve().parent / "curation_million_datatrove.py"
-INSTALL_PEER = "python3 -m venv /tmp/dtvenv && /tmp/dtvenv/bin/pip install 'datatrove[processing]'"
+INSTALL_PEER = "python3 -m venv /tmp/dtvenv && /tmp/dtvenv/bin/pip install 'datatrove[processing]' spacy orjson"
 
 
 STAGES = ("language", "quality", "decontaminate", "exact-dedup", "fuzzy-dedup", "line-dedup", "tokenize")

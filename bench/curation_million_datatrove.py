@@ -2,8 +2,9 @@
 
     /tmp/dtvenv/bin/python bench/curation_million_datatrove.py --output OUT [--lid-model lid.176.ftz] FILE...
 
-Run with the python of a venv of its own (``pip install 'datatrove[processing]' spacy``), never
-ours, so that neither's packages disturb the other. Each stage is one ``LocalPipelineExecutor``
+Run with the python of a venv of its own (``pip install 'datatrove[processing]' spacy orjson``: its
+English word tokenizer loads spaCy, its jsonl reader orjson), never ours, so that neither's
+packages disturb the other. Each stage is one ``LocalPipelineExecutor``
 run over the input files (one task per file, ``--workers`` processes), reading the previous
 stage's output, as our steps read theirs:
 
