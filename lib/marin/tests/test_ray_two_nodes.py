@@ -57,7 +57,10 @@ HELPERS = textwrap.dedent(
         facts.update(kind=kind, node=os.environ.get("MARIN_TEST_NODE"), pid=os.getpid(),
                      node_id=ray.get_runtime_context().get_node_id(), at=time.time())
         RECORDS.mkdir(parents=True, exist_ok=True)
-        (RECORDS / f"{kind}-{os.getpid()}-{time.time_ns()}.json").write_text(json.dumps(facts))
+        # Written aside and renamed, so the test's polling reader never sees a half-written record.
+        name = f"{kind}-{os.getpid()}-{time.time_ns()}.json"
+        (RECORDS / f".{name}.tmp").write_text(json.dumps(facts))
+        os.replace(RECORDS / f".{name}.tmp", RECORDS / name)
 
     def records(kind):
         return [json.loads(p.read_text()) for p in RECORDS.glob(f"{kind}-*.json")]
