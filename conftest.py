@@ -24,9 +24,11 @@ REPO = Path(__file__).resolve().parent
 _USER_HF_HUB_OFFLINE = os.environ.get("HF_HUB_OFFLINE", "")
 
 # Tests run on the CPU with a few simulated devices available to sharding tests; JAX reads these
-# at import, so they are set before any test module imports it.
+# at import, so they are set before any test module imports it. The tests' programs are tiny and
+# each runs for milliseconds, so LLVM's optimisation passes cost far more than they save: without
+# them compiling takes about half the CPU time, which is most of the suite's.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -66,11 +68,15 @@ SHARED_WORKER = {
     ),
 }
 _GROUP_OF_FILE = {path: group for group, paths in SHARED_WORKER.items() for path in paths}
+# Test files spread over the workers test by test: each test is long (a docs page runs its commands)
+# and what they share is built once for the whole run, not per module (see the file).
+SPREAD_BY_TEST = ("tests/test_docs.py",)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Each test file runs whole on one worker (``--dist loadfile``), files in SHARED_WORKER together.
+    """Each test file runs whole on one worker (``--dist loadfile``), files in SHARED_WORKER together,
+    the tests of SPREAD_BY_TEST files each on its own.
 
     A file's module fixtures (a trained model, a server) are then built once, not once per worker.
     (xdist's own ``loadgroup`` marks are not used: they ride on rewritten node ids, which newer
@@ -84,6 +90,8 @@ def pytest_xdist_make_scheduler(config, log):
     class FilesAndSharedGroups(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
+            if path in SPREAD_BY_TEST:
+                return nodeid
             return _GROUP_OF_FILE.get(path, path)
 
     return FilesAndSharedGroups(config, log)

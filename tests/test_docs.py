@@ -9,7 +9,7 @@ its own ``bash -euo pipefail``. Both run in a scratch folder holding links to th
 work as in the repository root, while what a block writes lands in the scratch folder), with
 MARIN_PREFIX and IRIS_HOME pointing at scratch folders and this Python's environment first on
 PATH. A page's shell blocks start on a prefix that holds the tutorial's outputs, as the pages say
-they do after ``make tutorial``: the tutorial runs once per module, from nothing, with ``--set
+they do after ``make tutorial``: the tutorial runs once per test run, from nothing, with ``--set
 train.num_train_steps=2``, and each page gets a copy.
 
 A block opts out with ``no-run`` in its fence (```python no-run, ```bash no-run); the page says why
@@ -19,12 +19,15 @@ to each of its ``marin run`` and ``marin reproduce`` lines, and the page says so
 its language, so a command cannot hide in an unlabelled block.
 """
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,8 +80,9 @@ def scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (workdir / ".venv").symlink_to(Path(sys.prefix))
     (workdir / "experiments").symlink_to(ROOT / "experiments")
     # The suite's simulated devices (conftest's XLA_FLAGS) are left out: commands see one CPU device,
-    # as on a reader's machine, where the tutorial's batch of 4 splits evenly.
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "MARIN_PREFIX": str(tmp_path / "prefix"), "IRIS_HOME": str(tmp_path / "iris"),
+    # as on a reader's machine, where the tutorial's batch of 4 splits evenly. They compile without
+    # LLVM's optimisations, as the rest of the suite does (see conftest.py).
+    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "MARIN_PREFIX": str(tmp_path / "prefix"), "IRIS_HOME": str(tmp_path / "iris"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))}
     return workdir, env
@@ -87,15 +91,51 @@ def scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 TUTORIAL = "marin run experiments/tutorials/train_tiny_model.py --set train.num_train_steps=2"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tutorial_prefix(tmp_path_factory) -> Path:
-    """A prefix where the tutorial has run (two training steps), shared read-only by the pages."""
-    base = tmp_path_factory.mktemp("tutorial")
-    workdir, env = scratch(base)
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", TUTORIAL], cwd=workdir, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, f"{TUTORIAL} failed:\n{done.stdout}\n{done.stderr}"
-    return Path(env["MARIN_PREFIX"])
+    """A prefix where the tutorial has run (two training steps), shared read-only by the pages.
+
+    Built once for the whole run: the pages' tests are spread over the pytest-xdist workers one by
+    one (see conftest.py), so the first worker to need it builds it in the run's common temporary
+    folder while the others wait on a lock; a failed build is recorded, so it fails each page at once.
+    """
+    common = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        common = common.parent  # the folder all workers' own temporary folders are in
+    base, built, failed = common / "docs-tutorial", common / "docs-tutorial.built", common / "docs-tutorial.failed"
+    with _exclusive(common / "docs-tutorial.lock", timeout_s=600):
+        if failed.exists():
+            pytest.fail(failed.read_text())
+        if not built.exists():
+            shutil.rmtree(base, ignore_errors=True)
+            base.mkdir()
+            workdir, env = scratch(base)
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", TUTORIAL], cwd=workdir, env=env,
+                                  capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                failed.write_text(f"{TUTORIAL} failed:\n{done.stdout}\n{done.stderr}")
+                pytest.fail(failed.read_text())
+            built.touch()
+    return base / "prefix"
+
+
+@contextmanager
+def _exclusive(lock_path: Path, timeout_s: float):
+    """Hold an exclusive lock on ``lock_path`` (waiting at most ``timeout_s``) for the block."""
+    with open(lock_path, "w") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"gave up waiting {timeout_s:.0f} s for {lock_path}")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def test_fence_parser_skips_no_run_blocks_and_applies_test_settings(tmp_path):

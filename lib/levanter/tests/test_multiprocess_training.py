@@ -76,7 +76,8 @@ def _spawn(cache_url: str, output_dir: Path, devices: int, extra_env: dict[str, 
     }
     env.update(
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        # Compiled without LLVM's optimisations, as the rest of the suite is (see conftest.py).
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
         PYTHONUNBUFFERED="1",
         **extra_env,
     )
