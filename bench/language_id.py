@@ -24,7 +24,8 @@ in the repository), into a temp folder (``--keep DIR`` keeps it as ``language_id
 Printed, for both models in the same run: accuracy by language on pages and on short texts;
 accuracy on pages, short texts and mixed texts; the fraction of mixed texts (the 50/50 ones and
 the mixed pages) given a score of at least 0.65 (the language step's default threshold), which a
-threshold cannot then remove; and documents/s over every text. Usage:
+threshold cannot then remove; documents/s over every text; and the peak memory of a process that
+loads only that model (each model runs in a fresh process), beside one with the imports only. Usage:
 ``python bench/language_id.py [--max-pages 40] [--keep DIR]``; the last line is one JSON object.
 """
 
@@ -33,14 +34,17 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import random
 import re
+import resource
 import sys
 import tempfile
 import time
 import unicodedata
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from marin.curation.language import identify_language
@@ -274,11 +278,20 @@ def build_set(max_pages: int, seed: int = 0) -> list[dict]:
 # -- measuring ---------------------------------------------------------------------------------------
 
 
-def score(items: list[dict], model: str) -> tuple[list[tuple[str, float]], float]:
-    identify_language("warm-up: load the model before the clock starts", model)
-    start = time.perf_counter()
-    predictions = [identify_language(item["text"], model) for item in items]
-    return predictions, time.perf_counter() - start
+def score(items: list[dict], model: str) -> tuple[list[tuple[str, float]], float, float]:
+    """Predictions, seconds and the peak resident MiB of a fresh process that loads only ``model``."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_score_here, items, model).result()
+
+
+def _score_here(items: list[dict], model: str | None) -> tuple[list[tuple[str, float]], float, float]:
+    predictions, seconds = [], 0.0
+    if model is not None:  # None: the process with the imports only, what the models' figures start from
+        identify_language("warm-up: load the model before the clock starts", model)
+        start = time.perf_counter()
+        predictions = [identify_language(item["text"], model) for item in items]
+        seconds = time.perf_counter() - start
+    return predictions, seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def accuracy(rows: list[tuple[dict, tuple[str, float]]]) -> str:
@@ -334,6 +347,9 @@ def report(items: list[dict], results: dict[str, tuple[list, float]]) -> dict:
     speeds = [len(items) / results[m][1] for m in MODELS]
     figures["documents/s"] = dict(zip(MODELS, [round(s, 1) for s in speeds]))
     print(f"{'documents/s (all texts)':<32}{len(items):>7}" + "".join(f"{s:>18.1f}" for s in speeds))
+    peaks = [results[m][2] for m in MODELS]
+    figures["peak_rss_mib"] = dict(zip(MODELS, [round(p, 1) for p in peaks]))
+    print(f"{'peak memory, MiB (process)':<32}{'':>7}" + "".join(f"{p:>18.1f}" for p in peaks))
     return figures
 
 
@@ -350,9 +366,13 @@ def main() -> None:
             handle.writelines(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
         print(f"evaluation set: {len(items)} texts in {folder / 'language_id_set.jsonl'}", file=sys.stderr)
     results = {model: score(items, model) for model in MODELS}
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        bare_mib = pool.submit(_score_here, [], None).result()[2]
     identities = {m: language_model(m).identity().sha256[:12] for m in MODELS}
     print("models: " + ", ".join(f"{m} (sha256 {h}...)" for m, h in identities.items()) + f"; {os.cpu_count()} CPUs\n")
     figures = report(items, results)
+    figures["peak_rss_mib"]["imports_only"] = round(bare_mib, 1)
+    print(f"(a process with the imports only, no model loaded: {bare_mib:.1f} MiB)")
     print(json.dumps(figures))
 
 
