@@ -93,6 +93,11 @@ def _cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds so far of ``root``'s live descendants (e.g. a warm process pool)."""
+    return sum(c for c in map(_cpu, _descendants(root, _children())) if c is not None)
+
+
 def _rss(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE

@@ -40,7 +40,7 @@ from marin.processing.tokenize import ENCODE_BATCH_CHARS, TokenizeConfig, Tokeni
 from zephyr.readers import DocumentReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from process_sampler import _children, _cpu, _descendants  # noqa: E402
+from process_sampler import tree_cpu_seconds  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared"
 
@@ -130,8 +130,7 @@ def cpu_seconds() -> float:
     """CPU time of this process, of its live descendants (the process pool's workers, kept warm
     between runs) and of its children that have ended."""
     ended = resource.getrusage(resource.RUSAGE_CHILDREN)
-    live = (_cpu(pid) for pid in _descendants(os.getpid(), _children()))
-    return time.process_time() + ended.ru_utime + ended.ru_stime + sum(c for c in live if c is not None)
+    return time.process_time() + ended.ru_utime + ended.ru_stime + tree_cpu_seconds(os.getpid())
 
 
 if __name__ == "__main__":
