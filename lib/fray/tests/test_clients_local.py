@@ -268,6 +268,25 @@ def test_workers_see_the_environment_and_directory_of_the_call_not_of_their_star
         client.shutdown()
 
 
+
+def test_workers_split_the_cores_between_their_rust_thread_pools(monkeypatch):
+    # One rayon thread per core in every worker would put workers x cores threads on the cores; each
+    # worker gets its share, and a setting the user made is left as it is.
+    from fray.cluster.worker_pool import available_cpus
+
+    def rayon_threads(_):
+        return os.environ.get("RAYON_NUM_THREADS")
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    client = LocalClient(processes=True, max_workers=2)
+    try:
+        assert client.map(rayon_threads, range(2)) == [str(max(1, available_cpus() // 2))] * 2
+        assert "RAYON_NUM_THREADS" not in os.environ  # set in the workers only: this process keeps every core
+        monkeypatch.setenv("RAYON_NUM_THREADS", "3")
+        assert client.map(rayon_threads, range(2)) == ["3"] * 2
+    finally:
+        client.shutdown()
+
 ORPHAN_DRIVER = """
 import os, pathlib, sys, time
 from fray.cluster import LocalClient

@@ -223,3 +223,18 @@ def test_documents_a_curation_step_marked_not_kept_are_skipped(tmp_path):
     unmarked = tmp_path / "unmarked.parquet"
     pq.write_table(pa.Table.from_pylist([{"text": "a"}, {"text": "b"}]), unmarked)
     assert list(DocumentReader()(str(unmarked))) == ["a", "b"]
+
+
+def test_jsonl_lines_read_as_the_standard_library_reads_them(tmp_path):
+    # Records are Python's json values exactly, also where a faster parser would differ: orjson, for one,
+    # turns integers past 64 bits into floats and refuses NaN and lone surrogate escapes.
+    from zephyr.readers import read_jsonl
+
+    lines = ['{"text": "caf\\u00e9 \\ud83d\\ude00 \\u4e2d", "score": 1.5e-7}', '{"text": "x", "score": NaN}',
+             '{"text": "big", "id": 123456789012345678901234567890}', '{"text": "lone \\ud800 surrogate"}',
+             '{"text": "tab\\tand quote \\" and slash \\/"}', '{"text": "Grüße aus Köln", "n": -0.0}']
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes("\r\n".join(lines).encode("utf-8") + b"\r\n")
+    got = list(read_jsonl(str(path)))
+    want = [json.loads(line) for line in lines]
+    assert repr(got) == repr(want)  # repr: NaN != NaN, and -0.0 == 0.0 would hide a lost sign

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
-import os
 import pickle
 import threading
 import time
@@ -44,6 +43,7 @@ from fray.cluster.main_guard import (
 from fray.cluster.worker_pool import (
     ShippedFile,
     WorkerPool,
+    available_cpus,
     load_shipped,
     shipped_function,
 )
@@ -65,13 +65,6 @@ class WorkerLostError(TaskError):
 
 class WorkerStartupError(TaskError):
     """Worker processes exited while starting, before running any task: retrying cannot help."""
-
-
-def available_cpus() -> int:
-    """The CPU cores this process may use (respects affinity masks and container limits on Linux)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def task_name(fn: Any) -> str:

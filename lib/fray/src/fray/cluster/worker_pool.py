@@ -19,6 +19,12 @@ as they are then. A program that changes them later (credentials set for one ste
 ``monkeypatch``) must not get workers holding the old ones: when they differ from what the
 running workers started with, the next task goes to new workers and the old ones stop once their
 tasks are done.
+
+Workers share the machine's cores: each starts with ``RAYON_NUM_THREADS`` set to its share of them
+(cores / workers, at least 1) unless the environment already sets it. Rust libraries that run their
+own thread pool (the tokenizer library's ``encode_batch``) otherwise start one thread per core in
+every worker, and with one worker per core those threads wait for each other's cores, spinning
+when they run out of work: on the tokenize step that cost about 5% more CPU time for the same ids.
 """
 
 from __future__ import annotations
@@ -96,7 +102,22 @@ def _spawn_context() -> str:
     return hashlib.sha256(repr(state).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _mark_started(started: Any) -> None:
+def available_cpus() -> int:
+    """The CPU cores this process may use (respects affinity masks and container limits on Linux)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def rust_threads_per_worker(workers: int) -> int:
+    """The threads a worker's Rust thread pool gets: its share of this machine's cores."""
+    return max(1, available_cpus() // max(1, workers))
+
+
+def _start_worker(started: Any, rust_threads: int) -> None:
+    # Read by rayon when the worker first uses a pool, which is after this: the re-import of the
+    # user's script does not run tasks.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(rust_threads))
     started.set()  # past the re-import of the user's script, the part of start-up that can go wrong
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="fray-parent-watch", daemon=True).start()
 
@@ -155,8 +176,8 @@ class WorkerPool:
                 # spawn, not fork: a forked child of a process running threads (or JAX) can deadlock.
                 context = multiprocessing.get_context("spawn")
                 self._started = context.Event()
-                self._executor = cf.ProcessPoolExecutor(self.workers, mp_context=context, initializer=_mark_started,
-                                                        initargs=(self._started,))
+                self._executor = cf.ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
+                                                        initargs=(self._started, rust_threads_per_worker(self.workers)))
             return self._executor, self._started
 
     def replace(self, broken: cf.ProcessPoolExecutor) -> None:
