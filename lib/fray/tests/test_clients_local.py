@@ -268,7 +268,6 @@ def test_workers_see_the_environment_and_directory_of_the_call_not_of_their_star
         client.shutdown()
 
 
-
 def test_workers_split_the_cores_between_their_rust_thread_pools(monkeypatch):
     # One rayon thread per core in every worker would put workers x cores threads on the cores; each
     # worker gets its share, and a setting the user made is left as it is.
@@ -286,6 +285,7 @@ def test_workers_split_the_cores_between_their_rust_thread_pools(monkeypatch):
         assert client.map(rayon_threads, range(2)) == ["3"] * 2
     finally:
         client.shutdown()
+
 
 ORPHAN_DRIVER = """
 import os, pathlib, sys, time

@@ -59,7 +59,7 @@ def _temp_bytes(config, batch: int, seq_len: int) -> int:
 
 def test_remat_lowers_the_activation_memory_of_a_gradient():
     # Enough tokens and layers that the layers' activations dominate the scratch memory (many short
-    # rows rather than a few long ones: the same activations, compiled in half the time).
+    # rows rather than a few long ones: as many tokens, compiled in half the time).
     config = dataclasses.replace(LLAMA, num_layers=4, max_seq_len=128, use_scan=True)
     temp = {remat: _temp_bytes(dataclasses.replace(config, remat=remat), batch=16, seq_len=128) for remat in REMAT_POLICIES}
     # "full" keeps one [B, T, embed] input per layer; "save_matmuls" also the projections' outputs,

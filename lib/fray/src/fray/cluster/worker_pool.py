@@ -24,7 +24,8 @@ Workers share the machine's cores: each starts with ``RAYON_NUM_THREADS`` set to
 (cores / workers, at least 1) unless the environment already sets it. Rust libraries that run their
 own thread pool (the tokenizer library's ``encode_batch``) otherwise start one thread per core in
 every worker, and with one worker per core those threads wait for each other's cores, spinning
-when they run out of work: on the tokenize step that cost about 5% more CPU time for the same ids.
+when they run out of work: on a tokenize step of 833,925 documents on two cores that took 495
+CPU-seconds where the split takes 388, for the same ids.
 """
 
 from __future__ import annotations
