@@ -8,10 +8,11 @@ reported.
 * pipeline: :func:`marin.processing.tokenize.run_tokenize` end to end into a fresh folder: loading
   the tokenizer and its identity, reading the jsonl, encoding, writing the token cache and ledger.
 
-``--data`` may name several files (a glob, or a folder of ``.jsonl``/``.jsonl.gz``/``.jsonl.zst``
-shards, such as a curation step's ``data/``): the pipeline then makes one cache shard per file, and
-the raw side encodes the same texts a batch at a time (``ENCODE_BATCH_CHARS`` characters, the
-pipeline's own batch), since one call over a whole corpus would hold every ``Encoding`` in memory.
+``--data`` may name several files: a glob, or a folder of shards such as a curation step's
+``data/`` (found as every data step finds its input, ``zephyr.readers.expand_input_files``). The
+pipeline then makes one cache shard per file, and the raw side encodes the same texts a batch at a
+time (``ENCODE_BATCH_CHARS`` characters, the pipeline's own batch, from the step's own
+``batches_by_chars``), since one call over a whole corpus would hold every ``Encoding`` in memory.
 
 Both rates count content tokens (without the appended EOS). Each run's CPU time (all threads and
 child processes of this process) is reported too: on a shared machine the wall times say as much
@@ -23,7 +24,6 @@ Usage: ``python bench/tokenize_throughput.py [--data FILE|GLOB|FOLDER] [--tokeni
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import resource
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import tokenizers
 
-from marin.processing.tokenize import ENCODE_BATCH_CHARS, TokenizeConfig, TokenizeInputs, _batches_by_chars, run_tokenize
-from zephyr.readers import DocumentReader
+from marin.processing.tokenize import ENCODE_BATCH_CHARS, TokenizeConfig, TokenizeInputs, batches_by_chars, run_tokenize
+from zephyr.readers import DocumentReader, expand_input_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from process_sampler import tree_cpu_seconds  # noqa: E402
@@ -53,9 +53,9 @@ def main() -> None:
     parser.add_argument("--backend", default=None, help="zephyr backend for the pipeline (default: the step's choice)")
     args = parser.parse_args()
 
-    files = data_files(args.data)
+    files = expand_input_files(args.data)
     texts = [text for path in files for text in DocumentReader()(path)]
-    batches = list(_batches_by_chars(iter(texts), ENCODE_BATCH_CHARS)) if len(files) > 1 else [texts]
+    batches = list(batches_by_chars(iter(texts), ENCODE_BATCH_CHARS)) if len(files) > 1 else [texts]
     raw_tokenizer = tokenizers.Tokenizer.from_file(args.tokenizer)
     raw_tokenizer.encode_batch(texts[:64])  # start the thread pool before timing
 
@@ -117,13 +117,6 @@ def main() -> None:
             }
         )
     )
-
-
-def data_files(data: str) -> list[str]:
-    """The files ``--data`` names: one file, a glob, or a folder's jsonl shards (sorted)."""
-    if os.path.isdir(data):
-        return sorted(str(p) for p in Path(data).iterdir() if ".jsonl" in p.name)
-    return sorted(glob.glob(data)) or [data]
 
 
 def cpu_seconds() -> float:

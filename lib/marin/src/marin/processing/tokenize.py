@@ -156,7 +156,7 @@ class EncodeShard:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize-encode")
         try:
             previous = None
-            for batch in _batches_by_chars(texts, self.batch_chars):
+            for batch in batches_by_chars(texts, self.batch_chars):
                 encoding = pool.submit(encode_documents, self.tokenizer, batch, self.special, dtype=dtype)
                 if previous is not None:
                     yield from _counted(previous.result(), meter)
@@ -167,7 +167,9 @@ class EncodeShard:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _batches_by_chars(texts: Iterator[str], batch_chars: int) -> Iterator[list[str]]:
+def batches_by_chars(texts: Iterator[str], batch_chars: int) -> Iterator[list[str]]:
+    """``texts`` in consecutive lists of at least ``batch_chars`` characters (the last may be shorter):
+    the batches the step hands to the tokenizer."""
     batch: list[str] = []
     size = 0
     for text in texts:
