@@ -80,9 +80,11 @@ def scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (workdir / ".venv").symlink_to(Path(sys.prefix))
     (workdir / "experiments").symlink_to(ROOT / "experiments")
     # The suite's simulated devices (conftest's XLA_FLAGS) are left out: commands see one CPU device,
-    # as on a reader's machine, where the tutorial's batch of 4 splits evenly. They compile without
-    # LLVM's optimisations, as the rest of the suite does (see conftest.py).
-    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "MARIN_PREFIX": str(tmp_path / "prefix"), "IRIS_HOME": str(tmp_path / "iris"),
+    # as on a reader's machine, where the tutorial's batch of 4 splits evenly. They keep the suite's
+    # compile flags (see conftest.py).
+    compile_flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                     if not flag.startswith("--xla_force_host_platform_device_count")]
+    env = {**os.environ, "XLA_FLAGS": " ".join(compile_flags), "MARIN_PREFIX": str(tmp_path / "prefix"), "IRIS_HOME": str(tmp_path / "iris"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))}
     return workdir, env

@@ -74,10 +74,12 @@ def _spawn(cache_url: str, output_dir: Path, devices: int, extra_env: dict[str, 
         for key, value in os.environ.items()
         if not key.startswith(("IRIS_", "JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"))
     }
+    # Each process simulates its own number of devices and keeps the suite's compile flags (see conftest.py).
+    compile_flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                     if not flag.startswith("--xla_force_host_platform_device_count")]
     env.update(
         JAX_PLATFORMS="cpu",
-        # Compiled without LLVM's optimisations, as the rest of the suite is (see conftest.py).
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+        XLA_FLAGS=" ".join([f"--xla_force_host_platform_device_count={devices}", *compile_flags]),
         PYTHONUNBUFFERED="1",
         **extra_env,
     )
