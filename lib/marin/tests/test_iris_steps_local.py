@@ -64,8 +64,9 @@ RUNNER = textwrap.dedent(
         marker = pathlib.Path(os.environ["MARIN_TEST_MARKERS"])
         marker.mkdir(exist_ok=True)
         (marker / f"started-{time.time_ns()}").write_text(ctx.output_path)
+        # It runs until the test releases it (a file), or for at most MARIN_TEST_SECONDS.
         deadline = time.time() + float(os.environ["MARIN_TEST_SECONDS"])
-        while time.time() < deadline:
+        while time.time() < deadline and not (marker / "release").exists():
             ctx.check_lease()  # raises once the job is stopped (SIGTERM)
             time.sleep(0.05)
         return "finished"
@@ -110,13 +111,19 @@ def test_sigterm_to_the_runner_stops_the_steps_job_and_the_run_exits_75(tmp_path
 
 
 def test_a_runner_that_dies_leaves_its_job_running_and_the_next_runner_adopts_it(tmp_path):
-    first = _start(tmp_path, seconds=6)
+    first = _start(tmp_path, seconds=120)
     output = _wait_for_start(tmp_path, first)
     first.kill()  # no chance to stop anything: its job goes on
     first.communicate(timeout=30)
     status = read_status(str(output))
     assert status.status == "RUNNING" and status.job
-    second = _start(tmp_path, seconds=6)
+    second = _start(tmp_path, seconds=120)
+    # The job keeps running until the second runner holds the step (it has then read the job
+    # id the first one left); only then may the step finish, however slowly the runner started.
+    deadline = time.monotonic() + 120
+    while read_status(str(output)).holder == status.holder and second.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "markers" / "release").touch()
     _, stderr = second.communicate(timeout=180)
     assert second.returncode == 0, stderr[-3000:]
     assert f"iris job {status.job} from an earlier runner is still running" in stderr

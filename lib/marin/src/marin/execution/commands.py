@@ -174,7 +174,8 @@ def status_command(args: argparse.Namespace) -> int:
         note = "  (code changed since this output was made)" if listing.code_changed else ""
         if listing.status == "RUNNING" and (listing.job or listing.attempt):
             where = f"iris job {listing.job}, " if listing.job else ""
-            note += f"  ({where}attempt {listing.attempt or '?'}: marin logs {listing.name} --follow)"
+            attempt = f"attempt {listing.attempt}" if listing.attempt else "no attempt started yet"
+            note += f"  ({where}{attempt}: marin logs {listing.name} --follow)"
         print(f"{listing.status or '-':<11} {listing.age_text():>5}  {listing.name:<{width}}  {listing.output_path}{note}")
     changed = sum(1 for listing in listings if listing.code_changed)
     if changed:

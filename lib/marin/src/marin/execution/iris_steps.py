@@ -116,6 +116,10 @@ class IrisStepExecutor:
             fsx.atomic_write(call_url, cloudpickle.dumps((spec, call.output_path, dict(call.dep_output_paths))))
             job_id = submit_job(self._job_spec(call, call_url), self.store)
             logger.info("Step %s runs as iris job %s on %s", spec.name, job_id, self.engine.setting)
+            if call.placed is not None:
+                # Recorded before its first attempt starts, so a runner that dies from here on
+                # leaves a job the next runner adopts instead of starting the step a second time.
+                call.placed(job_id, None)
         record = self._wait(call, job_id)
         if record.state is JobState.SUCCEEDED:
             with fsx.open_url(result_url(call_url), "rb") as handle:
