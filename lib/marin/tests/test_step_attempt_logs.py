@@ -95,3 +95,8 @@ def test_marin_status_shows_the_job_and_attempt_of_a_running_step(tmp_path, caps
     assert main(["status", "--prefix", str(tmp_path), "--json"]) == 0
     (record,) = json.loads(capsys.readouterr().out)
     assert (record["attempt"], record["job"]) == (3, "checkpoints-big-0123abcd-20261201-1")
+    # Submitted, its first attempt not started yet: the job is known already.
+    write_status(str(folder), "RUNNING", identity="x" * 64, job="checkpoints-big-0123abcd-20261201-1")
+    assert main(["status", "--prefix", str(tmp_path)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "checkpoints/big" in line)
+    assert "iris job checkpoints-big-0123abcd-20261201-1, no attempt started yet" in line
