@@ -85,12 +85,17 @@ def _start(tmp_path: Path, seconds: float) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+def _step_folder(work_path: Path) -> Path:
+    """The step's folder, from the staging folder its execution writes into (``<step>/.staging/gN``)."""
+    return work_path.parent.parent if work_path.parent.name == ".staging" else work_path
+
+
 def _wait_for_start(tmp_path: Path, runner: subprocess.Popen, count: int = 1) -> Path:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         started = sorted((tmp_path / "markers").glob("started-*")) if (tmp_path / "markers").exists() else []
         if len(started) >= count:
-            return Path(started[-1].read_text())
+            return _step_folder(Path(started[-1].read_text()))
         assert runner.poll() is None, runner.stderr.read()[-3000:]
         time.sleep(0.05)
     pytest.fail("the step did not start within 60 s")

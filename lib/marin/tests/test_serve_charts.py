@@ -129,3 +129,18 @@ def test_x_by_tokens_interpolates_a_step_logged_without_a_count():
     series = {"tokens": [(2, 1000.0), (4, 2000.0)], "eval/x/loss": [(1, 9.0), (3, 5.0), (4, 4.0), (5, 3.0)]}
     # step 3 lies halfway between the counts at 2 and 4; steps 1 and 5 are outside them and left out
     assert by_tokens(series)["eval/x/loss"] == [(1500.0, 5.0), (2000.0, 4.0)]
+
+
+def test_a_training_run_in_progress_shows_its_curve_from_its_staging_folder(tmp_path):
+    from marin.serve.runs import run_metrics
+
+    step = tmp_path / "checkpoints" / "live-ab12cd34"
+    staged = step / ".staging" / "g3"
+    staged.mkdir(parents=True)
+    (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "generation": 3, "staging": ".staging/g3"}))
+    (staged / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0 - i}) + "\n" for i in (1, 2, 3)))
+    assert run_metrics(str(tmp_path), "checkpoints/live-ab12cd34")["loss"] == [(1, 4.0), (2, 3.0), (3, 2.0)]
+    # A record naming a folder outside the step's staging area is not followed.
+    (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "staging": "../other"}))
+    with pytest.raises(Exception, match="not a training run"):
+        run_metrics(str(tmp_path), "checkpoints/live-ab12cd34")

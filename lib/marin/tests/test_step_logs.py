@@ -143,3 +143,45 @@ def test_logs_reads_attempts_on_an_s3_prefix(s3_prefix, capsys):
     assert main(["logs", "train/x", "--prefix", s3_prefix, "--attempt", "1"]) == 0
     out = capsys.readouterr().out
     assert "--- replica 0\nzero says hi\n--- replica 1\none says hi\n" in out and "PREEMPTED" in out
+
+
+KILLED_RUNNER = """
+import sys, time
+from marin.execution.step_runner import StepRunner
+from marin.execution.step_spec import StepSpec
+
+def sleeper():
+    print("sleeping", flush=True)
+    time.sleep(300)
+
+StepRunner(prefix=sys.argv[1], lease_ttl_s=3, heartbeat_s=0.5).run([StepSpec("sleeper", sleeper)])
+"""
+
+
+def test_follow_stops_on_a_step_whose_runner_was_killed(tmp_path, capsys, monkeypatch):
+    import subprocess
+    import sys
+
+    prefix = str(tmp_path / "prefix")
+    script = tmp_path / "runner.py"
+    script.write_text(KILLED_RUNNER)
+    runner = subprocess.Popen([sys.executable, str(script), prefix], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "prefix").glob("sleeper-*/.attempts/001/*.log")) and time.monotonic() < deadline:
+            assert runner.poll() is None
+            time.sleep(0.05)
+    finally:
+        runner.kill()
+        runner.wait(timeout=30)
+    monkeypatch.setattr(step_logs, "ORPHAN_GRACE_S", 0.5)
+    monkeypatch.setattr(step_logs, "POLL_S", 0.05)
+    printed: list[int] = []
+    follower = threading.Thread(target=lambda: printed.append(main(["logs", "sleeper", "--prefix", prefix, "--follow"])),
+                                daemon=True)
+    follower.start()
+    follower.join(timeout=WAIT_S)
+    assert not follower.is_alive(), "marin logs --follow kept waiting on a step nothing runs"
+    captured = capsys.readouterr()
+    assert printed == [0] and "sleeping" in captured.out
+    assert "no runner holds it and no replica heartbeats" in captured.err

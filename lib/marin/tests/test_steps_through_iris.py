@@ -29,6 +29,7 @@ import pytest
 
 from iris import JobStore
 from iris.attempt_log import list_attempts, read_log
+from marin.execution.step_ownership import latest_work_path
 
 pytestmark = [
     pytest.mark.slow,
@@ -88,7 +89,7 @@ def uninterrupted(inputs, tmp_path_factory):
 
 
 def _logged_steps(train_folder: Path) -> list[int]:
-    metrics = train_folder / "metrics.jsonl"
+    metrics = Path(latest_work_path(str(train_folder))) / "metrics.jsonl"  # the staging folder while it trains
     if not metrics.exists():
         return []
     steps = []

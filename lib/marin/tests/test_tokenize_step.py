@@ -18,6 +18,7 @@ import tokenizers
 from levanter.tokenization import TokenizerNotFoundError, load_tokenizer, save_tokenizer, train_bpe_tokenizer
 from marin.execution.artifact import load_artifact
 from marin.execution.lazy import lazy_step, lower
+from marin.execution.step_ownership import latest_work_path
 from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
 from marin.processing.tokenize import TokenizedDataset
@@ -165,14 +166,17 @@ def test_sigkill_mid_tokenize_then_rerun_gives_the_same_stream(inputs, tmp_path)
 
     handle = tokenized("tokenized/resumable", str(parts), str(inputs.tokenizer), num_shards=4)
     out = StepRunner(prefix=str(prefix)).output_path_for(lower(handle)[-1])
-    cache_dir = Path(out) / "train"
-    assert (cache_dir / "shard-00001" / "shard.json").exists()
-    assert not (cache_dir / "shard-00002" / "shard.json").exists()
+    # The killed execution's shards are in its staging folder, which the rerun continues in.
+    staged = Path(latest_work_path(out)) / "train"
+    assert staged.parent != Path(out)
+    assert (staged / "shard-00001" / "shard.json").exists()
+    assert not (staged / "shard-00002" / "shard.json").exists()
     with pytest.raises(IncompleteTokenCacheError):
-        TokenCache.open(str(cache_dir))
-    finished_at = (cache_dir / "shard-00000" / "shard.json").stat().st_mtime_ns
+        TokenCache.open(str(staged))
+    finished_at = (staged / "shard-00000" / "shard.json").stat().st_mtime_ns
 
     resumed = _run(handle, prefix)
+    cache_dir = Path(out) / "train"
     assert (cache_dir / "shard-00000" / "shard.json").stat().st_mtime_ns == finished_at  # reused, not redone
     expected = _raw_ids(inputs.tokenizer, _stories(inputs.train))
     assert resumed.splits["train"].documents == 300

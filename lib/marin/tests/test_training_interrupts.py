@@ -17,6 +17,7 @@ import pytest
 from iris import PREEMPTED_EXIT_CODE
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 from marin.execution.executor_files import LOCK_FILE, read_status
+from marin.execution.step_ownership import latest_work_path
 
 STEPS = 150  # far more than run before the test interrupts (it signals once step 1 is logged)
 
@@ -78,9 +79,10 @@ def _start_until_training(root: Path, prefix: Path, seed: int) -> tuple[subproce
     process = subprocess.Popen(_command(root, prefix, seed), cwd=root, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     while time.time() < deadline and process.poll() is None:
-        for metrics in (prefix / "checkpoints").glob("tiny-*/metrics.jsonl"):
+        # A running step writes into its execution's staging folder, <step>/.staging/g<N>.
+        for metrics in (prefix / "checkpoints").glob("tiny-*/.staging/g*/metrics.jsonl"):
             if '"loss"' in metrics.read_text() and not (metrics.parent / "checkpoints" / str(STEPS)).exists():
-                output = metrics.parent
+                output = metrics.parent.parent.parent
                 if json.loads((output / ".executor_info").read_text())["hash_attrs"]["seed"] == seed:
                     return process, output
         time.sleep(0.05)
@@ -89,13 +91,18 @@ def _start_until_training(root: Path, prefix: Path, seed: int) -> tuple[subproce
     pytest.fail(f"training did not start within 180 s (exit {process.returncode}):\n{stderr[-3000:]}")
 
 
+def _work(output: Path) -> Path:
+    """Where the step's latest execution keeps its files (its staging folder until committed)."""
+    return Path(latest_work_path(str(output)))
+
+
 def _checkpoint_steps(output: Path) -> list[int]:
-    folder = output / "checkpoints"
+    folder = _work(output) / "checkpoints"
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
 
 
 def _logged_steps(output: Path) -> list[int]:
-    return [r["step"] for r in map(json.loads, (output / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    return [r["step"] for r in map(json.loads, (_work(output) / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
 def test_sigterm_to_the_runner_checkpoints_training_and_a_rerun_resumes_there(workspace):
@@ -126,7 +133,7 @@ def test_ctrl_c_checkpoints_training_before_the_run_stops(workspace):
     assert len(saved) == 1 and 0 < saved[0] < STEPS, stderr[-3000:]
     status = read_status(str(output))
     assert status.status == "FAILED" and "interrupted" in status.error
-    assert not (output / "hf").exists() and not (output / "eval.json").exists()
+    assert not (_work(output) / "hf").exists() and not (_work(output) / "eval.json").exists()
 
 
 def test_a_lost_lease_stops_training_without_writing_anything_more(workspace):
@@ -144,7 +151,7 @@ def test_a_lost_lease_stops_training_without_writing_anything_more(workspace):
     assert process.returncode != 0
     assert "TrainingAbandoned" in stderr, stderr[-3000:]
     assert _checkpoint_steps(output) == []
-    assert not (output / "hf").exists() and not (output / "eval.json").exists()
+    assert not (_work(output) / "hf").exists() and not (_work(output) / "eval.json").exists()
     assert max(_logged_steps(output)) < STEPS
     assert json.loads((output / LOCK_FILE).read_text())["holder"] == "thief"  # never deleted by the loser
     assert read_status(str(output)).status != "SUCCESS"
@@ -181,7 +188,7 @@ def test_sigterm_stops_any_cooperative_step_and_exits_75_so_schedulers_retry(tmp
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
     assert "stopped by SIGTERM" in stderr
-    status = read_status(marker.read_text())
+    status = read_status(str(Path(marker.read_text()).parent.parent))  # the step wrote into <step>/.staging/g1
     assert status.status == "FAILED" and "preempted (SIGTERM)" in status.error
 
 
@@ -239,10 +246,10 @@ def test_iris_retries_a_marin_run_preempted_by_sigterm_and_it_resumes_to_success
         output = None
         deadline = time.time() + 180
         while output is None and time.time() < deadline and job.poll() is None:
-            for metrics in (prefix / "checkpoints").glob("tiny-*/metrics.jsonl"):
-                info = json.loads((metrics.parent / ".executor_info").read_text())
+            for metrics in (prefix / "checkpoints").glob("tiny-*/.staging/g*/metrics.jsonl"):
+                info = json.loads((metrics.parent.parent.parent / ".executor_info").read_text())
                 if info["hash_attrs"]["seed"] == seed and '"loss"' in metrics.read_text():
-                    output = metrics.parent
+                    output = metrics.parent.parent.parent
             time.sleep(0.05)
         assert output is not None, "training did not start within 180 s"
         replicas = [pid for pid in _pids_running(str(root / "run.py")) if pid != job.pid]

@@ -7,7 +7,8 @@ A job's command signals "I was preempted, run me again" by exiting with
 :data:`PREEMPTED_EXIT_CODE` (75, ``EX_TEMPFAIL`` from ``sysexits.h``). A replica killed by
 ``SIGTERM`` from outside iris (a spot VM being reclaimed, a scheduler evicting it) counts as a
 preemption too. Preemptions spend ``max_retries_preemption``; any other non-zero exit spends
-``max_retries_failure``.
+``max_retries_failure``. A command that exits with :data:`FENCED_OFF_EXIT_CODE` (77,
+``EX_NOPERM``) says its work now belongs to someone else: the job ends FAILED, never retried.
 """
 
 from iris.jobs import (
@@ -20,10 +21,11 @@ from iris.jobs import (
     submit_job,
     wait_for_job,
 )
-from iris.spec import PREEMPTED_EXIT_CODE, InvalidJobSpec, JobSpec
+from iris.spec import FENCED_OFF_EXIT_CODE, PREEMPTED_EXIT_CODE, InvalidJobSpec, JobSpec
 from iris.store import JobRecord, JobState, JobStore, default_home
 
 __all__ = [
+    "FENCED_OFF_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "InvalidJobSpec",
     "JobNotFound",

@@ -17,6 +17,10 @@ from iris.errors import IrisError
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again later". A command exits with it to
 # say it was preempted (its checkpoint is safe; run it again) rather than broken.
 PREEMPTED_EXIT_CODE = 75
+# EX_NOPERM from sysexits.h: "permission denied". A command exits with it when the work it was
+# started for now belongs to someone else (its fencing token was superseded): running it again
+# cannot help, so iris never retries it.
+FENCED_OFF_EXIT_CODE = 77
 
 BACKENDS = ("local", "ray", "slurm")
 

@@ -9,7 +9,8 @@ the replicas of a job only make progress together, and the attempt counts once a
   its machine went away (fray reports the job LOST);
 * TIMED_OUT: a replica ran past the job's ``time_limit_s`` (ended by Slurm, or here on the other
   backends), whatever it exited with: the limit is the job's own setting, so it is not a preemption;
-* FAILED: any other non-zero exit.
+* FAILED: any other non-zero exit; one exit with ``FENCED_OFF_EXIT_CODE`` (the job's work belongs to
+  someone else now) ends the job FAILED at once, whatever its budget.
 
 A preempted attempt is retried while ``max_retries_preemption`` allows, a failed or timed-out one
 while ``max_retries_failure`` allows. With ``attempts_folder`` set, each attempt's output and record
@@ -35,7 +36,7 @@ from fray.cluster import DistributedClient, JobHandle, JobRequest, JobStatus, Lo
 from rigging.log import get_logger, setup_logging
 
 from iris.attempt_log import AttemptLog, AttemptOutcome
-from iris.spec import PREEMPTED_EXIT_CODE, JobSpec
+from iris.spec import FENCED_OFF_EXIT_CODE, PREEMPTED_EXIT_CODE, JobSpec
 from iris.store import JobState, JobStore
 
 logger = get_logger("iris.supervisor")  # not "__main__" when run with -m
@@ -215,6 +216,13 @@ class Supervisor:
             if outcome == "STOPPED":
                 self.store.transition(self.job_id, JobState.STOPPED, f"stopped during attempt {attempt}", exit_code=first_bad)
                 return JobState.STOPPED
+            if FENCED_OFF_EXIT_CODE in codes:
+                self.store.transition(
+                    self.job_id, JobState.FAILED,
+                    f"attempt {attempt}: a replica exited {FENCED_OFF_EXIT_CODE}, fenced off (its work belongs to another "
+                    "execution now); not retried", exit_code=FENCED_OFF_EXIT_CODE,
+                )
+                return JobState.FAILED
             # Preemptions and plain failures spend separate budgets; either way a retry reruns every replica.
             if outcome == "PREEMPTED":
                 preemptions += 1

@@ -5,9 +5,12 @@ itself checks: create it only if absent; replace or delete it only if it still i
 caller read. Which backends offer that, and how, is decided here and nowhere else:
 
   local disk  create: hard link of a complete temporary file (the kernel refuses an existing
-              target, between processes and over NFS). delete: rename aside (one renamer wins),
-              compare, then remove or put back. replace: compare, then ``os.replace``: a change
-              made between the two is overwritten (a window of one local read).
+              target, between processes and over NFS). replace and delete: under an exclusive
+              flock of the file's current inode (every replacer and deleter of the path takes it,
+              so compare-then-write is one step between the processes of a machine; on NFS the
+              kernel turns it into a lock the server arbitrates), compare, then ``os.replace``, or
+              rename aside and remove. Where flock is refused (some FUSE mounts) the compare and
+              the write are two steps: a change made between them is overwritten.
   s3://       PutObject with If-None-Match: *, PutObject and DeleteObject with If-Match: <ETag>.
               AWS S3 honours all three (conditional deletes since September 2025), and so does
               moto. An S3-compatible store that ignores these headers is not safe, and this cannot
@@ -27,12 +30,15 @@ Every function takes a path or any fsspec URL; plain reads and writes are in rig
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,29 +112,88 @@ class _LocalDisk:
         return Versioned(data, _content_version(data))
 
     def replace(self, fs: Any, path: str, payload: bytes, version: str) -> str | None:
-        current = self.read(fs, path)
-        if current is None or current.version != version:
-            return None
-        atomic_write(path, payload)
+        with self._locked(path) as current:
+            if current is None or _content_version(current) != version:
+                return None
+            try:
+                atomic_write(path, payload)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._overwrite_in_place(path, payload):
+                    raise
         return _content_version(payload)
 
-    def remove(self, fs: Any, path: str, version: str) -> bool:
-        # Renamed aside first (atomic): of two removers of the same file only one finds it.
-        private = temporary_name_for(path)
+    @staticmethod
+    def _overwrite_in_place(path: str, payload: bytes) -> bool:
+        """Rewrite ``path`` inside the blocks it already has; False when ``payload`` needs more.
+
+        A full disk has no room for the temporary copy an atomic replace writes, yet the record that
+        says why a run failed matters most then: a small record fits in its own file's blocks. A
+        reader may see it half-written for a moment (and reads it as unreadable, not as another record).
+        """
         try:
-            os.rename(path, private)
+            allocated = os.stat(path).st_blocks * 512
         except FileNotFoundError:
             return False
-        with open(private, "rb") as handle:
-            moved = handle.read()
-        if _content_version(moved) != version:
-            # Moved a file someone had just replaced: put it back, unless it was replaced again.
-            with contextlib.suppress(FileExistsError):
-                os.link(private, path)
-            os.remove(private)
+        if len(payload) > allocated:
             return False
-        os.remove(private)
+        with open(path, "r+b") as handle:
+            handle.write(payload)
+            handle.truncate()
+            handle.flush()
+            os.fsync(handle.fileno())
         return True
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _locked(path: str) -> Iterator[bytes | None]:
+        """Hold an exclusive lock on the file now at ``path``; yields its bytes (``None``: no file).
+
+        The lock belongs to the inode. A writer that waited while another replaced the file finds
+        that the path names a new inode, and locks that one instead, so waiters never act on a
+        version that is gone.
+        """
+        while True:
+            try:
+                handle = open(path, "rb")
+            except FileNotFoundError:
+                yield None
+                return
+            with handle:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+                except OSError:  # no flock here: compare and write stay two steps (module docstring)
+                    yield handle.read()
+                    return
+                try:
+                    now = os.stat(path)
+                except FileNotFoundError:
+                    now = None
+                held = os.fstat(handle.fileno())
+                if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+                    yield handle.read()
+                    return
+            # Replaced or removed while this waited (closing the handle released its lock): look again.
+
+    def remove(self, fs: Any, path: str, version: str) -> bool:
+        with self._locked(path) as current:
+            if current is None or _content_version(current) != version:
+                return False
+            # Renamed aside first (atomic), so a remover that got no lock still takes a file only once.
+            private = temporary_name_for(path)
+            try:
+                os.rename(path, private)
+            except FileNotFoundError:
+                return False
+            with open(private, "rb") as handle:
+                moved = handle.read()
+            if _content_version(moved) != version:
+                # Moved a file someone had just replaced: put it back, unless it was replaced again.
+                with contextlib.suppress(FileExistsError):
+                    os.link(private, path)
+                os.remove(private)
+                return False
+            os.remove(private)
+            return True
 
 
 class _Memory:

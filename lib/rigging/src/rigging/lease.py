@@ -175,6 +175,29 @@ def _process_alive(pid: int, started: str | None) -> bool:
     return started is None or start_time == started
 
 
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """Who a process is, in terms another process can check: host, pid, start time, pid namespace."""
+
+    host: str
+    pid: int
+    started: str | None
+    namespace: str | None
+
+    @classmethod
+    def of_this_process(cls) -> "ProcessIdentity":
+        return cls(socket.gethostname(), os.getpid(), _process_start_time(os.getpid()), _pid_namespace())
+
+    def alive_here(self) -> bool | None:
+        """Whether the process runs, when it is one of this machine's (same host, boot and pid
+        namespace); ``None`` when this machine cannot tell (another host or container)."""
+        if self.host != socket.gethostname():
+            return None
+        if self.namespace is not None and self.namespace != _pid_namespace():
+            return None
+        return _process_alive(self.pid, self.started)
+
+
 class Lease:
     """A lease on ``url`` (the lock file itself).
 

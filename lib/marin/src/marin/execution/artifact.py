@@ -241,11 +241,14 @@ def save_artifact(
     identity: str | None = None,
     provenance: Provenance | None = None,
     prefix: str | None = None,
+    staged_in: str | None = None,
 ) -> Artifact:
     """Write ``result`` (and provenance) to ``<output_path>/.artifact.json`` atomically.
 
     Paths inside ``output_path`` (and, given ``prefix``, inside the prefix) are stored relative;
-    see the module docstring.
+    see the module docstring. ``staged_in`` is the folder the step's execution wrote its output
+    into, to be moved into ``output_path`` when it is committed (:mod:`marin.execution.step_ownership`):
+    the file goes there, and the result's paths into it are stored relative to it.
     """
     encoded = encode_result(result)
     provenance = provenance or current_provenance(step=step, identity=identity)
@@ -254,7 +257,9 @@ def save_artifact(
         # A type this process returned as a result is declared by the step that returned it.
         _RESULT_TYPES.setdefault(result_type, type(result))
     # The step's own folder first: it lies inside the prefix too, and is the nearer base.
-    bases = [(RELATIVE_TO_OUTPUT, output_path.rstrip("/"))]
+    bases = [(RELATIVE_TO_OUTPUT, (staged_in or output_path).rstrip("/"))]
+    if staged_in is not None:
+        bases.append((RELATIVE_TO_OUTPUT, output_path.rstrip("/")))
     if prefix:
         bases.append((RELATIVE_TO_PREFIX, prefix.rstrip("/")))
     relative_paths: list[list[Any]] = []
@@ -268,7 +273,7 @@ def save_artifact(
         "prefix": prefix,
         "provenance": {**dataclasses.asdict(provenance), "argv": list(provenance.argv)},
     }
-    fsx.atomic_write(fsx.join(output_path, ARTIFACT_FILE), json.dumps(record, indent=2, sort_keys=True, allow_nan=False))
+    fsx.atomic_write(fsx.join(staged_in or output_path, ARTIFACT_FILE), json.dumps(record, indent=2, sort_keys=True, allow_nan=False))
     return Artifact(result=result, output_path=output_path, provenance=provenance, result_type=result_type)
 
 

@@ -8,6 +8,10 @@
                      DEP_FAILED; ``attempt`` numbers the step's attempt folder (``.attempts/NNN``) and
                      ``job`` is the iris job running it, if any. SUCCESS is written last. The status carries the full identity it is about, so that the file
                      that says "done" also says done *what*: reuse never depends on another file.
+                     It is also the step's fenced ownership record (:mod:`rigging.fencing`): ``generation``
+                     and ``owner`` name the one execution that may write it and commit the step's
+                     output, ``staging`` the folder that execution writes into, ``committing`` that its
+                     output is being moved into place (see :mod:`marin.execution.step_ownership`).
 ``.executor_lock``   the lease (see :mod:`rigging.lease`): who is running the step right now.
 ``.artifact.json``   the step's typed result and provenance (see :mod:`marin.execution.artifact`).
 """
@@ -50,6 +54,12 @@ class StatusRecord:
     code: str | None = None
     attempt: int | None = None
     job: str | None = None
+    generation: int = 0
+    owner: str | None = None
+    staging: str | None = None
+    committing: bool = False
+    engine: str | None = None  # the iris engine setting the job runs on
+    iris_home: str | None = None  # the iris database the job is recorded in
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1)
@@ -61,21 +71,44 @@ def read_status(output_path: str) -> StatusRecord | None:
     if text is None:
         return None
     try:
-        data = json.loads(text)
-        return StatusRecord(
-            data["status"],
-            float(data.get("time", 0.0)),
-            data.get("holder"),
-            data.get("error"),
-            data.get("identity"),
-            data.get("code"),
-            data.get("attempt") if isinstance(data.get("attempt"), int) else None,
-            data.get("job") if isinstance(data.get("job"), str) else None,
-        )
+        return status_from_dict(json.loads(text))
     except (ValueError, KeyError, TypeError, AttributeError):
         # A bare word is accepted too, so a hand-edited status file still reads.
         word = text.strip()
         return StatusRecord(word, 0.0) if word in ALL_STATUSES else None
+
+
+def status_from_dict(data: dict[str, Any]) -> StatusRecord:
+    """A status record from its JSON fields; fields of the wrong type read as absent."""
+
+    def text(name: str) -> str | None:
+        value = data.get(name)
+        return value if isinstance(value, str) else None
+
+    def number(name: str) -> int | None:
+        value = data.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return StatusRecord(
+        data["status"],
+        float(data.get("time", 0.0)),
+        data.get("holder"),
+        data.get("error"),
+        data.get("identity"),
+        data.get("code"),
+        number("attempt"),
+        text("job"),
+        number("generation") or 0,
+        text("owner"),
+        text("staging"),
+        data.get("committing") is True,
+        text("engine"),
+        text("iris_home"),
+    )
+
+
+def status_url(output_path: str) -> str:
+    return fsx.join(output_path, STATUS_FILE)
 
 
 def write_status(

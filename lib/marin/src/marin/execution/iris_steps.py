@@ -12,13 +12,18 @@ Cached steps never reach iris.
   ``IRIS_REPLICA_INDEX``, which :mod:`levanter.distributed` reads), ``max_retries_preemption``,
   ``max_retries_failure`` and ``time_limit_s``.
 * Each replica runs :mod:`marin.execution.step_job` on the call the runner wrote into the step's
-  ``.attempts/`` folder; replica 0 leaves the function's result there for the runner to record.
+  ``.executions/`` folder, as one fenced execution of the step: it writes into the execution's
+  staging folder and stops itself once the execution is fenced off. Replica 0 commits the output
+  and records SUCCESS itself, so a job that outlives its runner still records its result.
 * iris keeps every attempt's output (all replicas) in the step's ``.attempts/NNN/`` folder, on any
-  storage (:mod:`iris.attempt_log`); the job id and the attempt go into the step's RUNNING status,
-  so ``marin status`` shows them.
+  storage (:mod:`iris.attempt_log`); the job id, its engine and iris database, and the attempt go
+  into the step's RUNNING status, so ``marin status`` shows them and any runner can find the job.
 * An interrupted run (Ctrl-C, SIGTERM) or a lost lease stops the job (its replicas get SIGTERM, so
   a training step checkpoints first). A runner that died leaves its job running: the next runner
-  that takes the step's lease over adopts that job instead of starting a second one.
+  that takes the step's lease over adopts that job, looked up in the iris database the status
+  names (whatever ``IRIS_HOME`` the new runner has), instead of starting a second one. A job whose
+  supervisor died while its runner lived is ended in the step's record, which fences off its
+  replicas: they stop at their next heartbeat.
 * Work a step starts itself (a tokenizer's shards) runs inside the step's own allocation
   (``MARIN_CLUSTER=local`` in the job), not as more jobs.
 """
@@ -29,12 +34,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
 from fray.cluster import ResourceConfig
 from iris import JobState, JobStore, get_job, stop_job, submit_job
-from iris.attempt_log import ATTEMPTS_FOLDER, list_attempts, read_log
+from iris.attempt_log import list_attempts, read_log
 from iris.spec import JobSpec, engine_options
 from iris.store import IRIS_HOME_VARIABLE
 from rigging import filesystem as fsx
@@ -43,9 +49,10 @@ from rigging.log import get_logger
 from rigging.names import safe_name_from
 
 from marin.errors import MarinError
+from marin.execution.executor_files import STATUS_RUNNING, STATUS_SUCCESS, read_status
 from marin.execution.step_context import RunCancelled
 from marin.execution.step_executor import StepCall
-from marin.execution.step_job import CALL_FILE, result_url
+from marin.execution.step_job import StepJobCall, call_url, result_url
 
 logger = get_logger("marin.execution.step_runner")
 
@@ -57,6 +64,9 @@ FORWARDED_PREFIXES = ("MARIN_", "AWS_", "GOOGLE_", "GCS_", "STORAGE_EMULATOR_HOS
                       "JAX_", "XLA_FLAGS", "WANDB_", "TOKENIZERS_")
 # How long the runner gives a stopping job to checkpoint and end before it gives up waiting.
 STOP_TIMEOUT_S = 120.0
+# How often a step's replicas heartbeat and check the step's fence: a fenced-off replica stops
+# within about this long.
+REPLICA_HEARTBEAT_S = 2.0
 
 
 class StepJobFailed(MarinError, RuntimeError):
@@ -81,14 +91,17 @@ class IrisStepExecutor:
     """Runs each step as an iris job on ``engine``; see the module docstring."""
 
     keeps_attempt_logs = True
+    commits_itself = True
 
     def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, prefix: str | None = None,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, replica_heartbeat_s: float = REPLICA_HEARTBEAT_S) -> None:
         self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
         self._store = store
         self._prefix = prefix
         self.poll_s = poll_s
+        self.replica_heartbeat_s = replica_heartbeat_s
         self._slurm: Any = None
+        self._adopted: dict[str, JobStore] = {}  # job id -> the database an adopted job is recorded in
 
     @property
     def store(self) -> JobStore:
@@ -102,39 +115,58 @@ class IrisStepExecutor:
     def __repr__(self) -> str:
         return f"IrisStepExecutor({self.engine.setting!r})"
 
+    def live_job(self, output_path: str, status: Any) -> str | None:
+        """The iris job a RUNNING status names, if it still runs: looked up in the database the status
+        names (the one it was submitted to), else in this runner's own."""
+        if status.status != STATUS_RUNNING or not status.job:
+            return None
+        store = self.store
+        if status.iris_home and Path(status.iris_home).expanduser().resolve() != store.home:
+            store = JobStore(status.iris_home, create=False)
+        if store.get(status.job) is None:  # a database this machine cannot see: the step folder tells the rest
+            return None
+        if get_job(status.job, store).state.finished:
+            return None
+        self._adopted[status.job] = store
+        return status.job
+
     def run(self, call: StepCall) -> Any:
-        spec = call.spec
-        attempts = fsx.join(call.output_path, ATTEMPTS_FOLDER)
-        call_url = fsx.join(attempts, CALL_FILE)
-        job_id = self._adoptable(call.previous_job)
+        spec, execution = call.spec, call.execution
+        job_id = call.previous_job
+        store = self._adopted.get(job_id, self.store) if job_id is not None else self.store
         if job_id is not None:
-            logger.info("Step %s: iris job %s from an earlier runner is still running; waiting for it", spec.name, job_id)
+            logger.info("Step %s: iris job %s from an earlier runner is still running (execution g%d); waiting for it",
+                        spec.name, job_id, execution.generation)
         else:
             self._check_fits(spec.name, spec.resources)
-            fsx.makedirs(attempts)
-            fsx.rm(result_url(call_url))
-            fsx.atomic_write(call_url, cloudpickle.dumps((spec, call.output_path, dict(call.dep_output_paths))))
-            job_id = submit_job(self._job_spec(call, call_url), self.store)
-            logger.info("Step %s runs as iris job %s on %s", spec.name, job_id, self.engine.setting)
+            url = call_url(call.output_path, execution.generation)
+            job_call = StepJobCall(spec, call.output_path, dict(call.dep_output_paths), execution.to_json(), self._prefix,
+                                   self.replica_heartbeat_s)
+            fsx.atomic_write(url, cloudpickle.dumps(job_call))
+            job_id = submit_job(self._job_spec(call, url), store)
+            logger.info("Step %s runs as iris job %s on %s (execution g%d)", spec.name, job_id, self.engine.setting,
+                        execution.generation)
             if call.placed is not None:
                 # Recorded before its first attempt starts, so a runner that dies from here on
                 # leaves a job the next runner adopts instead of starting the step a second time.
-                call.placed(job_id, None)
-        record = self._wait(call, job_id)
-        if record.state is JobState.SUCCEEDED:
-            with fsx.open_url(result_url(call_url), "rb") as handle:
+                call.placed(job=job_id, attempt=None, engine=self.engine.setting, iris_home=str(store.home))
+        record = self._wait(call, job_id, store)
+        status = read_status(call.output_path)
+        if record.state is JobState.SUCCEEDED and status is not None and status.status == STATUS_SUCCESS \
+                and status.generation == execution.generation:
+            with fsx.open_url(result_url(call.output_path, execution.generation), "rb") as handle:
                 return cloudpickle.load(handle)
         raise StepJobFailed(self._failure_message(call, record))
 
     # -- submitting ---------------------------------------------------------------------------------
 
-    def _job_spec(self, call: StepCall, call_url: str) -> JobSpec:
+    def _job_spec(self, call: StepCall, url: str) -> JobSpec:
         resources = call.spec.resources or ResourceConfig()
         env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIXES)}
         env["MARIN_CLUSTER"] = "local"  # a step's own sub-work runs in its allocation
         return JobSpec(
             name=f"{safe_name_from(call.spec.name)}-{call.spec.short_hash}",
-            command=(sys.executable, "-m", "marin.execution.step_job", call_url),
+            command=(sys.executable, "-m", "marin.execution.step_job", url),
             resources=resources,
             replicas=resources.replicas,
             max_retries_failure=resources.max_retries_failure,
@@ -172,28 +204,21 @@ class IrisStepExecutor:
             self._slurm = SlurmClient(options.get("slurm_partition"))  # it keeps what sinfo said for a while
         self._slurm.check_fits(resources or ResourceConfig(), what=f"Step {name!r}")
 
-    def _adoptable(self, job_id: str | None) -> str | None:
-        if job_id is None:
-            return None
-        if self.store.get(job_id) is None:  # a job of another iris database: nothing to adopt here
-            return None
-        return job_id if not get_job(job_id, self.store).state.finished else None
-
     # -- waiting ------------------------------------------------------------------------------------
 
-    def _wait(self, call: StepCall, job_id: str) -> Any:
+    def _wait(self, call: StepCall, job_id: str, store: JobStore) -> Any:
         reported: int | None = None
         while True:
-            record = get_job(job_id, self.store)
+            record = get_job(job_id, store)
             if record.attempts and record.attempts != reported and call.placed is not None:
                 folder_attempt = _folder_attempt(call.output_path, job_id, record.attempts)
                 if folder_attempt is not None:  # the supervisor opens the folder just after the attempt starts
                     reported = record.attempts
-                    call.placed(job_id, folder_attempt)
+                    call.placed(attempt=folder_attempt)
             if record.state.finished:
                 return record
             if call.cancelled.is_set() or call.lease_lost.is_set():
-                stop_job(job_id, self.store, timeout=STOP_TIMEOUT_S)
+                stop_job(job_id, store, timeout=STOP_TIMEOUT_S)
                 name = call.spec.name
                 if call.cancelled.is_set():
                     raise RunCancelled(f"The run was interrupted; stopped step {name!r}'s iris job {job_id}.")

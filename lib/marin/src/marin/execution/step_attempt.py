@@ -4,16 +4,23 @@ For a step the plan says to run, :func:`attempt_step`:
 
 1. takes the step's lease, waiting while another runner holds it (a SUCCESS for this identity
    written meanwhile makes the step cached; an interrupt ends the wait);
-2. reads the status again, now that no one else can write it: a folder holding another identity's
-   output is refused and nothing is written there; a SUCCESS is cached; a FAILED that another
-   runner wrote during this run is not tried again;
-3. deletes the temporary files a killed earlier attempt left (:func:`remove_orphan_temporaries`);
-4. writes ``.executor_info`` and RUNNING, calls the step function through the run's
-   :class:`~marin.execution.step_executor.StepExecutor`, saves ``.artifact.json``, confirms the
-   lease against the lock file itself, and writes SUCCESS last, so a reader who sees SUCCESS can
-   trust the output and the artifact are complete;
-5. on any failure writes FAILED with the error (unless the lease was lost: the folder is then
-   another runner's) and logs it (:mod:`marin.execution.step_failures`).
+2. reads the status again, now that no other runner can write it: a folder holding another
+   identity's output is refused and nothing is written there; a SUCCESS is cached (so is a commit
+   cut short, once it is finished); a FAILED that another runner wrote during this run is not
+   tried again;
+3. looks for an earlier execution that outlived its runner: an iris job still running is adopted
+   (waited for; it commits its own result), replicas still heartbeating without a supervisor are
+   waited for, since they may still finish (:mod:`marin.execution.step_ownership`);
+4. deletes the temporary files a killed earlier attempt left (:func:`remove_orphan_temporaries`);
+5. writes ``.executor_info``, claims a new execution (the next generation of the step's fenced
+   record, RUNNING; it continues in its predecessor's staging folder when that one stopped, which
+   is how a training step resumes from its checkpoints), calls the step function through the
+   run's :class:`~marin.execution.step_executor.StepExecutor` on its staging folder, confirms the
+   lease against the lock file itself, and commits: the artifact, then the move of the staged
+   output into the step folder, then SUCCESS, each refused if another execution owns the step
+   now. A reader who sees SUCCESS can trust the output and the artifact are complete;
+6. on any failure writes FAILED with the error (unless the lease or the fence was taken over:
+   the folder is then another execution's) and logs it (:mod:`marin.execution.step_failures`).
 
 The lease is released whatever happens. :func:`record_dep_failed` is the short form for a step
 that will not run because a dependency failed.
@@ -28,6 +35,7 @@ from typing import Any
 
 from iris.attempt_log import AttemptLog, AttemptOutcome
 from rigging import filesystem as fsx
+from rigging.fencing import FencedOff, claim
 from rigging.lease import Lease
 from rigging.log import get_logger
 
@@ -42,15 +50,25 @@ from marin.execution.executor_files import (
     STATUS_SUCCESS,
     StatusRecord,
     read_status,
+    status_url,
     step_location,
     write_info,
-    write_status,
 )
 from marin.execution.interrupts import Interrupt, RunInterruption
 from marin.execution.output_reuse import OutputPathConflict, check_recorded_identity
 from marin.execution.run_report import Outcome, StepOutcome
 from marin.execution.step_executor import StepCall, StepExecutor
 from marin.execution.step_failures import log_step_failure
+from marin.execution.step_ownership import (
+    EXECUTIONS_FOLDER,
+    STAGING_FOLDER,
+    Execution,
+    claim_execution,
+    read_ownership,
+    replica_heartbeats,
+    roll_forward,
+    stage_unstaged_output,
+)
 from marin.execution.step_spec import StepSpec
 
 # The runner's log lines keep one logger name however its code is split, so log filters keep working.
@@ -69,6 +87,9 @@ class RunSession:
     lease_ttl_s: float
     heartbeat_s: float | None
     poll_s: float
+    # How long a new execution waits for the fenced-off replicas of an earlier one to stop, so
+    # that it can continue from their staging folder instead of starting from an empty one.
+    orphan_wait_s: float = 60.0
 
     def lease(self, spec: StepSpec, output_path: str) -> Lease:
         return Lease(
@@ -76,14 +97,6 @@ class RunSession:
             holder_id=f"{self.runner_id}-{spec.short_hash}",
             ttl_s=self.lease_ttl_s,
             heartbeat_s=self.heartbeat_s,
-        )
-
-    def write_status(self, spec: StepSpec, output_path: str, status: str, *, error: str | None = None,
-                     attempt: int | None = None, job: str | None = None) -> StatusRecord:
-        code = spec.code_fingerprint
-        return write_status(
-            output_path, status, holder=self.runner_id, error=error, identity=spec.identity, code=code.digest if code else None,
-            attempt=attempt, job=job,
         )
 
 
@@ -105,62 +118,170 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
         return outcome(*cached_meanwhile)
 
     attempt_log: AttemptLog | None = None
+    execution: Execution | None = None
     running: dict[str, Any] = {}
     try:
-        status = read_status(output_path)
+        snapshot, status = read_ownership(output_path)
         try:
             # Planned before the lease was ours: what another runner wrote since is checked again.
             check_recorded_identity(spec, output_path, status)
         except OutputPathConflict as exc:
             logger.error("Step %s not run: %s", spec.name, exc)
             return outcome(Outcome.FAILED, str(exc))  # the folder is another step's: write nothing there
+        if status is not None and status.status == STATUS_RUNNING and status.committing:
+            if roll_forward(output_path, snapshot, status):
+                return outcome(Outcome.CACHED)
+            snapshot, status = read_ownership(output_path)
         if status is not None and status.status == STATUS_SUCCESS:
             return outcome(Outcome.CACHED)
         if status is not None and status.status == STATUS_FAILED and status.time >= session.started_at and status.holder != session.runner_id:
             # Another runner tried it while we waited; running it again now would double the work.
             return outcome(Outcome.FAILED, f"failed in another runner during this run: {status.error}")
+        # An execution an earlier (dead) runner started may still be running the step.
+        live_job = session.executor.live_job(output_path, status) if status is not None else None
+        if live_job is None and status is not None and status.status == STATUS_RUNNING:
+            snapshot, status = _wait_for_replicas_of(session, spec, output_path, status)
+            if status is not None and status.status == STATUS_SUCCESS:
+                return outcome(Outcome.CACHED)
+            if session.cancelled.is_set():
+                return outcome(Outcome.FAILED, "interrupted while waiting for an earlier execution")
         _clean_up_orphans(spec, output_path)
         logger.info("Step %s started: %s", spec.name, output_path)
         write_info(output_path, step_info(spec, output_path, dep_paths, session.prefix))
-        # A job an earlier (dead) runner started may still be running the step: the executor adopts it.
-        previous_job = status.job if status is not None and status.status == STATUS_RUNNING else None
         if not session.executor.keeps_attempt_logs:
             attempt_log = _begin_attempt_log(spec, output_path)
-        running = {"attempt": attempt_log.attempt if attempt_log else None, "job": previous_job}
-        session.write_status(spec, output_path, STATUS_RUNNING, **running)
+        running = {"attempt": attempt_log.attempt if attempt_log else None, "job": live_job}
+        if live_job is not None:
+            execution = Execution.of_record(output_path, status)
+            execution.write(holder=session.runner_id, **running)
+        else:
+            execution = _start_execution(session, spec, output_path, snapshot, status, running)
+        fsx.makedirs(execution.work_path)
 
-        def placed(job_id: str, attempt: int | None) -> None:
-            running.update(job=job_id, attempt=attempt)
-            session.write_status(spec, output_path, STATUS_RUNNING, **running)
+        def placed(**fields: Any) -> None:
+            running.update(fields)
+            try:
+                execution.write(**fields)
+            except FencedOff:
+                pass  # the execution has ended meanwhile (its job committed, or was fenced off): its record says so
 
-        call = StepCall(spec, output_path, dep_paths, lease.lost_event, session.cancelled, attempt_log, previous_job, placed)
+        call = StepCall(spec, output_path, dep_paths, lease.lost_event, session.cancelled, attempt_log, live_job, placed, execution)
         result = session.executor.run(call)
         lease.check()
-        save_artifact(output_path, result, step=spec.name, identity=spec.identity, prefix=session.prefix)
-        # Confirm with the lock file itself, not only the heartbeat thread's last look.
-        lease.heartbeat()
-        lease.check()
+        if not session.executor.commits_itself:
+            # Confirm with the lock file itself, not only the heartbeat thread's last look.
+            lease.heartbeat()
+            lease.check()
+            result = execution.commit(result, step=spec.name, identity=spec.identity, prefix=session.prefix)
         _finish_attempt_log(attempt_log, AttemptOutcome.SUCCEEDED, "the step's function returned", 0)
-        # SUCCESS goes last: a reader who sees it can trust the output and artifact are complete.
-        session.write_status(spec, output_path, STATUS_SUCCESS, **running)
         return outcome(Outcome.RAN, result=result)
     except BaseException as exc:  # a step's failure must never take the runner down
         message = f"{type(exc).__name__}: {exc}"
-        if lease.lost:
-            message = f"lost the lease (another runner took the step over); {message}"
+        superseded = lease.lost or isinstance(exc, FencedOff)
+        if superseded:
+            message = f"lost the lease or its fence (another execution owns the step now); {message}"
             _finish_attempt_log(attempt_log, AttemptOutcome.STOPPED, message, None)
         else:
             _finish_attempt_log(attempt_log, *_ending_of(session.cancelled, message))
             try:
-                session.write_status(spec, output_path, STATUS_FAILED, error=message, **running)
+                _record_failure(session, spec, output_path, execution, STATUS_FAILED, message, running)
+            except FencedOff as fenced:
+                logger.warning("Step %s: FAILED not recorded, another execution owns the step now (%s)", spec.name, fenced)
             except Exception:
                 logger.exception("Could not record FAILED for %s", output_path)
-        log_step_failure(spec.name, output_path, message, exc, message_only=lease.lost or session.cancelled.is_set())
+        log_step_failure(spec.name, output_path, message, exc, message_only=superseded or session.cancelled.is_set())
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         return outcome(Outcome.FAILED, message)
     finally:
         lease.release()
+
+
+def _status_fields(session: RunSession, spec: StepSpec) -> dict[str, Any]:
+    code = spec.code_fingerprint
+    return {"holder": session.runner_id, "identity": spec.identity, "code": code.digest if code else None}
+
+
+def _start_execution(session: RunSession, spec: StepSpec, output_path: str, snapshot: Any, status: StatusRecord | None,
+                     running: dict[str, Any]) -> Execution:
+    """Claim a new execution of the step; continue in its predecessor's staging folder if that one stopped."""
+    for _ in range(20):
+        execution = claim_execution(output_path, snapshot, {**_status_fields(session, spec), **running})
+        if execution is not None:
+            break
+        snapshot, status = read_ownership(output_path)  # a replica of the old execution wrote meanwhile
+    else:
+        raise FencedOff(f"{output_path}: the step's record kept changing; could not start an execution")
+    if status is None:
+        return execution
+    if not status.staging:
+        moved = stage_unstaged_output(output_path, execution.staging)
+        if moved:
+            logger.info("Step %s: execution g%d continues from what an earlier run left in the step folder (%s)",
+                        spec.name, execution.generation, ", ".join(moved))
+        return execution
+    # Read after the claim: a replica that checks the fence from now on finds it taken, and one that
+    # checked before wrote its heartbeat first, so it is seen here.
+    beats = replica_heartbeats(output_path, status.generation)
+    running_still = [beat for beat in beats if beat.may_be_running()]
+    if running_still:
+        logger.warning(
+            "Step %s: %s of the earlier execution g%d still run(s); fenced off (this is g%d), waiting up to %.0f s "
+            "for them to stop", spec.name, ", ".join(b.describe() for b in running_still), status.generation,
+            execution.generation, session.orphan_wait_s,
+        )
+        deadline = time.monotonic() + session.orphan_wait_s
+        while running_still and time.monotonic() < deadline and not session.cancelled.is_set():
+            time.sleep(session.poll_s)
+            beats = replica_heartbeats(output_path, status.generation)
+            running_still = [beat for beat in beats if beat.may_be_running()]
+    if not status.staging or not fsx.exists(fsx.join(output_path, status.staging)):
+        return execution
+    if all(beat.known_stopped() for beat in beats):
+        logger.info("Step %s: execution g%d continues from what g%d left in %s", spec.name, execution.generation,
+                    status.generation, status.staging)
+        execution = execution.adopt_staging(status.staging)
+        _clean_up_orphans(spec, execution.work_path)
+        return execution
+    logger.warning("Step %s: execution g%d starts from an empty folder; what g%d wrote (%s) is left unread, since "
+                   "not all of its replicas are known to have stopped", spec.name, execution.generation,
+                   status.generation, status.staging)
+    return execution
+
+
+def _wait_for_replicas_of(session: RunSession, spec: StepSpec, output_path: str, status: StatusRecord) -> tuple[Any, StatusRecord | None]:
+    """Wait while replicas of the RUNNING execution the record names still heartbeat (a job whose
+    runner and supervisor are gone can still finish and commit); the record as it is then."""
+    announced = False
+    while True:
+        snapshot, now = read_ownership(output_path)
+        if now is None or now.status != STATUS_RUNNING or now.generation != status.generation or session.cancelled.is_set():
+            return snapshot, now
+        if now.committing:
+            roll_forward(output_path, snapshot, now)
+            continue
+        alive = [beat for beat in replica_heartbeats(output_path, now.generation) if beat.may_be_running()]
+        if not alive:
+            return snapshot, now
+        if not announced:
+            logger.info("Step %s: execution g%d (iris job %s) has no runner, but %s still run(s); waiting for it to "
+                        "finish instead of starting the step again: %s", spec.name, now.generation, now.job or "?",
+                        ", ".join(b.describe() for b in alive), output_path)
+            announced = True
+        time.sleep(session.poll_s)
+
+
+def _record_failure(session: RunSession, spec: StepSpec, output_path: str, execution: Execution | None, status: str,
+                    error: str, running: Mapping[str, Any]) -> None:
+    """Record that the step's execution ended without success (a new one when none was started yet)."""
+    if execution is not None:
+        execution.write(status=status, error=error, **running)
+        return
+    for _ in range(20):
+        snapshot, _ = read_ownership(output_path)
+        if claim(status_url(output_path), {**_status_fields(session, spec), **running, "status": status, "error": error,
+                                           "time": time.time(), "staging": None, "committing": False}, snapshot):
+            return
 
 
 def _acquire(session: RunSession, lease: Lease, spec: StepSpec, output_path: str) -> tuple[Outcome, str | None] | None:
@@ -196,7 +317,7 @@ def record_dep_failed(session: RunSession, spec: StepSpec, output_path: str, cul
             current = read_status(output_path)
             if current is None or current.status != STATUS_SUCCESS:
                 write_info(output_path, step_info(spec, output_path, {}, session.prefix))
-                session.write_status(spec, output_path, STATUS_DEP_FAILED, error=error)
+                _record_failure(session, spec, output_path, None, STATUS_DEP_FAILED, error, {})
         finally:
             lease.release()
     return StepOutcome(spec.name, spec.identity, output_path, Outcome.DEP_FAILED, error=error)
@@ -281,7 +402,7 @@ def remove_orphan_temporaries(output_path: str) -> int:
     Deleting a temporary can never corrupt anything: at worst a writer that should not exist fails
     its final rename. One recursive listing and one batch delete keep it cheap on object stores.
     """
-    files = fsx.find_files(output_path)
+    files = [f for f in fsx.find_files(output_path) if not f.startswith((f"{STAGING_FOLDER}/", f"{EXECUTIONS_FOLDER}/"))]
     control_files = (STATUS_FILE, INFO_FILE, LOCK_FILE)
     other_steps = tuple(
         folder + "/" for folder, _, name in (f.rpartition("/") for f in files) if folder and name in control_files

@@ -44,8 +44,10 @@ class StepCall:
 
     ``attempt_log`` receives the function's output (for executors that do not keep attempt logs
     themselves); ``previous_job`` is the iris job a RUNNING status recorded, which an executor that
-    runs steps as jobs adopts while it still runs; ``placed(job_id, attempt)`` is how such an
-    executor tells the runner where the step now runs, for its status record.
+    runs steps as jobs adopts while it still runs; ``placed(**fields)`` is how such an executor
+    tells the runner where the step now runs (``job``, ``attempt``, ...), for its status record.
+    ``execution`` is the step's fenced execution (:mod:`marin.execution.step_ownership`): the
+    function writes into its staging folder, ``work_path``, never into ``output_path`` itself.
     """
 
     spec: StepSpec
@@ -55,16 +57,28 @@ class StepCall:
     cancelled: threading.Event = field(default_factory=threading.Event)
     attempt_log: AttemptLog | None = None
     previous_job: str | None = None
-    placed: Callable[[str, int | None], None] | None = None
+    placed: Callable[..., None] | None = None
+    execution: Any = None  # an Execution; None only for calls made outside a runner
+
+    @property
+    def work_path(self) -> str:
+        return self.execution.work_path if self.execution is not None else self.output_path
 
 
 class StepExecutor(Protocol):
     #: Whether the executor keeps each attempt's output in the step's ``.attempts/`` itself (iris
     #: does); otherwise the runner opens the attempt and passes it in ``StepCall.attempt_log``.
     keeps_attempt_logs: bool
+    #: Whether the step's execution commits its own output (an iris job does, so that a job that
+    #: outlives its runner still records its result); otherwise the runner commits what ``run`` returns.
+    commits_itself: bool
 
     def run(self, call: StepCall) -> Any:
         """Call the step's function (blocking) and return its result; raise what it raises."""
+        ...
+
+    def live_job(self, output_path: str, status: Any) -> str | None:
+        """The job of an earlier runner that still runs the step (as its status record names it), to adopt."""
         ...
 
 
@@ -122,6 +136,7 @@ class ClientStepExecutor:
     """Runs each step as a remote function of ``client`` with the step's ``resources``."""
 
     keeps_attempt_logs = False
+    commits_itself = False
 
     def __init__(self, client: DistributedClient) -> None:
         self.client = client
@@ -129,13 +144,16 @@ class ClientStepExecutor:
     def __repr__(self) -> str:
         return f"ClientStepExecutor({self.client!r})"
 
+    def live_job(self, output_path: str, status: Any) -> str | None:
+        return None  # a call dies with the runner that made it: there is never one to adopt
+
     def run(self, call: StepCall) -> Any:
         spec = call.spec
         # Fail now, with the step's name, rather than queue work no node can ever take.
         self.client.check_fits(spec.resources, what=f"Step {spec.name!r}")
         signals = _RunnerSignals(call.lease_lost, call.cancelled)
         future = self.client.remote(
-            _call_with_signals, spec, call.output_path, dict(call.dep_output_paths), signals, call.attempt_log,
+            _call_with_signals, spec, call.work_path, dict(call.dep_output_paths), signals, call.attempt_log,
             resources=spec.resources,
         )
         try:

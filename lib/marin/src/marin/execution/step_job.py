@@ -13,12 +13,17 @@ that make a preempted step round-trip:
   code, unless it comes within :data:`SAME_NOTICE_S` of the first: a scheduler that signals every
   process of a job (Slurm preempting, or at a time limit) reaches this one twice, directly and
   through the batch script, and that is one notice, not an order to stop without a checkpoint.
-* The lease is the runner's (it heartbeats while the job runs), so ``ctx.lost_lease`` never fires
-  here; a runner that loses its lease stops the job.
+* The replica belongs to one fenced execution of the step (:mod:`marin.execution.step_ownership`):
+  it writes into that execution's staging folder, heartbeats, and checks the fence every
+  heartbeat. Once another execution owns the step (or the runner ended this one), the step's
+  ``ctx.lost_lease`` fires: it stops, commits nothing, and the process exits with
+  :data:`iris.FENCED_OFF_EXIT_CODE` (77), which iris never retries.
 
-Only replica 0 writes the result the runner records (multi-host steps compute it on every
-process; the runner writes every record of the step). Exit status: 0 when the function returned,
-75 when it stopped for SIGTERM, 130 for Ctrl-C, 1 when it raised (the traceback is in the log).
+Replica 0 commits: it leaves the function's result beside the call for the runner, then moves
+the staged output into the step folder and records SUCCESS, so a job that outlives its runner
+still records its result (multi-host steps compute the result on every process). Exit status: 0
+when the function returned (and, on replica 0, its output was committed), 75 when it stopped for
+SIGTERM, 130 for Ctrl-C, 77 when fenced off, 1 when it raised (the traceback is in the log).
 """
 
 from __future__ import annotations
@@ -31,25 +36,47 @@ import threading
 import time
 import traceback
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import cloudpickle
-from iris.spec import PREEMPTED_EXIT_CODE
+from iris.spec import FENCED_OFF_EXIT_CODE, PREEMPTED_EXIT_CODE
 from rigging import filesystem as fsx
+from rigging.fencing import FencedOff
 from rigging.log import get_logger, setup_logging
 
 from marin.execution.interrupts import Interrupt, RunInterruption
 from marin.execution.step_executor import call_step_function
+from marin.execution.step_ownership import EXECUTIONS_FOLDER, Execution, ReplicaWatch, relocated
+from marin.execution.step_spec import StepSpec
 
 logger = get_logger("marin.execution.step_job")
 
-CALL_FILE = "step-call.pkl"
-RESULT_FILE = "step-result.pkl"
 CTRL_C_EXIT_CODE = 130
 SAME_NOTICE_S = 10.0
 
 
-def result_url(call_url: str) -> str:
-    """Where replica 0 leaves the function's result: beside the call."""
-    return call_url.rsplit("/", 1)[0] + "/" + RESULT_FILE
+@dataclass(frozen=True)
+class StepJobCall:
+    """What the runner hands a step's replicas: the step, where it writes, and the execution it is part of."""
+
+    spec: StepSpec
+    output_path: str
+    dep_output_paths: Mapping[str, str]
+    execution: dict[str, Any]  # Execution.to_json()
+    prefix: str | None
+    heartbeat_s: float
+
+
+def call_url(output_path: str, generation: int) -> str:
+    """Where the runner writes the call of execution ``generation``."""
+    return fsx.join(output_path, EXECUTIONS_FOLDER, f"g{generation}-call.pkl")
+
+
+def result_url(output_path: str, generation: int) -> str:
+    """Where replica 0 leaves the function's result for the runner: beside the call."""
+    return fsx.join(output_path, EXECUTIONS_FOLDER, f"g{generation}-result.pkl")
 
 
 def _stop_on_signals(stop: RunInterruption) -> None:
@@ -77,14 +104,24 @@ def main(argv: list[str]) -> int:
         print("usage: python -m marin.execution.step_job CALL_URL", file=sys.stderr)
         return 2
     setup_logging()
-    call_url = argv[0]
-    with fsx.open_url(call_url, "rb") as handle:
-        spec, output_path, dep_paths = cloudpickle.load(handle)
+    with fsx.open_url(argv[0], "rb") as handle:
+        call: StepJobCall = cloudpickle.load(handle)
+    spec, execution = call.spec, Execution.from_json(call.execution)
     replica = int(os.environ.get("IRIS_REPLICA_INDEX", "0"))
     stop = RunInterruption()
     _stop_on_signals(stop)
-    logger.info("Step %s (replica %d of iris job %s, attempt %s): %s", spec.name, replica,
-                os.environ.get("IRIS_JOB_ID", "?"), os.environ.get("IRIS_ATTEMPT", "?"), output_path)
+    fenced_off = threading.Event()
+    logger.info("Step %s (replica %d of iris job %s, attempt %s, execution g%d): %s", spec.name, replica,
+                os.environ.get("IRIS_JOB_ID", "?"), os.environ.get("IRIS_ATTEMPT", "?"), execution.generation, call.output_path)
+    with ReplicaWatch(execution, replica, call.heartbeat_s, lambda reason: fenced_off.set()) as watch:
+        if watch.fenced_off is not None:
+            logger.error("Step %s: not started, execution g%d is fenced off: %s", spec.name, execution.generation, watch.fenced_off)
+            return FENCED_OFF_EXIT_CODE
+        return _run_replica(call, execution, replica, stop, fenced_off)
+
+
+def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: RunInterruption, fenced_off: threading.Event) -> int:
+    spec = call.spec
     # The function runs in a thread, as in the runner, so this (main) thread keeps the signals: a
     # library the step uses (the trainer) installs no handler of its own off the main thread, and
     # sees the stop through the step's context instead.
@@ -92,7 +129,7 @@ def main(argv: list[str]) -> int:
 
     def work() -> None:
         try:
-            outcome["result"] = call_step_function(spec, output_path, dep_paths, threading.Event(), stop)
+            outcome["result"] = call_step_function(spec, execution.work_path, call.dep_output_paths, fenced_off, stop)
         except BaseException as exc:  # noqa: BLE001 - reported through the exit status below
             outcome["error"] = exc
             outcome["traceback"] = traceback.format_exc()
@@ -101,6 +138,10 @@ def main(argv: list[str]) -> int:
     worker.start()
     while worker.is_alive():
         worker.join(0.2)  # short waits, so signal handlers run promptly
+    if fenced_off.is_set():
+        logger.error("Step %s: execution g%d was fenced off; its output in %s is not committed", spec.name,
+                     execution.generation, execution.work_path)
+        return FENCED_OFF_EXIT_CODE
     if "error" in outcome:
         print(outcome["traceback"], file=sys.stderr, end="")
         if stop.interrupt is Interrupt.SIGTERM:
@@ -108,8 +149,17 @@ def main(argv: list[str]) -> int:
             return PREEMPTED_EXIT_CODE
         return CTRL_C_EXIT_CODE if stop.interrupt is Interrupt.CTRL_C else 1
     if replica == 0:
-        fsx.atomic_write(result_url(call_url), cloudpickle.dumps(outcome["result"]))
-    logger.info("Step %s finished", spec.name)
+        result = outcome["result"]
+        fsx.atomic_write(result_url(call.output_path, execution.generation),
+                         cloudpickle.dumps(relocated(result, execution.work_path, call.output_path)))
+        try:
+            execution.commit(result, step=spec.name, identity=spec.identity, prefix=call.prefix)
+        except FencedOff as exc:
+            logger.error("Step %s: execution g%d could not commit, it was fenced off: %s", spec.name, execution.generation, exc)
+            return FENCED_OFF_EXIT_CODE
+        logger.info("Step %s finished; execution g%d committed its output", spec.name, execution.generation)
+    else:
+        logger.info("Step %s finished", spec.name)
     return 0
 
 

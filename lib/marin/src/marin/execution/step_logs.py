@@ -9,7 +9,9 @@ size is never held in memory.
 attempts that start meanwhile, and stops once that attempt's record has an outcome and the step's
 status is no longer RUNNING: the record is written after the logs' last flush, so logs read after
 seeing it are complete. A step whose status left RUNNING while its attempt never got an outcome (a
-writer that died) is followed for :data:`ORPHAN_GRACE_S` more seconds, then left with a note.
+writer that died), or that says RUNNING while nothing runs it (no live lease, no replica
+heartbeating: its runner was killed), is followed for :data:`ORPHAN_GRACE_S` more seconds, then
+left with a note.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from typing import Any
 from iris.attempt_log import AttemptListing, as_dict, list_attempts, read_log
 from rigging import filesystem as fsx
 from rigging.config.discovery import discover_config
+from rigging.lease import Lease
 
 from marin.execution.catalog import closest_step_names, find_step_folders
-from marin.execution.executor_files import STATUS_RUNNING, read_status
+from marin.execution.executor_files import LOCK_FILE, STATUS_RUNNING, read_status
+from marin.execution.step_ownership import has_live_writer
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -87,7 +91,7 @@ def _logs(args: argparse.Namespace) -> int:
         print(json.dumps({"step": folder, "status": _status(folder), "attempts": [_json_listing(item) for item in listings]},
                          indent=1))
         return EXIT_OK
-    follow = args.follow and (bool(listings) or _status(folder) == STATUS_RUNNING)
+    follow = args.follow and (bool(listings) or _status(folder) in (STATUS_RUNNING, _ABANDONED))
     if not listings:
         print(f"{folder}: no attempts recorded" + ("; waiting for one to start" if follow else ""), flush=True)
         if not follow:
@@ -100,9 +104,19 @@ def _logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _status(folder: str) -> str | None:
+# What _status calls a RUNNING record that nothing runs any more.
+_ABANDONED = "RUNNING, abandoned"
+
+
+def _status(folder: str, lease: Lease | None = None) -> str | None:
+    """The step's status word; with ``lease`` (a reader's lease on the step), RUNNING that nothing
+    runs reads as :data:`_ABANDONED`."""
     status = read_status(folder)
-    return status.status if status else None
+    if status is None:
+        return None
+    if lease is not None and status.status == STATUS_RUNNING and not has_live_writer(folder, status, lease):
+        return _ABANDONED
+    return status.status
 
 
 def _json_listing(listing: AttemptListing) -> dict[str, Any]:
@@ -184,6 +198,7 @@ def _follow(folder: str, printer: _Printer, only: int | None) -> None:
     """Poll the newest attempt until it has an outcome and the step is not RUNNING (attempt ``only``: until it has an outcome)."""
     orphaned_since: float | None = None
     first_seen: dict[int, float] = {}
+    lease = Lease(fsx.join(folder, LOCK_FILE))  # only read, to tell a live runner from a killed one
     while True:
         time.sleep(POLL_S)
         listings = list_attempts(folder)
@@ -204,24 +219,36 @@ def _follow(folder: str, printer: _Printer, only: int | None) -> None:
                     break
                 printer.attempt(listing)
         newest = printer.current
-        status = _status(folder)
+        status = _status(folder, lease)
         if newest is None:
-            if status != STATUS_RUNNING:
-                return
-            continue
+            if status == STATUS_RUNNING:
+                continue
+            if status == _ABANDONED:
+                orphaned_since = orphaned_since or time.monotonic()
+                if time.monotonic() - orphaned_since <= ORPHAN_GRACE_S:
+                    continue
+                print(_ABANDONED_NOTE, file=sys.stderr)
+            return
         finished = _finished(newest)
         if finished and only is not None:
             return  # one attempt asked for, and it has ended; later ones are not its story
         if status == STATUS_RUNNING:
             orphaned_since = None
             continue
-        if finished:
+        if finished and status != _ABANDONED:
             return
         orphaned_since = orphaned_since or time.monotonic()
         if time.monotonic() - orphaned_since > ORPHAN_GRACE_S:
-            print(f"marin logs: the step is {status or 'not running'} but attempt {newest.attempt} never recorded an "
-                  "outcome (its writer stopped); stopped following", file=sys.stderr)
+            if status == _ABANDONED:
+                print(_ABANDONED_NOTE, file=sys.stderr)
+            else:
+                print(f"marin logs: the step is {status or 'not running'} but attempt {newest.attempt} never recorded an "
+                      "outcome (its writer stopped); stopped following", file=sys.stderr)
             return
+
+
+_ABANDONED_NOTE = ("marin logs: the step's status says RUNNING, but no runner holds it and no replica heartbeats (its "
+                   "runner was killed?); stopped following. Run the experiment again to resume the step.")
 
 
 __all__ = ["register", "logs_command"]

@@ -15,8 +15,9 @@ from typing import Any
 
 from rigging import filesystem as fsx
 
-from marin.execution.executor_files import ARTIFACT_FILE
-from marin.serve.errors import NotFoundError
+from marin.execution.executor_files import ARTIFACT_FILE, STATUS_FILE
+from marin.execution.step_ownership import STAGING_FOLDER
+from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import resolve
 from marin.serve.steps import StepRow, read_json_file
 
@@ -116,13 +117,30 @@ def final_metrics(series: dict[str, list[tuple[int, float]]]) -> dict[str, float
     return final
 
 
+def _metrics_url(prefix: str, path: str) -> str | None:
+    """The step's committed ``metrics.jsonl``; while it trains (or after it stopped short), the one in
+    the staging folder its status record names, where the running execution writes."""
+    url = resolve(prefix, f"{path}/{METRICS_FILE}")
+    if fsx.exists(url):
+        return url
+    try:
+        status = read_json_file(resolve(prefix, f"{path}/{STATUS_FILE}"))
+    except UnreadableError:
+        return None
+    staging = status.get("staging") if isinstance(status, dict) and status.get("status") != "SUCCESS" else None
+    if not isinstance(staging, str) or not staging.startswith(f"{STAGING_FOLDER}/"):
+        return None
+    url = resolve(prefix, f"{path}/{staging}/{METRICS_FILE}")
+    return url if fsx.exists(url) else None
+
+
 def is_training_run(prefix: str, row: StepRow) -> bool:
-    return fsx.exists(fsx.join(prefix, row.path, METRICS_FILE))
+    return _metrics_url(prefix, row.path) is not None
 
 
 def run_metrics(prefix: str, path: str) -> dict[str, list[tuple[int, float]]]:
-    url = resolve(prefix, f"{path}/{METRICS_FILE}")
-    if not fsx.exists(url):
+    url = _metrics_url(prefix, path)
+    if url is None:
         raise NotFoundError(f"{path!r} has no {METRICS_FILE}: it is not a training run")
     return read_series(url)
 
