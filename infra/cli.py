@@ -21,11 +21,16 @@ from infra.settings import StackSettings, load_settings
 
 
 def _check(settings: StackSettings, _args: argparse.Namespace) -> None:
+    from fray.cluster.accelerators import tpu_slice
+
     from infra.ray_cluster import node_resources
 
     print(f"{settings.project}: prefix {settings.prefix_url}")
     for group in settings.cluster.workers:
-        hardware = group.tpu_type or group.machine_type
+        hardware = group.machine_type
+        if group.tpu_type is not None:  # a worker is a whole slice: say how many hosts ask for resources each
+            tpu = tpu_slice(group.tpu_type)
+            hardware = f"{tpu.name} ({tpu.hosts} x {tpu.host.machine_type})"
         print(f"  {group.name}: {hardware}, {group.min_workers}-{group.max_workers} workers"
               f"{' (spot)' if group.spot else ''}, resources {node_resources(group)}")
 

@@ -8,8 +8,8 @@ It promises three things, each checked by a test:
 * every node type declares the resources a ``ResourceConfig`` for its hardware asks for through
   ``RayClient`` (``GPU`` and ``accelerator_type:<variant>``; ``TPU`` chips per host and
   ``TPU-<type>-head``; ``CPU`` and ``memory``), so the autoscaler knows which group answers a
-  pending step: the numbers come from :mod:`infra.catalog`, not from fray, so the test that compares
-  the two compares independent accounts;
+  pending step: both read the one table of hosts and chips, :mod:`fray.cluster.accelerators`, and
+  the tests hold each type's numbers against the provider's published figures and Ray's own;
 * every node runs as the stack's identities (the head as the autoscaler account, workers as the
   workers' account), has the project installed, and has ``MARIN_PREFIX`` and ``MARIN_CLUSTER`` set
   in the environment its Ray processes start from.
@@ -23,7 +23,9 @@ from typing import Any
 
 import yaml
 
-from infra.catalog import GPU_FAMILY_LABELS, GPU_TYPES, MACHINE_TYPES, tpu_generation
+from fray.cluster.accelerators import tpu_slice
+
+from infra.catalog import GPU_FAMILY_LABELS, GPU_TYPES, MACHINE_TYPES, TPU_RUNTIME_VERSIONS
 from infra.settings import StackSettings, WorkerGroup
 
 # Steps go to the Ray cluster the node belongs to, and a step no live node can hold yet (GPU and
@@ -41,16 +43,13 @@ _UV = "~/.local/bin/uv"
 def node_resources(group: WorkerGroup) -> dict[str, int]:
     """What one node (one host, for a TPU slice) of ``group`` declares to Ray."""
     if group.tpu_type is not None:
-        gen = tpu_generation(group.tpu_type)
-        assert gen is not None, "settings are checked before the cluster file is built"
-        size = int(group.tpu_type.rpartition("-")[2])
-        share = gen.chips_on_host(size) / gen.chips_per_host  # a slice smaller than a host gets part of it
+        tpu = tpu_slice(group.tpu_type)  # each host of the slice is one VM of this shape
         return {
-            "CPU": max(1, int(gen.host_cpus * share)),
-            "memory": _task_memory(gen.host_memory_gb * share),
-            "TPU": gen.chips_on_host(size),
+            "CPU": tpu.host.cpus,
+            "memory": _task_memory(tpu.host.memory_gb),
+            "TPU": tpu.host.chips,
             # Ray's GCP provider keeps this one on the slice's first host only.
-            f"TPU-{group.tpu_type}-head": 1,
+            f"TPU-{tpu.name}-head": 1,
         }
     machine = MACHINE_TYPES[group.machine_type or ""]
     resources = {"CPU": machine.cpus, "memory": _task_memory(machine.memory_gb)}
@@ -143,11 +142,10 @@ def _compute_node(settings: StackSettings, machine_type: str, disk_gb: int, acco
 def _worker_node(settings: StackSettings, group: WorkerGroup) -> dict[str, Any]:
     account = settings.account_email("workers")
     if group.tpu_type is not None:
-        gen = tpu_generation(group.tpu_type)
-        assert gen is not None
+        tpu = tpu_slice(group.tpu_type)
         return {
-            "acceleratorType": group.tpu_type,
-            "runtimeVersion": group.tpu_runtime_version or gen.runtime_version,
+            "acceleratorType": tpu.name,  # the TPU API's spelling, whichever the settings used
+            "runtimeVersion": group.tpu_runtime_version or TPU_RUNTIME_VERSIONS[tpu.generation.name],
             "schedulingConfig": {"spot": True} if group.spot else {"preemptible": False},
             # Ray's provider turns this into the TPU API's single serviceAccount.
             "serviceAccounts": [{"email": account, "scopes": list(_SCOPES)}],

@@ -14,9 +14,10 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from fray.cluster.accelerators import UnknownTpuType, tpu_slice
 from marin.experiment.config import load_config
 
-from infra.catalog import GPU_TYPES, MACHINE_TYPES, TPU_ALIASES, MachineType, tpu_generation, tpu_types
+from infra.catalog import GPU_TYPES, MACHINE_TYPES, MachineType
 from infra.errors import StackSettingsError
 
 
@@ -53,7 +54,7 @@ class WorkerGroup:
     gpu_type: str | None = None
     gpu_count: int = 0
     tpu_type: str | None = None
-    tpu_runtime_version: str | None = None  # default: the generation's (infra.catalog)
+    tpu_runtime_version: str | None = None  # default: the generation's (infra.catalog.TPU_RUNTIME_VERSIONS)
     spot: bool = False
     min_workers: int = 0
     max_workers: int = 1
@@ -236,13 +237,10 @@ def check_worker_group(group: WorkerGroup, where: str) -> None:
 
 def _check_tpu_group(group: WorkerGroup, where: str) -> None:
     tpu_type = group.tpu_type or ""
-    if tpu_generation(tpu_type) is None:
-        gen, _, size = tpu_type.rpartition("-")
-        hint = ""
-        if gen in TPU_ALIASES:
-            hint = (f" The TPU API (and Ray's labels) call this generation {TPU_ALIASES[gen]!r}: write "
-                    f"'{TPU_ALIASES[gen]}-{size}', and ResourceConfig.with_tpu('{TPU_ALIASES[gen]}-{size}').")
-        raise _fail(f"{where}.tpu_type", f"unknown TPU type {tpu_type!r}.{hint or _closest(tpu_type, tpu_types())}")
+    try:
+        tpu_slice(tpu_type)  # either spelling of v5e; the cluster file writes the TPU API's
+    except UnknownTpuType as error:
+        raise _fail(f"{where}.tpu_type", str(error)) from None
     for name in ("machine_type", "gpu_type"):
         if getattr(group, name) is not None:
             raise _fail(f"{where}.{name}", f"a TPU group ({tpu_type}) has no {name.replace('_', ' ')}; remove it.")

@@ -1,10 +1,13 @@
-"""docs/infra.md keeps to the program: its shell blocks are run or marked cloud-only, and its list of
-what the default stack creates is the list the program declares for the page's own settings."""
+"""docs/infra.md keeps to the program: its shell blocks are run or marked cloud-only, its list of
+what the default stack creates is the list the program declares for the page's own settings, and
+its table of GPU machine types is fray's accelerator table."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from fray.cluster.accelerators import GPU_MACHINE_TYPES
 
 from infra.offline import plan
 from infra.settings import StackSettings, load_settings
@@ -44,3 +47,20 @@ def test_the_list_of_what_the_default_stack_creates_is_what_the_program_declares
             listed.update(re.findall(r"`([a-z0-9-]+)`", cells[1]))
     declared = {resource.name for resource in plan(_page_settings(tmp_path))}
     assert declared == listed
+
+
+GPU_SECTION = "#### GPU machine types"
+GPU_HEADER = ["machine type", "GPU", "GPUs", "vCPUs", "memory (GB)"]
+
+
+def expected_gpu_rows() -> list[list[str]]:
+    return [[f"`{m.name}`", m.gpu, str(m.gpus), str(m.cpus), f"{m.memory_gb:g}"] for m in GPU_MACHINE_TYPES.values()]
+
+
+def test_the_gpu_machine_table_is_frays_accelerator_table():
+    section = TEXT.split(GPU_SECTION, 1)[1].split("\n#", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|")]
+    expected = [GPU_HEADER, ["---"] * len(GPU_HEADER), *expected_gpu_rows()]
+    markdown = "\n".join("| " + " | ".join(cells) + " |" for cells in expected)
+    assert rows == expected, f"docs/infra.md, {GPU_SECTION}, should read:\n\n{markdown}"

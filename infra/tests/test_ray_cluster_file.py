@@ -1,5 +1,6 @@
 """The generated ``ray up`` file: Ray's own validation accepts it, and each node type declares what
-fray's ``ResourceConfig`` for its hardware asks Ray for (built independently, compared here)."""
+fray's ``ResourceConfig`` for its hardware asks Ray for: for every TPU type and GPU machine type of
+fray's accelerator table, the same hosts, chips and vCPUs, which Ray's own TPU arithmetic confirms."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import jsonschema
 import pytest
 import yaml
 from fray.cluster import ResourceConfig
+from fray.cluster.accelerators import GPU_MACHINE_TYPES, TPU_GENERATIONS, tpu_slice, tpu_types
 from fray.cluster.ray_client import ray_options
+from ray._private.accelerators.tpu import get_num_tpu_visible_chips_per_host
 
+from infra.catalog import TPU_RUNTIME_VERSIONS
 from infra.ray_cluster import cluster_config, cluster_yaml, validate_cluster_config
-from infra.settings import WorkerGroup
+from infra.settings import WorkerGroup, check_settings
 
 
 def requested(resources: ResourceConfig) -> dict[str, float]:
@@ -131,3 +135,47 @@ def test_the_nodes_cluster_setting_waits_for_the_autoscaler():
     assert isinstance(client, RayClient)
     assert (client.address, client.check_resources) == ("auto", False)
     assert client_from_spec("ray:auto").check_resources is True  # the plain setting still checks
+
+
+def _declared(settings_with, group: WorkerGroup) -> dict:
+    """The node type a stack with ``group`` declares, once the settings and Ray's own checks pass."""
+    settings = settings_with(group)
+    check_settings(settings)
+    config = cluster_config(settings)
+    validate_cluster_config(config)
+    return config["available_node_types"][group.name]
+
+
+def test_a_v5litepod_16_is_four_hosts_of_four_chips_and_112_vcpus(settings_with):
+    node = _declared(settings_with, WorkerGroup(name="v5e", tpu_type="v5litepod-16"))
+    assert (node["resources"]["TPU"], node["resources"]["CPU"]) == (4, 112)
+    assert ResourceConfig.with_tpu("v5litepod-16").replicas == 4
+
+
+@pytest.mark.parametrize("tpu_type", tpu_types() + ["v5e-1", "v5e-16", "v5e-256"])
+def test_each_tpu_type_declares_per_host_what_fray_asks_each_replica_for(settings_with, tpu_type):
+    node = _declared(settings_with, WorkerGroup(name="tpu", tpu_type=tpu_type))
+    tpu = tpu_slice(tpu_type)
+    asked = ResourceConfig.with_tpu(tpu_type)
+    # Each host (Ray node) of the slice declares its chips and vCPUs; fray runs one replica per host.
+    assert node["resources"]["TPU"] == ray_options(asked)["resources"]["TPU"] == tpu.host.chips
+    assert node["resources"]["CPU"] == tpu.host.cpus
+    assert asked.replicas == tpu.hosts
+    assert f"TPU-{tpu.name}-head" in node["resources"] and f"TPU-{tpu.name}-head" in ray_options(asked)["resources"]
+    # The slice the autoscaler creates is named as the TPU API names it, and Ray counts its hosts' chips alike.
+    assert node["node_config"]["acceleratorType"] == tpu.name
+    assert get_num_tpu_visible_chips_per_host(tpu.name) == tpu.host.chips
+
+
+@pytest.mark.parametrize("machine_type", sorted(GPU_MACHINE_TYPES))
+def test_each_gpu_machine_type_declares_its_gpus_and_vcpus(settings_with, machine_type):
+    machine = GPU_MACHINE_TYPES[machine_type]
+    node = _declared(settings_with, WorkerGroup(name="gpu", machine_type=machine_type, gpu_type=machine.gpu,
+                                                gpu_count=machine.gpus))
+    assert (node["resources"]["GPU"], node["resources"]["CPU"]) == (machine.gpus, machine.cpus)
+    asked = requested(ResourceConfig.with_gpu(machine.gpu, machine.gpus, cpu=machine.cpus, ram="1g"))
+    assert all(node["resources"].get(name, 0) >= amount for name, amount in asked.items()), (node, asked)
+
+
+def test_every_tpu_generation_has_its_vm_software():
+    assert set(TPU_RUNTIME_VERSIONS) == set(TPU_GENERATIONS)

@@ -23,10 +23,21 @@ def test_the_example_settings_file_loads_and_passes_its_checks():
                                                       gpu_count=8, spot=True, max_workers=2)
 
 
+def test_both_spellings_of_v5e_are_accepted_and_the_cluster_file_writes_the_tpu_apis(settings_with):
+    from infra.ray_cluster import cluster_config
+
+    settings = settings_with(WorkerGroup(name="v5e", tpu_type="v5e-16"))
+    check_settings(settings)
+    node = cluster_config(settings)["available_node_types"]["v5e"]
+    assert node["node_config"]["acceleratorType"] == "v5litepod-16"
+    assert "TPU-v5litepod-16-head" in node["resources"]
+
+
 @pytest.mark.parametrize("group, field, words", [
-    (WorkerGroup(name="t", tpu_type="v5e-16"), "cluster.workers[0].tpu_type", "'v5litepod-16'"),
-    (WorkerGroup(name="t", tpu_type="v9-8"), "cluster.workers[0].tpu_type", "unknown TPU type 'v9-8'"),
-    (WorkerGroup(name="t", tpu_type="v4-12"), "cluster.workers[0].tpu_type", "Did you mean"),
+    (WorkerGroup(name="t", tpu_type="v5e-12"), "cluster.workers[0].tpu_type",
+     "Did you mean 'v5litepod-8' or 'v5litepod-16'?"),
+    (WorkerGroup(name="t", tpu_type="v9-8"), "cluster.workers[0].tpu_type", "Unknown TPU type 'v9-8'"),
+    (WorkerGroup(name="t", tpu_type="v4-12"), "cluster.workers[0].tpu_type", "Did you mean 'v4-8' or 'v4-16'?"),
     (WorkerGroup(name="g", machine_type="n1-standard-8", gpu_type="A100", gpu_count=1),
      "cluster.workers[0].gpu_type", "'A100-40G' or 'A100-80G'"),
     (WorkerGroup(name="g", machine_type="a2-highgpu-4g", gpu_type="A100-40G", gpu_count=8),
@@ -108,7 +119,7 @@ def test_unknown_keys_in_the_file_are_refused_with_the_closest_name(tmp_path):
 
 
 def test_a_bad_setting_stops_the_program_before_any_resource_is_declared(settings_with):
-    bad = settings_with(WorkerGroup(name="t", tpu_type="v5e-8"))
+    bad = settings_with(WorkerGroup(name="t", tpu_type="v5e-12"))
     with pytest.raises(StackSettingsError, match="tpu_type"):
         plan(bad)
     # The same program with good settings does declare resources: the empty list above is the check's doing.

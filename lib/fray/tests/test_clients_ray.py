@@ -87,7 +87,9 @@ def test_resource_mapping_for_accelerators():
         "accelerator_type": "H100",
     }
     assert ray_options(ResourceConfig.with_tpu("v4-32"))["resources"] == {"TPU": 4, "TPU-v4-32-head": 1}
-    assert ray_options(ResourceConfig.with_tpu("v5e-4"))["resources"] == {"TPU": 4, "TPU-v5e-4-head": 1}
+    # Ray labels a v5e slice's first host with the TPU API's name, whichever spelling the request used.
+    assert ray_options(ResourceConfig.with_tpu("v5e-4"))["resources"] == {"TPU": 4, "TPU-v5litepod-4-head": 1}
+    assert ray_options(ResourceConfig.with_tpu("v5e-16"))["resources"] == {"TPU": 4, "TPU-v5litepod-16-head": 1}
 
 
 def test_custom_resources_become_ray_resources():

@@ -16,8 +16,13 @@ def test_with_gpu_records_variant_and_count():
 def test_with_tpu_derives_one_replica_per_host():
     assert ResourceConfig.with_tpu("v4-8").replicas == 1  # 4 chips, one host
     assert ResourceConfig.with_tpu("v4-32").replicas == 4  # 16 chips over 4 hosts
-    assert ResourceConfig.with_tpu("v5e-16", slice_count=2).replicas == 4
-    assert ResourceConfig.with_tpu("v5e-16").device == TpuDevice(type="v5e-16", slice_count=1)
+    assert ResourceConfig.with_tpu("v5e-16", slice_count=2).replicas == 8  # 2 slices of 4 hosts of 4 chips
+
+
+def test_both_spellings_of_v5e_are_one_device_in_the_tpu_apis_name():
+    assert ResourceConfig.with_tpu("v5e-16") == ResourceConfig.with_tpu("v5litepod-16")
+    assert ResourceConfig.with_tpu("v5e-16").device == TpuDevice(type="v5litepod-16", slice_count=1)
+    assert TpuDevice(type="v5e-16").type == "v5litepod-16"
 
 
 @pytest.mark.parametrize(
@@ -25,6 +30,8 @@ def test_with_tpu_derives_one_replica_per_host():
     [
         (lambda: ResourceConfig.with_tpu("v9-8"), "Unknown TPU type 'v9-8'"),
         (lambda: ResourceConfig.with_tpu("v4"), "Unknown TPU type 'v4'"),
+        (lambda: ResourceConfig.with_tpu("v4-12"), r"Did you mean 'v4-8' or 'v4-16'\?"),
+        (lambda: ResourceConfig.with_tpu("v5e-12"), "Accepted forms: v4-N and v5p-N, where N counts TensorCores"),
         (lambda: ResourceConfig.with_tpu("v4-8", slice_count=0), "slice_count must be at least 1"),
         (lambda: ResourceConfig.with_gpu("H100", 0), "GPU count must be at least 1"),
         (lambda: ResourceConfig.with_gpu("H100", -2), "GPU count must be at least 1"),

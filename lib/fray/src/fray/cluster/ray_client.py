@@ -6,8 +6,9 @@ How a :class:`ResourceConfig` becomes Ray scheduling options:
 
 * ``cpu`` -> ``num_cpus``; ``ram`` -> ``memory`` (bytes);
 * GPU -> ``num_gpus=count``, and ``accelerator_type=variant`` unless the variant is ``"auto"``;
-* TPU -> the custom resource ``TPU`` (chips on one host) plus ``TPU-<type>-head`` so the work lands
-  on the first host of a slice of that type (Ray's own TPU node labels);
+* TPU -> the custom resource ``TPU`` (chips on one host, from :mod:`fray.cluster.accelerators`) plus
+  ``TPU-<type>-head`` so the work lands on the first host of a slice of that type (Ray's own TPU node
+  labels, which spell v5e ``v5litepod``);
 * ``custom`` -> Ray custom resources of the same names (``ray start --resources='{"trainer": 1}'``).
 
 Before anything is submitted the request is checked against the nodes that are alive: if none
@@ -55,15 +56,11 @@ def ray_options(resources: ResourceConfig | None) -> dict[str, Any]:
         if device.variant != "auto":
             options["accelerator_type"] = device.variant
     elif isinstance(device, TpuDevice):
-        chips_on_host = min(device.chips_per_slice, _chips_per_host(device))
-        options["resources"] = {"TPU": chips_on_host, f"TPU-{device.type}-head": 1}
+        # device.type is the TPU API's name ("v5litepod-16", never "v5e-16"), as Ray's labels spell it.
+        options["resources"] = {"TPU": device.chips_per_host, f"TPU-{device.type}-head": 1}
     if resources.custom:
         options["resources"] = {**options.get("resources", {}), **dict(resources.custom)}
     return options
-
-
-def _chips_per_host(device: TpuDevice) -> int:
-    return max(1, device.chips_per_slice // device.hosts_per_slice)
 
 
 def _required(options: dict[str, Any]) -> dict[str, float]:

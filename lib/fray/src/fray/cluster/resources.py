@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fray.cluster.accelerators import TpuSlice, UnknownTpuType, tpu_slice
 from fray.errors import FrayError
 
 DeviceKind = Literal["cpu", "gpu", "tpu"]
@@ -21,19 +22,6 @@ DeviceKind = Literal["cpu", "gpu", "tpu"]
 class InvalidResourceConfig(FrayError, ValueError):
     """A resource request that no cluster could ever satisfy as written."""
 
-
-# Chips per host and per-chip names for the TPU generations users ask for. The slice size is the
-# number after the dash (v4 and v5p count TensorCores, two per chip; later generations count chips).
-_TPU_GENERATIONS = {
-    "v2": {"cores_per_chip": 2, "chips_per_host": 4},
-    "v3": {"cores_per_chip": 2, "chips_per_host": 4},
-    "v4": {"cores_per_chip": 2, "chips_per_host": 4},
-    "v5p": {"cores_per_chip": 2, "chips_per_host": 4},
-    "v5litepod": {"cores_per_chip": 1, "chips_per_host": 8},
-    "v5e": {"cores_per_chip": 1, "chips_per_host": 8},
-    "v6e": {"cores_per_chip": 1, "chips_per_host": 8},
-}
-_TPU_TYPE = re.compile(r"^(?P<gen>v\d+[a-z]*)-(?P<size>\d+)$")
 
 KNOWN_GPU_VARIANTS = (
     "A100",
@@ -65,32 +53,42 @@ class GpuDevice:
 
 @dataclass(frozen=True)
 class TpuDevice:
+    """A TPU slice (``type``, e.g. ``v4-32``) times ``slice_count``.
+
+    ``type`` is kept in the TPU API's spelling, the one Ray labels hosts with: ``TpuDevice("v5e-16")``
+    and ``TpuDevice("v5litepod-16")`` are the same device. Hosts, chips and vCPUs come from
+    :mod:`fray.cluster.accelerators`.
+    """
+
     type: str
     slice_count: int = 1
     kind: Literal["tpu"] = "tpu"
 
+    def __post_init__(self) -> None:
+        try:
+            canonical = tpu_slice(self.type).name
+        except UnknownTpuType as error:
+            raise InvalidResourceConfig(str(error)) from None
+        object.__setattr__(self, "type", canonical)
+
+    @property
+    def slice(self) -> TpuSlice:
+        return tpu_slice(self.type)
+
     @property
     def chips_per_slice(self) -> int:
-        gen, size = _parse_tpu_type(self.type)
-        return size // _TPU_GENERATIONS[gen]["cores_per_chip"]
+        return self.slice.chips
 
     @property
     def hosts_per_slice(self) -> int:
-        gen, _ = _parse_tpu_type(self.type)
-        return max(1, self.chips_per_slice // _TPU_GENERATIONS[gen]["chips_per_host"])
+        return self.slice.hosts
+
+    @property
+    def chips_per_host(self) -> int:
+        return self.slice.host.chips
 
 
 Device = CpuDevice | GpuDevice | TpuDevice
-
-
-def _parse_tpu_type(tpu_type: str) -> tuple[str, int]:
-    match = _TPU_TYPE.match(tpu_type)
-    if match is None or match["gen"] not in _TPU_GENERATIONS:
-        known = ", ".join(f"{g}-N" for g in _TPU_GENERATIONS)
-        raise InvalidResourceConfig(
-            f"Unknown TPU type {tpu_type!r}. Expected one of the forms {known} (for example 'v4-8' or 'v5e-16')."
-        )
-    return match["gen"], int(match["size"])
 
 
 # Resource names a cluster defines itself; ``custom`` may not use them (cpu=, ram= and the device say these).
@@ -141,7 +139,6 @@ class ResourceConfig:
             if not self.device.variant:
                 raise InvalidResourceConfig("GPU variant must be a non-empty string such as 'H100'.")
         if isinstance(self.device, TpuDevice):
-            _parse_tpu_type(self.device.type)
             if self.device.slice_count < 1:
                 raise InvalidResourceConfig(f"TPU slice_count must be at least 1, got {self.device.slice_count!r}.")
         if self.replicas < 1:
@@ -169,6 +166,7 @@ class ResourceConfig:
     @classmethod
     def with_tpu(cls, tpu_type: str, slice_count: int = 1, *, cpu: float = 1, ram: str = "16g", **kwargs: Any) -> "ResourceConfig":
         device = TpuDevice(type=tpu_type, slice_count=slice_count)
+        # One replica per host (TPU VM) of every slice: each runs one JAX process on its host's chips.
         kwargs.setdefault("replicas", device.hosts_per_slice * slice_count)
         return cls(cpu=cpu, ram=ram, device=device, **kwargs)
 
