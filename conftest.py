@@ -325,12 +325,17 @@ def gcs_prefix(gcs_server, monkeypatch, request) -> str:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A private Slurm (munged, slurmctld, slurmd) for the whole run, reached through ``SLURM_CONF``
-    (see fray.cluster.slurm_local); skips when Slurm is not installed or this is not root."""
-    from fray.cluster.slurm_local import LocalSlurmCluster, missing_slurm
+    """A private Slurm (munged, slurmctld, slurmd) for the whole run, reached through ``SLURM_CONF``,
+    started as ``marin slurm start`` starts one (fray.cluster.slurm_local.start_local_slurm); skips when
+    Slurm is not installed or this is not root."""
+    from fray.cluster.slurm_local import missing_slurm, start_local_slurm
 
     reason = missing_slurm()
     if reason is not None:
         pytest.skip(reason)
-    with LocalSlurmCluster() as cluster:
+    # Directly under the system's temporary folder: the daemons' unix socket paths must stay short.
+    cluster, _ = start_local_slurm(tempfile.mkdtemp(prefix="slurm-"))
+    try:
         yield cluster
+    finally:
+        cluster.stop()

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# A single-node Slurm for the Slurm client's tests: Debian's slurm-wlm (slurmctld, slurmd and the
-# client commands) and munge. The tests start their own private daemons (fray.cluster.slurm_local),
-# so nothing here configures or starts a service. Installed with apt-get when missing and this user
-# is root; otherwise says so and leaves it, and the Slurm tests skip with that reason. Never fails
-# the caller.
+# Slurm's programs for a single-node Slurm: Debian's slurm-wlm (slurmctld, slurmd and the client
+# commands) and munge. Nothing here configures or starts a service: `marin slurm start` starts a
+# private Slurm on this machine (fray.cluster.slurm_local; the tests start theirs the same way) and
+# `marin slurm stop` ends it. Installed with apt-get when missing and this user is root; otherwise
+# says so and leaves it, and the Slurm tests skip with that reason. Never fails the caller.
 set -u
 if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1; then
     exit 0
@@ -23,5 +23,8 @@ if ! timeout 900 apt-get install -y --no-install-recommends slurm-wlm munge >"$l
     timeout 300 apt-get update >>"$log" 2>&1
     timeout 900 apt-get install -y --no-install-recommends slurm-wlm munge >>"$log" 2>&1 \
         || echo "install_slurm: apt-get failed (see $log); the Slurm tests will be skipped"
+fi
+if command -v slurmctld >/dev/null 2>&1; then
+    echo "install_slurm: installed; \`marin slurm start\` starts a private Slurm on this machine"
 fi
 exit 0

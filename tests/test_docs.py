@@ -15,8 +15,12 @@ train.num_train_steps=2``, and each page gets a copy.
 A block opts out with ``no-run`` in its fence (```python no-run, ```bash no-run); the page says why
 next to it (a cloud account, a real cluster, the network, a server that runs until stopped). A long
 shell block may carry ``test-set=NAME.KEY=VALUE`` words: the test appends ``--set NAME.KEY=VALUE``
-to each of its ``marin run`` and ``marin reproduce`` lines, and the page says so. Every fence names
-its language, so a command cannot hide in an unlabelled block.
+to each of its ``marin run`` and ``marin reproduce`` lines, and the page says so. A shell block that
+needs what not every machine has says so with ``needs=NAME`` (``needs=slurm``: Slurm's daemons and
+root, see scripts/install_slurm.sh); where it is missing, the page's other blocks run and the test
+then skips, naming the blocks left out and why. Its private Slurm lives in a scratch state folder
+(``FRAY_SLURM_LOCAL_DIR``) and is stopped at the end even when a block fails. Every fence names its
+language, so a command cannot hide in an unlabelled block.
 """
 
 import fcntl
@@ -36,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 SHELLS = ("bash", "sh")
-OPTIONS = re.compile(r"no-run|test-set=\S+")
+OPTIONS = re.compile(r"no-run|test-set=\S+|needs=slurm")
 SETTABLE = re.compile(r"^(\s*marin (?:run|reproduce) .*?)(\s*#.*)?$", re.MULTILINE)
 
 
@@ -56,16 +60,25 @@ def python_blocks(page: Path) -> list[tuple[int, str]]:
             if language == "python" and "no-run" not in options]
 
 
-def shell_blocks(page: Path) -> list[tuple[int, str]]:
-    """(line number, script) for each runnable shell block of ``page``, its test-set words applied."""
+def shell_blocks(page: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line number, script, needs) for each runnable shell block of ``page``, its test-set words applied."""
     blocks = []
     for line, language, options, body in fences(page):
         if language not in SHELLS or "no-run" in options:
             continue
         sets = "".join(f" --set {option.removeprefix('test-set=')}" for option in options
                        if option.startswith("test-set="))
-        blocks.append((line, SETTABLE.sub(lambda m: m.group(1) + sets + (m.group(2) or ""), body) if sets else body))
+        needs = tuple(option.removeprefix("needs=") for option in options if option.startswith("needs="))
+        script = SETTABLE.sub(lambda m: m.group(1) + sets + (m.group(2) or ""), body) if sets else body
+        blocks.append((line, script, needs))
     return blocks
+
+
+def missing(need: str) -> str | None:
+    """Why this machine cannot run a block with ``needs=NAME``, or ``None`` when it can."""
+    from fray.cluster.slurm_local import missing_slurm
+
+    return {"slurm": missing_slurm}[need]()
 
 
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
@@ -146,8 +159,10 @@ def test_fence_parser_skips_no_run_blocks_and_applies_test_settings(tmp_path):
                     "```bash no-run\nray up\n```\n\n```bash test-set=train.steps=2 test-set=a.b=c\n"
                     "marin status\nmarin run t.py   # train\n```\n")
     assert [code for _, code in python_blocks(page)] == ["x = 1\n"]
-    assert [code for _, code in shell_blocks(page)] == [
+    assert [code for _, code, _ in shell_blocks(page)] == [
         "ls\n", "marin status\nmarin run t.py --set train.steps=2 --set a.b=c   # train\n"]
+    page.write_text("```bash needs=slurm\nmarin slurm start\n```\n")
+    assert shell_blocks(page) == [(1, "marin slurm start\n", ("slurm",))]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
@@ -180,10 +195,33 @@ def test_docs_examples_run(page, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", SHELL_PAGES, ids=[p.name for p in SHELL_PAGES])
-def test_docs_shell_blocks_run(page, tmp_path, tutorial_prefix):
+def test_docs_shell_blocks_run(page, tmp_path, request):
+    from fray.cluster.slurm_local import STATE_DIR_ENV, stop_local_slurm
+
+    left_out, runnable = [], []
+    for line, script, needs in shell_blocks(page):
+        reasons = [reason for reason in map(missing, needs) if reason is not None]
+        if reasons:
+            left_out.append(f"block at line {line} ({'; '.join(reasons)})")
+        else:
+            runnable.append((line, script))
+    if not runnable:
+        pytest.skip(f"{page.name}: left out {', '.join(left_out)}")
     workdir, env = scratch(tmp_path)
-    shutil.copytree(tutorial_prefix, env["MARIN_PREFIX"], symlinks=True)
-    for line, script in shell_blocks(page):
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=workdir, env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, f"{page.name}, block at line {line} failed:\n{done.stdout}\n{done.stderr}"
+    # Asked for only here: a page none of whose blocks can run here needs no tutorial.
+    shutil.copytree(request.getfixturevalue("tutorial_prefix"), env["MARIN_PREFIX"], symlinks=True)
+    # A private Slurm of the page's own: short, directly under the system's temporary folder (the
+    # daemons' unix socket paths must stay short), never the reader's ~/.cache/fray/slurm-local.
+    slurm_state = tempfile.mkdtemp(prefix="slurm-docs-")
+    env.update({STATE_DIR_ENV: slurm_state, "FRAY_SLURM_DIR": str(tmp_path / "slurm-jobs")})
+    env.pop("SLURM_CONF", None)
+    try:
+        for line, script in runnable:
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=workdir, env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, f"{page.name}, block at line {line} failed:\n{done.stdout}\n{done.stderr}"
+    finally:
+        stop_local_slurm(slurm_state, grace=5)
+        shutil.rmtree(slurm_state, ignore_errors=True)
+    if left_out:
+        pytest.skip(f"{page.name}: left out {', '.join(left_out)}")

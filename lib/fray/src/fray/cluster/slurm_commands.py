@@ -1,7 +1,9 @@
 """Slurm's own commands (``sbatch``, ``scontrol``, ``scancel``, ``sinfo``), each with a time limit.
 
 Every call has a timeout, so a controller that is down or unreachable is one
-:class:`SlurmUnavailableError` line within seconds, never a hang; any other refusal is a
+:class:`SlurmUnavailableError` line within seconds, never a hang; a machine with no controller
+configured at all (no ``SLURM_CONF``, no ``slurm.conf``) is one :class:`SlurmNotConfiguredError`
+line; both name the command that starts a private Slurm on this machine. Any other refusal is a
 :class:`SlurmCommandError` carrying Slurm's own first line. Parsers turn the commands' output
 into plain values: a job's record from ``scontrol show job -o`` and the nodes of each partition
 from ``sinfo``. Nothing here reads accounting (``sacct``): a Slurm without ``slurmdbd`` has none.
@@ -17,12 +19,20 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fray.cluster.slurm_local import running_local_slurm
 from fray.errors import FrayError
 
 DEFAULT_COMMAND_TIMEOUT_S = 20.0
+# Where Debian's Slurm commands look when SLURM_CONF is unset.
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+START_PRIVATE = "start a private Slurm on this machine with `marin slurm start`"
 # What Slurm's commands print when they cannot reach slurmctld.
 _UNREACHABLE = ("unable to contact slurm controller", "connection refused", "zero bytes were transmitted",
                 "communication connection failure", "socket timed out", "unable to establish a connection")
+# What they print when they find no configuration: no slurm.conf, and no DNS SRV record of a
+# controller to fetch one from (Slurm's "configless" mode).
+_NOT_CONFIGURED = ("could not establish a configuration source", "resolve_ctls_from_dns_srv",
+                   "fetch_config: dns srv lookup failed")
 
 
 class SlurmError(FrayError, RuntimeError):
@@ -31,6 +41,10 @@ class SlurmError(FrayError, RuntimeError):
 
 class SlurmUnavailableError(SlurmError):
     """Slurm's controller cannot be reached (or its commands are not installed)."""
+
+
+class SlurmNotConfiguredError(SlurmUnavailableError):
+    """No Slurm controller is configured here: ``SLURM_CONF`` unset (and no ``slurm.conf``) or naming no file."""
 
 
 class SlurmCommandError(SlurmError):
@@ -42,9 +56,31 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
+def not_configured(detail: str) -> SlurmNotConfiguredError:
+    """The one-line error for a machine without a Slurm configuration; ``detail`` says what is missing."""
+    running = running_local_slurm()
+    if running is not None:
+        # The usual slip: the private Slurm runs, but this shell never took its SLURM_CONF.
+        remedy = f"a private Slurm is running on this machine: `{running.export_line}` to use it"
+    else:
+        remedy = f"set SLURM_CONF to your cluster's slurm.conf, or {START_PRIVATE}"
+    return SlurmNotConfiguredError(f"No Slurm controller is configured here: {detail}; {remedy}.")
+
+
+def _configuration_problem() -> str | None:
+    """What is missing before any command runs: a SLURM_CONF that names no file (Slurm would retry it for a minute)."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        return f"SLURM_CONF={conf} names no file"
+    return None
+
+
 def run_slurm(args: list[str], *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S, input: str | None = None) -> str:
     """The stdout of Slurm command ``args``; raises one line saying what went wrong instead."""
     program = args[0]
+    problem = _configuration_problem()
+    if problem is not None:
+        raise not_configured(problem)
     if shutil.which(program) is None:
         raise SlurmUnavailableError(f"`{program}` is not installed here: a Slurm client needs Slurm's commands "
                                     "(Debian: apt-get install slurm-client) on the submitting machine.")
@@ -53,11 +89,15 @@ def run_slurm(args: list[str], *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S, in
         result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
     except subprocess.TimeoutExpired:
         raise SlurmUnavailableError(f"`{' '.join(args[:3])} ...` did not answer within {timeout:g} s: is the Slurm "
-                                    f"controller up{where}? (`scontrol ping` checks)") from None
+                                    f"controller up{where}? (`scontrol ping` checks; or {START_PRIVATE})") from None
     if result.returncode != 0:
+        if any(marker in (result.stderr + result.stdout).lower() for marker in _NOT_CONFIGURED):
+            raise not_configured(f"SLURM_CONF is unset and {DEFAULT_SLURM_CONF} does not exist (`{program}`: "
+                                 "could not establish a configuration source)")
         message = _first_line(result.stderr) or _first_line(result.stdout) or f"exit status {result.returncode}"
         if any(marker in message.lower() for marker in _UNREACHABLE):
-            raise SlurmUnavailableError(f"the Slurm controller cannot be reached{where}: `{program}` says {message!r}")
+            raise SlurmUnavailableError(f"the Slurm controller cannot be reached{where}: `{program}` says {message!r}; "
+                                        f"is it up (`scontrol ping`)? Or {START_PRIVATE}")
         raise SlurmCommandError(f"`{' '.join(args[:2])}` failed: {message}")
     return result.stdout
 
