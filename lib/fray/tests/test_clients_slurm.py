@@ -93,6 +93,22 @@ def test_a_held_job_reports_its_address_and_runs_with_the_start_env(client):
         handle.start({})
 
 
+def test_secret_variables_reach_the_command_without_staying_in_the_job_folder(client):
+    # Values checked by length, so the command line (request.json) does not carry them either.
+    key, token = "wandb-0123456789abcdef", "hf_0123456789abcdefXYZ"
+    handle = client.submit(job("secretive", 'echo "key ${#WANDB_API_KEY} token ${#HF_TOKEN} project $WANDB_PROJECT"',
+                               env={"WANDB_API_KEY": key, "WANDB_PROJECT": "demo"}), start=False)
+    handle.free_address()  # the worker runs, and has taken the request's secrets
+    handle.start({"HF_TOKEN": token})
+    assert handle.wait(timeout=TIMEOUT) == JobStatus.SUCCEEDED
+    assert handle.logs() == f"key {len(key)} token {len(token)} project demo\n"
+    folder = handle.folder
+    holding = [name for name in os.listdir(folder)
+               if key.encode() in open(os.path.join(folder, name), "rb").read()
+               or token.encode() in open(os.path.join(folder, name), "rb").read()]
+    assert holding == [] and "WANDB_PROJECT" in open(os.path.join(folder, "request.json")).read()
+
+
 def test_terminate_sends_sigterm_to_the_command_and_stops_the_job(client, tmp_path):
     marker = tmp_path / "terminated"
     handle = client.submit(python_job("terminated", TRAPPING, env={"MARKER": str(marker)}))

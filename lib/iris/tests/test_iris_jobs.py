@@ -93,8 +93,37 @@ def test_plain_failure_is_not_retried_beyond_its_failure_budget(store):
     budget = run_to_end(shell("exit 3", max_retries_failure=1, max_retries_preemption=5), store)
     assert (budget.state, budget.attempts, budget.failures, budget.preemptions) == (JobState.FAILED, 2, 2, 0)
     # A plain failure is never recorded as a preemption, even while it is being retried.
-    messages = [message for _, state, message in store.events(budget.job_id) if state == "RETRYING"]
-    assert messages == ["attempt 1 failed (exit codes [3]); failure retry 1 of 1"]
+    messages = [message for _, state, message in store.events(budget.job_id) if state in ("RETRYING", "FAILED")]
+    assert messages == ["attempt 1 FAILED (exit 3); iris retries it, 1 of 1 failure spent",
+                        "attempt 2 FAILED (exit 3); no retries left, all 1 failure spent (max_retries_failure=1)"]
+
+
+def test_a_preempted_attempts_log_ends_with_what_iris_does_next(store, tmp_path):
+    # The command's own output ends in a traceback-like tail; iris's line must come after it.
+    script = f'echo "try $IRIS_ATTEMPT"; echo "CANCELLED AT 12:00" >&2; exit {PREEMPTED_EXIT_CODE}'
+    spec = shell(script, max_retries_preemption=1, attempts_folder=str(tmp_path / "step"))
+    record = run_to_end(spec, store)
+    assert (record.state, record.attempts, record.preemptions) == (JobState.FAILED, 2, 2)
+    (first,) = sorted(store.log_folder(record.job_id).glob("attempt-001-replica-*.log"))
+    assert first.read_text().rstrip().splitlines()[-1] == (
+        "iris: this attempt ended PREEMPTED (exit 75); iris retries it, 1 of 1 preemption spent")
+    # The copy in the step's folder, and its record, say the same.
+    from iris.attempt_log import list_attempts, read_log
+
+    kept = list_attempts(str(tmp_path / "step"))
+    last_lines = [read_log(listing.logs[0]).decode().rstrip().splitlines()[-1] for listing in kept]
+    assert last_lines == [
+        "iris: this attempt ended PREEMPTED (exit 75); iris retries it, 1 of 1 preemption spent",
+        "iris: this attempt ended PREEMPTED (exit 75); no retries left, all 1 preemption spent (max_retries_preemption=1)",
+    ]
+    assert kept[0].record.reason.endswith("; iris retries it, 1 of 1 preemption spent")
+    assert get_job(record.job_id, store).message == (
+        "attempt 2 PREEMPTED (exit 75); no retries left, all 1 preemption spent (max_retries_preemption=1)")
+
+
+def test_a_succeeding_attempts_log_is_only_the_commands_output(store):
+    record = run_to_end(shell("echo fine"), store)
+    assert record.state == JobState.SUCCEEDED and read_logs(record.job_id, store) == "fine\n"
 
 
 def test_stop_ends_a_running_job(store, tmp_path):
@@ -266,7 +295,10 @@ def test_each_attempt_keeps_its_output_and_how_it_ended_in_the_attempts_folder(s
     assert [first.record.outcome, second.record.outcome] == ["PREEMPTED", "SUCCEEDED"]
     assert (first.record.job_id, first.record.job_attempt, second.record.job_attempt) == (record.job_id, 1, 2)
     assert first.record.exit_codes == (PREEMPTED_EXIT_CODE,) and "exited 75" in first.record.reason
-    assert [read_log(url) for url in first.logs + second.logs] == [b"attempt 1\n", b"attempt 2\n"]
+    assert [read_log(url) for url in first.logs + second.logs] == [
+        b"attempt 1\n\niris: this attempt ended PREEMPTED (exit 75); iris retries it, 1 of 1 preemption spent\n",
+        b"attempt 2\n",
+    ]
     # A later job on the same folder numbers its attempts after these.
     run_to_end(shell("echo again", attempts_folder=folder), store)
     assert [a.attempt for a in list_attempts(folder)] == [1, 2, 3]

@@ -20,6 +20,7 @@ import pytest
 from fray.cluster import ResourceConfig, ship_by_value
 from iris import JobStore, PREEMPTED_EXIT_CODE
 from iris.attempt_log import list_attempts, read_log
+from marin import cli
 from marin.execution.executor_files import read_status
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
@@ -51,6 +52,26 @@ def test_a_step_with_replicas_runs_as_a_gang_and_replica_0_gives_the_result(tmp_
     # Run again: the step is cached, and iris never hears of it.
     again = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
     assert again.cached == ["gang"] and len(JobStore(tmp_path / "iris-home").all()) == 1
+
+
+def slow_second_replica(output_path):
+    replica = int(os.environ["IRIS_REPLICA_INDEX"])
+    if replica == 1:
+        time.sleep(2.0)  # replica 0 is long done by now: it must wait before it commits
+    with open(os.path.join(output_path, f"share-{replica}.txt"), "w") as handle:
+        handle.write(str(replica))
+    return replica
+
+
+def test_replica_0_commits_a_gangs_output_only_once_every_replica_wrote_its_share(tmp_path, monkeypatch):
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    step = StepSpec("shares", slow_second_replica, resources=ResourceConfig.with_cpu(ram="256m", replicas=2))
+    report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    output = Path(report.outcome_of("shares").output_path)
+    assert sorted(p.name for p in output.glob("share-*.txt")) == ["share-0.txt", "share-1.txt"]
+    assert not (output / ".staging").exists()
+    (job,) = JobStore(tmp_path / "iris-home").all()
+    assert job.state.value == "SUCCEEDED" and job.attempts == 1
 
 
 RUNNER = textwrap.dedent(
@@ -135,3 +156,68 @@ def test_a_runner_that_dies_leaves_its_job_running_and_the_next_runner_adopts_it
     assert len(list((tmp_path / "markers").glob("started-*"))) == 1  # the step ran once
     assert [job.job_id for job in JobStore(tmp_path / "iris-home").all()] == [status.job]
     assert read_status(str(output)).status == "SUCCESS"
+
+
+def _replica_pids(tmp_path: Path) -> list[int]:
+    """The processes running a replica of a step under ``tmp_path`` (its call is in the step's folder)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended while we looked
+            continue
+        if b"marin.execution.step_job" in words and any(str(tmp_path).encode() in word for word in words):
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the replica's process in /proc")
+def test_a_preemption_is_said_on_the_console_in_the_summary_at_the_end_of_its_log_and_in_marin_status(tmp_path, capsys):
+    runner = _start(tmp_path, seconds=120)
+    output = _wait_for_start(tmp_path, runner)
+    (replica,) = _replica_pids(tmp_path)
+    os.kill(replica, signal.SIGTERM)  # what a scheduler reclaiming the machine does
+    _wait_for_start(tmp_path, runner, count=2)
+    (tmp_path / "markers" / "release").touch()
+    _, stderr = runner.communicate(timeout=180)
+    assert runner.returncode == 0, stderr[-3000:]
+    # The runner's console, while iris retries it, and its summary at the end.
+    assert "Step patient: attempt 1 PREEMPTED (exit 75); iris retries it, 1 of 10 preemptions spent" in stderr
+    assert "Step patient: attempt 2 SUCCEEDED" in stderr
+    assert "Run finished: 1 ran, 0 cached, 0 failed, 0 dep-failed; patient ran in 2 attempts, 1 preempted" in stderr
+    # The preempted attempt's log reads as a planned stop: no traceback, the step's last line names the
+    # reason, and iris's line after it says what came next.
+    first, second = list_attempts(str(output))
+    assert (first.record.outcome, second.record.outcome) == ("PREEMPTED", "SUCCEEDED")
+    lines = read_log(first.logs[0]).decode().rstrip().splitlines()
+    assert not any("Traceback" in line for line in lines), lines
+    own = [line for line in lines if line.strip() and not line.startswith("iris: ")]
+    assert own[-1].endswith("Step patient stopped: preempted by SIGTERM; RunCancelled: The run was preempted (SIGTERM); "
+                            "step 'patient' stops here. Exit 75: iris runs it again while its preemption budget allows")
+    assert lines[-1] == "iris: this attempt ended PREEMPTED (exit 75); iris retries it, 1 of 10 preemptions spent"
+    # marin status, from the step folder alone (any shell on the same prefix).
+    assert cli.main(["status", "--prefix", str(tmp_path / "prefix")]) == 0
+    assert "(2 attempts, 1 preempted)" in capsys.readouterr().out
+    assert cli.main(["status", "--json", "--prefix", str(tmp_path / "prefix")]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert (listed["attempts"], listed["preemptions"], listed["failed_attempts"]) == (2, 1, 0)
+
+
+def fails_once(output_path):
+    if os.environ["IRIS_ATTEMPT"] == "1":
+        raise ValueError("a bug that only the first attempt hits")
+    return "fine"
+
+
+def test_a_failed_attempt_iris_retries_is_one_console_line_and_its_traceback_stays_in_its_log(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    step = StepSpec("flaky", fails_once, resources=ResourceConfig.with_cpu(ram="256m", max_retries_failure=1))
+    with caplog.at_level("INFO", logger="marin.execution.step_runner"):
+        report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    said = [record.getMessage() for record in caplog.records if record.name == "marin.execution.step_runner"]
+    assert "Step flaky: attempt 1 FAILED (exit 1); iris retries it, 1 of 1 failure spent; its log: marin logs flaky --attempt 1" in said
+    assert report.outcome_of("flaky").attempts.describe() == "2 attempts, 1 failed"
+    assert report.summary() == "1 ran, 0 cached, 0 failed, 0 dep-failed; flaky ran in 2 attempts, 1 failed"
+    first, _ = list_attempts(report.outcome_of("flaky").output_path)
+    log = read_log(first.logs[0]).decode()
+    assert "Traceback" in log and "ValueError: a bug that only the first attempt hits" in log  # a real crash keeps it

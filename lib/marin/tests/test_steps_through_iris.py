@@ -29,6 +29,7 @@ import pytest
 
 from iris import JobStore
 from iris.attempt_log import list_attempts, read_log
+from marin.execution.executor_files import read_status
 from marin.execution.step_ownership import latest_work_path
 
 pytestmark = [
@@ -274,3 +275,122 @@ def test_graph_through_iris_on_two_ray_nodes_survives_two_preemptions_bit_for_bi
         nodes.add_node("worker", cpus=2)
         engine_env = {**nodes.env, **nodes.driver_env, "MARIN_CLUSTER": "iris:ray"}
         _through_iris(inputs, tmp_path, engine_env, preempt, uninterrupted)
+
+
+# -- chaos: random kills of every process on the cluster path -------------------------------------------
+
+# Rounds per engine in the suite (each a whole graph with kills); MARIN_CHAOS_ROUNDS runs more by hand.
+CHAOS_ROUNDS = int(os.environ.get("MARIN_CHAOS_ROUNDS", "1"))
+KILLS_PER_ROUND = 3
+MAX_LAUNCHES = 10
+
+
+def _supervisors(iris_home: Path) -> list[int]:
+    if not iris_home.exists():
+        return []
+    try:
+        jobs = JobStore(iris_home, create=False).all()
+    except Exception:  # noqa: BLE001 - the database is being created right now
+        return []
+    return [job.supervisor_pid for job in jobs if not job.state.finished and job.supervisor_pid and _alive(job.supervisor_pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _committed_generations(folder: str) -> set[str]:
+    """The executions whose replica 0 logged that it committed the step's output."""
+    found: set[str] = set()
+    for attempt in list_attempts(folder):
+        for url in attempt.logs:
+            found.update(re.findall(r"execution (g\d+) committed its output", read_log(url).decode(errors="replace")))
+    return found
+
+
+def _chaos_round(inputs: Path, workdir: Path, engine_env: dict[str, str], seed: int, uninterrupted: dict) -> list[str]:
+    """Run the graph while killing a random process (runner, supervisor, replica) at random moments,
+    relaunching the runner whenever it ended without success; the kills made."""
+    import random
+
+    rng = random.Random(seed)
+    prefix, iris_home = workdir / "prefix", workdir / "iris"
+    env = {**engine_env, "MARIN_PREFIX": str(prefix), "IRIS_HOME": str(iris_home)}
+    launches = [_run_graph(inputs, workdir / "driver-0", env)]
+    kills: list[str] = []
+    deadline = time.monotonic() + DRIVER_TIMEOUT_S
+    try:
+        while len(kills) < KILLS_PER_ROUND and time.monotonic() < deadline:
+            # The kind first, then a random moment once such a process exists (a runner takes seconds
+            # to submit its first job: picking among what exists would mostly hit runners).
+            kind = rng.choice(["runner", "supervisor", "replica"])
+            driver = launches[-1]
+            victims: list[int] = []
+            while not victims and driver.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                victims = {"runner": lambda: [driver.pid], "supervisor": lambda: _supervisors(iris_home),
+                           "replica": lambda: _replica_processes(str(prefix))}[kind]()
+            if driver.poll() == 0:
+                break  # the graph finished before every kill was made
+            time.sleep(rng.uniform(0.0, 5.0))
+            victims = [pid for pid in victims if _alive(pid)]
+            if victims and driver.poll() is None:
+                os.kill(rng.choice(victims), signal.SIGKILL)
+                kills.append(kind)
+            if kind == "runner":
+                driver.wait(timeout=30)
+            else:
+                time.sleep(1.0)  # a runner whose job failed ends within its poll interval
+            if driver.poll() not in (None, 0):
+                assert len(launches) < MAX_LAUNCHES, f"seed {seed}: {len(launches)} launches, kills {kills}"
+                launches.append(_run_graph(inputs, workdir / f"driver-{len(launches)}", env))
+        while True:
+            driver = launches[-1]
+            try:
+                driver.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"seed {seed}: the graph did not finish within {DRIVER_TIMEOUT_S} s (kills {kills})")
+            if driver.returncode == 0:
+                break
+            assert len(launches) < MAX_LAUNCHES, f"seed {seed}: {len(launches)} launches, kills {kills}"
+            launches.append(_run_graph(inputs, workdir / f"driver-{len(launches)}", env))
+        outputs = _finish(driver, workdir / f"driver-{len(launches) - 1}")["outputs"]
+    finally:
+        for driver in launches:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait(timeout=30)
+    _assert_equal_to_uninterrupted(outputs, uninterrupted)
+    for name, folder in outputs.items():
+        status = read_status(folder)
+        assert status.status == "SUCCESS" and not (Path(folder) / ".staging").exists(), (seed, name, status)
+        # One execution made the output: at most one logged its commit (a commit cut short by a kill
+        # is finished by the next runner, whose log says so), and it is the one SUCCESS names.
+        committed = _committed_generations(folder)
+        assert committed <= {f"g{status.generation}"}, (seed, name, committed, status.generation, kills)
+    return kills
+
+
+def _chaos(inputs, tmp_path, engine_env: dict[str, str], uninterrupted: dict) -> None:
+    made = []
+    for round_number in range(CHAOS_ROUNDS):
+        # Random moments by design; a failure names its seed, and MARIN_CHAOS_SEED replays it.
+        seed = int(os.environ.get("MARIN_CHAOS_SEED") or int.from_bytes(os.urandom(4), "little")) + round_number
+        kills = _chaos_round(inputs, tmp_path / f"round-{round_number}", engine_env, seed, uninterrupted)
+        made.append((seed, kills))
+    print(f"chaos: {len(made)} round(s), {sum(len(k) for _, k in made)} kill(s): {made}")
+
+
+@pytest.mark.timeout(1800)
+def test_random_kills_through_iris_local_leave_outputs_equal_to_an_uninterrupted_run(inputs, uninterrupted, tmp_path):
+    _chaos(inputs, tmp_path, {"MARIN_CLUSTER": "iris:local"}, uninterrupted)
+
+
+@pytest.mark.timeout(1800)
+def test_random_kills_through_iris_slurm_leave_outputs_equal_to_an_uninterrupted_run(slurm_cluster, inputs, uninterrupted,
+                                                                                       tmp_path):
+    _chaos(inputs, tmp_path, {**slurm_cluster.env, "MARIN_CLUSTER": "iris:slurm"}, uninterrupted)

@@ -13,6 +13,10 @@ object store cannot append, so there the whole file is uploaded again at most ev
 :data:`REMOTE_FLUSH_S` seconds and once at the end. A reader therefore sees a running attempt's
 output late by that much on a bucket, never a torn file.
 
+Logs are kept with the writer's known secret values redacted (:mod:`rigging.secrets`): a step that
+prints its W&B key leaves ``***`` in its log. Output that ends in what may be the start of a secret
+is held back until more arrives or the log is flushed.
+
 One writer per folder at a time: the step's lease (or iris's single supervisor per job) makes it so,
 which is why the next number can be taken by listing the folder.
 """
@@ -26,10 +30,12 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rigging import filesystem as fsx
+from rigging.secrets import RedactingStream, secret_values
 
 ATTEMPTS_FOLDER = ".attempts"
 RECORD_FILE = "attempt.json"
@@ -125,6 +131,8 @@ class AttemptLog:
         self._spool = None if self._local else tempfile.mkdtemp(prefix="iris-attempt-")
         self._dirty: set[int] = set()
         self._last_flush = 0.0
+        self._secrets = secret_values()  # this process's: each writer redacts what it knows
+        self._redactors: dict[int, RedactingStream] = {}
         if create_logs:
             for replica in range(record.replicas):
                 self.append(replica, b"")  # every replica has its log, even one that never writes
@@ -162,17 +170,30 @@ class AttemptLog:
 
     def append(self, replica: int, data: bytes) -> None:
         with self._lock:
-            if self._local:
-                with fsx.open_url(self.log_url(replica), "ab") as handle:
-                    handle.write(data)
-                return
-            _spool_append(self._spool, replica_log_name(replica), data)
-            self._dirty.add(replica)
-        if time.monotonic() - self._last_flush >= REMOTE_FLUSH_S:
-            self.flush()
+            redactor = self._redactors.setdefault(replica, RedactingStream(self._secrets))
+            self._write(replica, redactor.feed(data))
+        if not self._local and time.monotonic() - self._last_flush >= REMOTE_FLUSH_S:
+            self._upload()
+
+    def _write(self, replica: int, data: bytes) -> None:
+        if self._local:
+            with fsx.open_url(self.log_url(replica), "ab") as handle:
+                handle.write(data)
+            return
+        _spool_append(self._spool, replica_log_name(replica), data)
+        self._dirty.add(replica)
 
     def flush(self) -> None:
-        """Upload the logs that changed since the last flush (a no-op on local disk, which is appended to)."""
+        """Write out everything appended so far: what was held back as a possible start of a secret,
+        and (on an object store) the logs that changed since the last upload."""
+        with self._lock:
+            for replica, redactor in self._redactors.items():
+                held = redactor.flush()
+                if held:
+                    self._write(replica, held)
+        self._upload()
+
+    def _upload(self) -> None:
         if self._local:
             return
         with self._lock:
@@ -242,8 +263,23 @@ class AttemptListing:
         return text + (f": {record.reason}" if record.reason else "")
 
 
+def _outcome_of(record: AttemptRecord) -> AttemptOutcome | None:
+    try:
+        return AttemptOutcome(record.outcome) if record.outcome else None
+    except ValueError:  # written by a newer iris: counted as an attempt, not as any kind
+        return None
+
+
 def _clock(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _read_record(url: str) -> AttemptRecord | None:
+    text = fsx.read_text(fsx.join(url, RECORD_FILE))
+    try:
+        return AttemptRecord.from_json(text) if text is not None else None
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def list_attempts(folder: str) -> list[AttemptListing]:
@@ -251,11 +287,7 @@ def list_attempts(folder: str) -> list[AttemptListing]:
     listings = []
     for number in _attempt_numbers(folder):
         url = attempt_url(folder, number)
-        text = fsx.read_text(fsx.join(url, RECORD_FILE))
-        try:
-            record = AttemptRecord.from_json(text) if text is not None else None
-        except (ValueError, TypeError, KeyError):
-            record = None
+        record = _read_record(url)
         try:
             names = sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in fsx.ls(url))
         except FileNotFoundError:
@@ -263,6 +295,47 @@ def list_attempts(folder: str) -> list[AttemptListing]:
         logs = tuple(fsx.join(url, name) for name in names if name.startswith("replica-") and name.endswith(".log"))
         listings.append(AttemptListing(number, url, record, logs))
     return listings
+
+
+def attempt_records(folder: str) -> list[AttemptRecord]:
+    """The readable records of every attempt kept under ``folder``, oldest first (without listing their logs)."""
+    records = (_read_record(attempt_url(folder, number)) for number in _attempt_numbers(folder))
+    return [record for record in records if record is not None]
+
+
+@dataclass(frozen=True)
+class AttemptTally:
+    """How a step's (or job's) attempts ended, counted: what ``marin status`` and a run's summary show."""
+
+    attempts: int = 0
+    preempted: int = 0
+    failed: int = 0  # FAILED or TIMED_OUT: the attempts that spent a failure budget
+    stopped: int = 0
+    running: int = 0  # no outcome yet (or its writer died)
+
+    @classmethod
+    def of(cls, records: Iterable[AttemptRecord]) -> AttemptTally:
+        outcomes = [_outcome_of(record) for record in records]
+        return cls(
+            attempts=len(outcomes),
+            preempted=outcomes.count(AttemptOutcome.PREEMPTED),
+            failed=sum(1 for outcome in outcomes if outcome is not None and outcome.spends_failure_budget),
+            stopped=outcomes.count(AttemptOutcome.STOPPED),
+            running=outcomes.count(None),
+        )
+
+    @property
+    def eventful(self) -> bool:
+        """Worth telling: more than one attempt, or one that was preempted."""
+        return self.attempts > 1 or self.preempted > 0
+
+    def describe(self) -> str:
+        """``3 attempts, 2 preempted``; ``2 attempts, 1 preempted, 1 failed``."""
+        parts = [f"{self.attempts} attempt{'s' if self.attempts != 1 else ''}"]
+        for count, word in ((self.preempted, "preempted"), (self.failed, "failed"), (self.stopped, "stopped")):
+            if count:
+                parts.append(f"{count} {word}")
+        return ", ".join(parts)
 
 
 def read_log(url: str, offset: int = 0, limit: int | None = None) -> bytes:

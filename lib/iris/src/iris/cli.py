@@ -8,6 +8,8 @@ import importlib.metadata
 import os
 import sys
 
+from rigging.secrets import SecretNamesError
+
 from iris.jobs import JobNotFound, follow_logs, get_job, list_jobs, read_logs, stop_job, submit_job
 from iris.spec import PREEMPTED_EXIT_CODE, InvalidJobSpec, JobSpec, command_text, default_job_name, resources_from_flags
 from iris.store import IrisHomeError, JobRecord, JobState, JobStore
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{record.job_id}: {record.state.value}")
             return 0 if record.state.finished else 1
         return 0
-    except (InvalidJobSpec, JobNotFound, IrisHomeError) as exc:
+    except (InvalidJobSpec, JobNotFound, IrisHomeError, SecretNamesError) as exc:
         print(f"iris: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

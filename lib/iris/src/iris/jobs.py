@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rigging.log import get_logger
+from rigging.secrets import split_secrets
 
 from iris.errors import IrisError
 from iris.spec import JobSpec
@@ -33,8 +34,13 @@ def _store(store: JobStore | None) -> JobStore:
 
 
 def submit_job(spec: JobSpec, store: JobStore | None = None) -> str:
-    """Record ``spec`` as a new PENDING job, start its detached supervisor, and return the job id."""
+    """Record ``spec`` as a new PENDING job, start its detached supervisor, and return the job id.
+
+    The record names the job's secret variables but holds none of their values (``JobSpec.to_json``):
+    they reach the supervisor in its process environment only, and from it the replicas.
+    """
     store = _store(store)
+    _, secrets = split_secrets(dict(spec.env))
     job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     store.create(job_id, spec)
     log_folder = store.log_folder(job_id)
@@ -46,6 +52,7 @@ def submit_job(spec: JobSpec, store: JobStore | None = None) -> str:
             stdout=supervisor_log,
             stderr=subprocess.STDOUT,
             cwd=spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None,
+            env={**os.environ, **secrets},
             # A session of its own: the job outlives this command and the terminal it ran in.
             start_new_session=True,
         )

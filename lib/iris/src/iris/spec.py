@@ -11,6 +11,7 @@ from typing import Any
 from fray.cluster import InvalidResourceConfig, ResourceConfig
 from fray.cluster.resources import CpuDevice, GpuDevice, TpuDevice
 from rigging.names import UnsafeNameError, check_relative_name, safe_name_from
+from rigging.secrets import split_secrets
 
 from iris.errors import IrisError
 
@@ -41,6 +42,12 @@ class JobSpec:
     attempt's output and record there too (:mod:`iris.attempt_log`), beside the work it made.
     ``time_limit_s`` ends an attempt that runs longer, counted as a failure (TIMED_OUT): Slurm
     enforces it itself; on the other backends the supervisor does.
+
+    ``env`` adds variables to every replica's environment. Those that are secrets
+    (:mod:`rigging.secrets`: ``WANDB_API_KEY``, ``HF_TOKEN``, any ``*_TOKEN``...) are recorded by
+    name only, in ``secret_env``: :meth:`to_json` (what the job database keeps) has no secret value,
+    and the job's supervisor takes the values from its own environment, which :func:`iris.submit_job`
+    hands them in. ``secret_env`` may also name variables of the submitting environment to pass on.
     """
 
     name: str
@@ -56,6 +63,7 @@ class JobSpec:
     slurm_partition: str | None = None
     attempts_folder: str | None = None
     time_limit_s: float | None = None
+    secret_env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str):
@@ -65,6 +73,9 @@ class JobSpec:
             raise InvalidJobSpec("A job needs a command: `iris job run -- python train.py`.")
         object.__setattr__(self, "command", command)
         object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in dict(self.env).items()))
+        if isinstance(self.secret_env, str):
+            raise InvalidJobSpec(f"Give secret_env as a list of variable names, e.g. {self.secret_env.split(',')!r}.")
+        object.__setattr__(self, "secret_env", tuple(sorted({str(name) for name in self.secret_env})))
         # The name starts the job id, and the job id names the job's log folder under iris's home.
         try:
             check_relative_name(self.name, what="Job name (--name)", example="train-llama")
@@ -81,6 +92,8 @@ class JobSpec:
             raise InvalidJobSpec(f"--time-limit must be positive, got {self.time_limit_s!r} seconds.")
 
     def to_json(self) -> str:
+        """The job as its record keeps it: secret variables by name only (see the class docstring)."""
+        public, secret = split_secrets(dict(self.env))
         payload = {
             "name": self.name,
             "command": list(self.command),
@@ -91,7 +104,8 @@ class JobSpec:
             "backend": self.backend,
             "ray_address": self.ray_address,
             "cwd": self.cwd,
-            "env": dict(self.env),
+            "env": public,
+            "secret_env": sorted({*self.secret_env, *secret}),
             "slurm_partition": self.slurm_partition,
             "attempts_folder": self.attempts_folder,
             "time_limit_s": self.time_limit_s,
@@ -104,6 +118,7 @@ class JobSpec:
         payload["resources"] = _resources_from_dict(payload["resources"])
         payload["command"] = tuple(payload["command"])
         payload["env"] = tuple(payload.get("env", {}).items())
+        payload["secret_env"] = tuple(payload.get("secret_env", ()))
         return cls(**payload)
 
 

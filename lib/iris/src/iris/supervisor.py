@@ -13,9 +13,12 @@ the replicas of a job only make progress together, and the attempt counts once a
   someone else now) ends the job FAILED at once, whatever its budget.
 
 A preempted attempt is retried while ``max_retries_preemption`` allows, a failed or timed-out one
-while ``max_retries_failure`` allows. With ``attempts_folder`` set, each attempt's output and record
-are also kept there (:mod:`iris.attempt_log`), the supervisor being its only writer. ``iris job stop`` (SIGTERM to this process, plus a flag in the
-database) stops the replicas and ends the job STOPPED.
+while ``max_retries_failure`` allows (:mod:`iris.retries` decides). With ``attempts_folder`` set,
+each attempt's output and record are also kept there (:mod:`iris.attempt_log`), the supervisor
+being its only writer. An attempt that did not succeed ends each replica's log with one line of
+iris's own saying how it ended and what iris does next, so the log's last word is never a
+traceback or the scheduler's "CANCELLED" that a preemption leaves. ``iris job stop`` (SIGTERM to
+this process, plus a flag in the database) stops the replicas and ends the job STOPPED.
 
 Each replica is a fray job (``client.submit``) on the job's backend, a ``LocalClient``, a
 ``RayClient`` or a ``SlurmClient``: fray places, starts and stops the process; this module decides when, and copies
@@ -34,8 +37,10 @@ from pathlib import Path
 
 from fray.cluster import DistributedClient, JobHandle, JobRequest, JobStatus, LocalClient
 from rigging.log import get_logger, setup_logging
+from rigging.secrets import RedactingStream
 
 from iris.attempt_log import AttemptLog, AttemptOutcome
+from iris.retries import AttemptVerdict, judge
 from iris.spec import FENCED_OFF_EXIT_CODE, PREEMPTED_EXIT_CODE, JobSpec
 from iris.store import JobState, JobStore
 
@@ -78,13 +83,14 @@ def replica_client(spec: JobSpec) -> DistributedClient:
 
 class Replica:
     """One replica of an attempt: a fray job, and the copies of its output (the job's log folder, and
-    the attempt's folder when the job keeps one)."""
+    the attempt's folder when the job keeps one), both with known secret values redacted."""
 
     def __init__(self, job: JobHandle, log_path: Path, index: int, attempt_log: AttemptLog | None) -> None:
         self.job = job
         self.log_path = log_path
         self.index = index
         self.attempt_log = attempt_log
+        self._redactor = RedactingStream()
         self._copied = 0
         self._exit_code: int | None = None
         self.timed_out = False
@@ -110,6 +116,7 @@ class Replica:
     def stop(self) -> int | None:
         self.job.terminate()
         self.sync_logs()
+        self._write(self._redactor.flush())  # it has ended: what was held back cannot grow into a secret
         return self.poll()
 
     def sync_logs(self) -> None:
@@ -122,6 +129,9 @@ class Replica:
         self._append(f"\niris: {text}\n".encode())
 
     def _append(self, data: bytes) -> None:
+        self._write(self._redactor.feed(data))
+
+    def _write(self, data: bytes) -> None:
         with open(self.log_path, "ab") as handle:
             handle.write(data)
         if self.attempt_log is not None:
@@ -197,7 +207,7 @@ class Supervisor:
 
     def _run_attempts(self, client: DistributedClient, log_folder: Path) -> JobState:
         spec = self.spec
-        preemptions = failures = 0
+        verdicts: list[AttemptVerdict] = []
         attempt = 0
         while True:
             if self.stop_requested():
@@ -207,51 +217,34 @@ class Supervisor:
             self.store.start_attempt(self.job_id, attempt)
             logger.info("Job %s: attempt %d starts %d replica(s) on %s", self.job_id, attempt, spec.replicas, spec.backend)
             self.store.transition(self.job_id, JobState.RUNNING, f"attempt {attempt}: {spec.replicas} replica(s)")
-            outcome, codes, first_bad = self._run_one_attempt(client, log_folder, attempt)
-            self.store.end_attempt(self.job_id, attempt, outcome, codes)
-            logger.info("Job %s: attempt %d %s (exit codes %s)", self.job_id, attempt, outcome, codes)
-            if outcome == "SUCCEEDED":
+            verdict, first_bad = self._run_one_attempt(client, log_folder, attempt, verdicts)
+            verdicts.append(verdict)
+            self.store.end_attempt(self.job_id, attempt, verdict.outcome.value, list(verdict.exit_codes))
+            logger.info("Job %s: attempt %d %s", self.job_id, attempt, verdict.describe())
+            message = f"attempt {attempt} {verdict.describe()}"
+            if verdict.outcome is AttemptOutcome.SUCCEEDED:
                 self.store.transition(self.job_id, JobState.SUCCEEDED, f"attempt {attempt} succeeded", exit_code=0)
                 return JobState.SUCCEEDED
-            if outcome == "STOPPED":
+            if verdict.outcome is AttemptOutcome.STOPPED:
                 self.store.transition(self.job_id, JobState.STOPPED, f"stopped during attempt {attempt}", exit_code=first_bad)
                 return JobState.STOPPED
-            if FENCED_OFF_EXIT_CODE in codes:
-                self.store.transition(
-                    self.job_id, JobState.FAILED,
-                    f"attempt {attempt}: a replica exited {FENCED_OFF_EXIT_CODE}, fenced off (its work belongs to another "
-                    "execution now); not retried", exit_code=FENCED_OFF_EXIT_CODE,
-                )
-                return JobState.FAILED
             # Preemptions and plain failures spend separate budgets; either way a retry reruns every replica.
-            if outcome == "PREEMPTED":
-                preemptions += 1
-                what, kind, used, budget = "was preempted", "preemption", preemptions, spec.max_retries_preemption
-            else:
-                failures += 1
-                what = "ran past its time limit" if outcome == "TIMED_OUT" else "failed"
-                kind, used, budget = "failure", failures, spec.max_retries_failure
-            if used > budget:
-                self.store.transition(
-                    self.job_id, JobState.FAILED,
-                    f"attempt {attempt} {what} (exit codes {codes}); {kind} budget {budget} spent",
-                    exit_code=first_bad,
-                )
+            if not verdict.retried:
+                code = FENCED_OFF_EXIT_CODE if verdict.fenced_off else first_bad
+                self.store.transition(self.job_id, JobState.FAILED, message, exit_code=code)
                 return JobState.FAILED
-            self.store.transition(
-                self.job_id, JobState.RETRYING,
-                f"attempt {attempt} {what} (exit codes {codes}); {kind} retry {used} of {budget}",
-                exit_code=first_bad,
-            )
+            self.store.transition(self.job_id, JobState.RETRYING, message, exit_code=first_bad)
 
-    def _run_one_attempt(self, client: DistributedClient, log_folder: Path, attempt: int) -> tuple[str, list[int | None], int | None]:
-        """Run every replica once: (outcome, exit codes, the exit code that ended the attempt)."""
+    def _run_one_attempt(self, client: DistributedClient, log_folder: Path, attempt: int,
+                         earlier: list[AttemptVerdict]) -> tuple[AttemptVerdict, int | None]:
+        """Run every replica once: the verdict on the attempt, and the exit code that ended it."""
         spec = self.spec
         request = JobRequest(f"{self.job_id}-attempt-{attempt}", spec.command, resources=spec.resources, cwd=spec.cwd,
                              time_limit_s=spec.time_limit_s)
         attempt_log = self._begin_attempt_log(attempt)
         replicas: list[Replica] = []
         outcome, codes, cause = AttemptOutcome.FAILED.value, [None] * spec.replicas, None
+        verdict: AttemptVerdict | None = None
         reason = "the replicas could not be started"
         try:
             for index in range(spec.replicas):
@@ -264,10 +257,12 @@ class Supervisor:
             # JAX's own variable, so any program calling jax.distributed.initialize listens only where it
             # must; the job's env may still override it.
             bind_env = {"JAX_COORDINATOR_BIND_ADDRESS": coordinator} if _is_loopback(coordinator) else {}
+            secrets = self._secret_env()
             for index, replica in enumerate(replicas):
                 replica.job.start({
                     **bind_env,
                     **dict(spec.env),
+                    **secrets,
                     "IRIS_JOB_ID": self.job_id,
                     "IRIS_ATTEMPT": str(attempt),
                     "IRIS_REPLICA_INDEX": str(index),
@@ -275,19 +270,36 @@ class Supervisor:
                     "IRIS_COORDINATOR_ADDRESS": coordinator,
                 })
             outcome, codes, cause, reason = self._watch(replicas)
-            return outcome, codes, cause
+            verdict = judge(attempt, AttemptOutcome(outcome), codes, earlier,
+                            max_retries_preemption=spec.max_retries_preemption, max_retries_failure=spec.max_retries_failure)
+            if verdict.outcome is not AttemptOutcome.SUCCEEDED:
+                reason = f"{reason}; {verdict.consequence()}"
+            return verdict, cause
         except BaseException as exc:
             reason = f"{reason}: {type(exc).__name__}: {exc}"
             raise
         finally:
             for replica in replicas:
-                replica.stop()  # a no-op for replicas that have exited
+                replica.stop()  # a no-op for replicas that have exited; what they wrote last is copied
+                if verdict is not None and verdict.outcome is not AttemptOutcome.SUCCEEDED:
+                    # After everything the replica and its scheduler wrote (Slurm's "CANCELLED" line
+                    # included), so the log ends saying why it ended and what comes next.
+                    replica.note(f"this attempt ended {verdict.describe()}")
                 replica.job.release()
             if attempt_log is not None:
                 try:
                     attempt_log.finish(AttemptOutcome(outcome), reason, codes)
                 except Exception:  # noqa: BLE001 - the job's own records are the ones that must not fail
                     logger.exception("Job %s: could not write attempt %d's record in %s", self.job_id, attempt, spec.attempts_folder)
+
+    def _secret_env(self) -> dict[str, str]:
+        """The values of the job's secret variables, from this process's environment (where
+        :func:`iris.submit_job` put them): its record holds their names only."""
+        missing = [name for name in self.spec.secret_env if name not in os.environ]
+        if missing:
+            logger.warning("Job %s: the secret variable(s) %s it names were not set where it was submitted; its "
+                           "replicas run without them", self.job_id, ", ".join(missing))
+        return {name: os.environ[name] for name in self.spec.secret_env if name in os.environ}
 
     def _begin_attempt_log(self, attempt: int) -> AttemptLog | None:
         spec = self.spec

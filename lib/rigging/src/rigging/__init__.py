@@ -1,5 +1,6 @@
 """rigging: the ground floor of Marin.
 
 Owns configuration discovery, fsspec filesystems and atomic writes, leases (locks with a
-heartbeat) and logging set-up. It imports no other Marin package.
+heartbeat), logging set-up, and secrets (which variables hold credentials, and redacting their
+values from what is kept). It imports no other Marin package.
 """

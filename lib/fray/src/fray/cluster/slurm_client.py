@@ -50,6 +50,7 @@ from typing import Any
 import cloudpickle
 
 from rigging.log import get_logger
+from rigging.secrets import split_secrets
 
 from fray.cluster.client import ActorHandle, JobRequest, UnschedulableError, describe_request
 from fray.cluster.resources import GpuDevice, ResourceConfig, TpuDevice
@@ -61,6 +62,7 @@ from fray.cluster.slurm_commands import (
     run_slurm,
 )
 from fray.cluster.slurm_job import SlurmJob, SlurmJobEnded, SlurmTimings
+from fray.cluster.slurm_worker import write_atomically
 from fray.cluster.task_map import call_shipped, run_tasks, task_name
 from fray.cluster.worker_pool import ShippedFile
 from fray.errors import FrayError
@@ -206,9 +208,12 @@ class SlurmClient:
         os.makedirs(folder)
         try:
             command = self._command(request, folder, result_file)
+            public, secret = split_secrets({str(k): str(v) for k, v in request.env.items()})
+            if secret:
+                write_atomically(os.path.join(folder, "request-secrets.json"), json.dumps(secret), private=True)
             with open(os.path.join(folder, "request.json"), "w") as handle:
                 json.dump({"name": request.name, "command": command, "start": start, "cwd": request.cwd,
-                           "env": {str(k): str(v) for k, v in request.env.items()}}, handle, indent=1)
+                           "env": public}, handle, indent=1)
             script = os.path.join(folder, "job.sh")
             header = self.sbatch_header(request, folder, self._gpu_type(request.resources))
             with open(script, "w") as handle:

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rigging.log import get_logger
+from rigging.secrets import split_secrets
 
 from fray.cluster.client import JobStatus, read_whole_log
 from fray.cluster.slurm_commands import (
@@ -252,7 +253,10 @@ class SlurmJob:
         """Let the command run, with ``env`` added to the request's variables (it starts once allocated)."""
         if self._started or self._released or self._final is not None:
             raise RuntimeError(f"Job {self.job_id} was already started.")
-        write_atomically(self._path("start.json"), json.dumps({str(k): str(v) for k, v in (env or {}).items()}))
+        public, secret = split_secrets({str(k): str(v) for k, v in (env or {}).items()})
+        if secret:  # before start.json, which tells the worker to read both (see fray.cluster.slurm_worker)
+            write_atomically(self._path("start-secrets.json"), json.dumps(secret), private=True)
+        write_atomically(self._path("start.json"), json.dumps(public))
         self._started = True
 
     # -- stopping -----------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@ in the job folder (storage both machines see):
   presence tells the client the allocation is held;
 * ``start.json`` (written by the client's ``start(env)``): awaited before the command runs when
   the job was submitted with ``start=False``; its variables add to the request's;
+* ``request-secrets.json``, ``start-secrets.json``: the secret variables (``rigging.secrets``) of
+  the request and of ``start(env)``, kept out of the two files above. Only the owner can read them
+  (the folder is on shared storage), and this script deletes each as soon as it has read it, so
+  credentials sit on that storage for moments, not for the job's life;
 * ``exit_code`` (written here, last thing): the command's own exit status, negative when a
   signal killed it (Slurm's own record cannot tell 75 from a crash once accounting is off).
 
@@ -41,10 +45,12 @@ START_POLL_S = 0.1
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader on another machine sees all of it or nothing."""
+def write_atomically(path: str, text: str, *, private: bool = False) -> None:
+    """Write ``text`` to ``path`` so a reader on another machine sees all of it or nothing;
+    ``private``: readable by the owner only, from the moment the file exists."""
     staging = f"{path}.{os.getpid()}.tmp"
-    with open(staging, "w") as handle:
+    descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
+    with os.fdopen(descriptor, "w") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
@@ -100,10 +106,23 @@ def wait_for_start(folder: str, forwarder: Forwarder) -> dict[str, str] | None:
         return json.load(handle)
 
 
+def take_secrets(folder: str, name: str) -> dict[str, str]:
+    """The variables of a secrets file of the folder, which is deleted once read (none: no file)."""
+    path = os.path.join(folder, name)
+    try:
+        with open(path) as handle:
+            secrets = json.load(handle)
+    except FileNotFoundError:
+        return {}
+    os.remove(path)
+    return secrets
+
+
 def run(folder: str) -> int:
     forwarder = Forwarder()
     with open(os.path.join(folder, "request.json")) as handle:
         request = json.load(handle)
+    secrets = take_secrets(folder, "request-secrets.json")
     write_atomically(os.path.join(folder, "address"), node_address())
     extra: dict[str, str] | None = {}
     if not request["start"]:
@@ -112,7 +131,9 @@ def run(folder: str) -> int:
             code = -forwarder.received[0]
             write_atomically(os.path.join(folder, "exit_code"), str(code))
             return 128 - code
-    env = {**os.environ, **request["env"], **extra, "PYTHONUNBUFFERED": "1"}
+    if not request["start"]:
+        secrets.update(take_secrets(folder, "start-secrets.json"))  # written before start.json
+    env = {**os.environ, **request["env"], **extra, **secrets, "PYTHONUNBUFFERED": "1"}
     cwd = request["cwd"] if request["cwd"] and os.path.isdir(request["cwd"]) else None
     sys.stdout.flush()
     try:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rigging import filesystem as fsx
+from rigging.secrets import redact_argv
 
 from marin.errors import MarinError
 from marin.execution.executor_files import ARTIFACT_FILE
@@ -124,7 +125,7 @@ def current_provenance(*, step: str | None = None, identity: str | None = None) 
         git_dirty=dirty,
         user=user,
         host=socket.gethostname(),
-        argv=tuple(sys.argv),
+        argv=redact_argv(sys.argv),  # `--set wandb.key=...` must not be kept beside the output
         time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
     )
 

@@ -6,6 +6,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from iris.attempt_log import AttemptTally, attempt_records
 from rigging import filesystem as fsx
 
 from marin.execution.code_fingerprint import CodeFingerprint, comparable, fingerprint_from_source
@@ -28,6 +29,9 @@ class StepListing:
     # The step's attempt folder (.attempts/NNN) and iris job, as its status records them.
     attempt: int | None = None
     job: str | None = None
+    # Every attempt kept in the folder (.attempts/), counted by how it ended: preemptions iris retried
+    # leave no other trace in the status. None when not read (it costs a read per attempt).
+    attempts: AttemptTally | None = None
 
     def age_text(self, now: float | None = None) -> str:
         if not self.status_time:
@@ -86,7 +90,7 @@ def step_folders(prefix: str) -> list[str]:
     return sorted(found)
 
 
-def describe_folder(output_path: str, prefix: str | None = None) -> StepListing:
+def describe_folder(output_path: str, prefix: str | None = None, *, with_attempts: bool = False) -> StepListing:
     info = read_info(output_path) or {}
     status = read_status(output_path)
     name = info.get("name")
@@ -106,6 +110,7 @@ def describe_folder(output_path: str, prefix: str | None = None) -> StepListing:
         code_changed=code_changed,
         attempt=status.attempt if status else None,
         job=status.job if status else None,
+        attempts=AttemptTally.of(attempt_records(output_path)) if with_attempts else None,
     )
 
 
@@ -126,8 +131,8 @@ def _is_step_folder(folder: str) -> bool:
     return fsx.exists(fsx.join(folder, INFO_FILE)) or fsx.exists(fsx.join(folder, STATUS_FILE))
 
 
-def list_steps(prefix: str) -> list[StepListing]:
-    return [describe_folder(folder, prefix) for folder in step_folders(prefix)]
+def list_steps(prefix: str, *, with_attempts: bool = False) -> list[StepListing]:
+    return [describe_folder(folder, prefix, with_attempts=with_attempts) for folder in step_folders(prefix)]
 
 
 def find_step_folders(prefix: str, name_or_path: str) -> list[str]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from iris.attempt_log import AttemptTally
 from rigging.config.discovery import discover_config
 from rigging.log import get_logger
 
@@ -161,7 +162,7 @@ def script_settings(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[tu
 
 def status_command(args: argparse.Namespace) -> int:
     prefix = discover_config(prefix=args.prefix).prefix
-    listings = list_steps(prefix)
+    listings = list_steps(prefix, with_attempts=True)
     if getattr(args, "json", False):
         print(json.dumps([_listing_record(listing) for listing in listings], indent=1))
         return EXIT_OK
@@ -176,6 +177,8 @@ def status_command(args: argparse.Namespace) -> int:
             where = f"iris job {listing.job}, " if listing.job else ""
             attempt = f"attempt {listing.attempt}" if listing.attempt else "no attempt started yet"
             note += f"  ({where}{attempt}: marin logs {listing.name} --follow)"
+        if listing.attempts is not None and listing.attempts.eventful:
+            note += f"  ({listing.attempts.describe()})"
         print(f"{listing.status or '-':<11} {listing.age_text():>5}  {listing.name:<{width}}  {listing.output_path}{note}")
     changed = sum(1 for listing in listings if listing.code_changed)
     if changed:
@@ -189,6 +192,7 @@ def status_command(args: argparse.Namespace) -> int:
 
 def _listing_record(listing: StepListing) -> dict[str, Any]:
     """One step of ``marin status --json``: the table's columns, with times in seconds."""
+    tally = listing.attempts or AttemptTally()
     return {
         "name": listing.name,
         "status": listing.status,
@@ -199,6 +203,9 @@ def _listing_record(listing: StepListing) -> dict[str, Any]:
         "code_changed": listing.code_changed,
         "attempt": listing.attempt,
         "job": listing.job,
+        "attempts": tally.attempts,
+        "preemptions": tally.preempted,
+        "failed_attempts": tally.failed,
     }
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rigging import filesystem as fsx
+from rigging.secrets import redact, secret_values
 
 from marin.errors import MarinError
 
@@ -196,4 +197,7 @@ def recorded_dependency_paths(output_path: str, info: dict[str, Any] | None) -> 
 
 
 def write_info(output_path: str, info: dict[str, Any]) -> None:
-    fsx.atomic_write(fsx.join(output_path, INFO_FILE), json.dumps(info, indent=2, sort_keys=True, default=str))
+    # A config may carry a credential the environment also holds (a W&B key copied into it): the
+    # record says what ran, and keeps that value out.
+    text = redact(json.dumps(info, indent=2, sort_keys=True, default=str), secret_values())
+    fsx.atomic_write(fsx.join(output_path, INFO_FILE), text)

@@ -30,6 +30,7 @@ Cached steps never reach iris.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -39,14 +40,16 @@ from typing import Any
 
 import cloudpickle
 from fray.cluster import ResourceConfig
-from iris import JobState, JobStore, get_job, stop_job, submit_job
-from iris.attempt_log import list_attempts, read_log
+from iris import JobRecord, JobState, JobStore, get_job, stop_job, submit_job
+from iris.attempt_log import AttemptOutcome, list_attempts, read_log
+from iris.retries import replay
 from iris.spec import JobSpec, engine_options
 from iris.store import IRIS_HOME_VARIABLE
 from rigging import filesystem as fsx
 from rigging.lease import LeaseLostError
 from rigging.log import get_logger
 from rigging.names import safe_name_from
+from rigging.secrets import SecretNames
 
 from marin.errors import MarinError
 from marin.execution.executor_files import STATUS_RUNNING, STATUS_SUCCESS, read_status
@@ -58,8 +61,10 @@ logger = get_logger("marin.execution.step_runner")
 
 #: Environment variables a step's job gets from the runner (every engine): Marin's own settings,
 #: object-store credentials and endpoints, and the offline and compiler settings that change
-#: nothing a step computes but everything about whether it can start. Slurm and local jobs inherit
-#: the whole environment anyway; a Ray worker has its node's.
+#: nothing a step computes but everything about whether it can start; so does every variable named
+#: a secret explicitly (``rigging.secrets``: ``HUGGING_FACE_HUB_TOKEN``, ``MARIN_SECRET_NAMES``).
+#: Slurm and local jobs inherit the whole environment anyway; a Ray worker has its node's. Secret
+#: values are never part of the job's record: iris keeps their names and hands the values over at launch.
 FORWARDED_PREFIXES = ("MARIN_", "AWS_", "GOOGLE_", "GCS_", "STORAGE_EMULATOR_HOST", "FSSPEC_", "HF_", "TRANSFORMERS_",
                       "JAX_", "XLA_FLAGS", "WANDB_", "TOKENIZERS_")
 # How long the runner gives a stopping job to checkpoint and end before it gives up waiting.
@@ -162,7 +167,9 @@ class IrisStepExecutor:
 
     def _job_spec(self, call: StepCall, url: str) -> JobSpec:
         resources = call.spec.resources or ResourceConfig()
-        env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIXES)}
+        secrets = SecretNames.from_environment()  # a malformed MARIN_SECRET_NAMES fails the step, saying why
+        env = {name: value for name, value in os.environ.items()
+               if name.startswith(FORWARDED_PREFIXES) or secrets.is_named(name)}
         env["MARIN_CLUSTER"] = "local"  # a step's own sub-work runs in its allocation
         return JobSpec(
             name=f"{safe_name_from(call.spec.name)}-{call.spec.short_hash}",
@@ -208,6 +215,7 @@ class IrisStepExecutor:
 
     def _wait(self, call: StepCall, job_id: str, store: JobStore) -> Any:
         reported: int | None = None
+        news = _AttemptNews(call.spec.name, call.output_path, job_id)
         while True:
             record = get_job(job_id, store)
             if record.attempts and record.attempts != reported and call.placed is not None:
@@ -215,6 +223,7 @@ class IrisStepExecutor:
                 if folder_attempt is not None:  # the supervisor opens the folder just after the attempt starts
                     reported = record.attempts
                     call.placed(attempt=folder_attempt)
+            news.tell(record, store)
             if record.state.finished:
                 return record
             if call.cancelled.is_set() or call.lease_lost.is_set():
@@ -231,6 +240,39 @@ class IrisStepExecutor:
         if tail:
             text += f"\nLast lines of its log:\n{tail}"
         return text + f"\nEvery attempt's log: marin logs {call.output_path}"
+
+
+class _AttemptNews:
+    """Says on the runner's console, once each, how the attempts of a step's job ended and what
+    iris does next: a preemption is retried without the step failing, and would otherwise go unseen."""
+
+    def __init__(self, step: str, output_path: str, job_id: str) -> None:
+        self.step = step
+        self.output_path = output_path
+        self.job_id = job_id
+        self._told: set[int] = set()
+        self._seen: tuple[Any, ...] | None = None
+
+    def tell(self, record: JobRecord, store: JobStore) -> None:
+        seen = (record.attempts, record.preemptions, record.failures, record.state, record.updated_at)
+        if seen == self._seen:  # nothing ended since the last look: no need to read the attempts
+            return
+        self._seen = seen
+        spec = record.spec
+        verdicts = replay(((a.attempt, a.outcome, a.exit_codes) for a in store.attempts(self.job_id)),
+                          max_retries_preemption=spec.max_retries_preemption, max_retries_failure=spec.max_retries_failure)
+        for verdict in verdicts:
+            if verdict.attempt in self._told:
+                continue
+            self._told.add(verdict.attempt)
+            if verdict.outcome is AttemptOutcome.SUCCEEDED and verdict.attempt == 1:
+                continue  # the runner's own "finished" line says it all
+            # The number of the step's attempt folder, which `marin logs --attempt` takes.
+            number = _folder_attempt(self.output_path, self.job_id, verdict.attempt) or verdict.attempt
+            line = f"Step {self.step}: attempt {number} {verdict.describe()}"
+            if verdict.outcome.spends_failure_budget and not verdict.fenced_off:
+                line += f"; its log: marin logs {self.step} --attempt {number}"
+            logger.log(logging.INFO if verdict.outcome is AttemptOutcome.SUCCEEDED else logging.WARNING, "%s", line)
 
 
 def _folder_attempt(output_path: str, job_id: str, job_attempt: int) -> int | None:

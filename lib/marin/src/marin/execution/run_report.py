@@ -1,16 +1,24 @@
 """What one run did: one :class:`Outcome` per step, gathered in a :class:`RunReport`.
 
-A run that leaves a step failed raises :class:`StepRunFailed`, which carries the report, once all
-runnable work is done.
+A step that ran (or failed) in this run also says how many attempts it took and how they ended
+(:attr:`StepOutcome.attempts`), read from the attempt records in its folder: iris retries a
+preempted step without the step failing, so the summary is where a run says it was preempted
+("checkpoints/tiny ran in 3 attempts, 2 preempted"). A run that leaves a step failed raises
+:class:`StepRunFailed`, which carries the report, once all runnable work is done.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from iris.attempt_log import AttemptTally, attempt_records
+
 from marin.errors import MarinError
+from marin.execution.executor_files import read_status
 
 
 class Outcome(enum.StrEnum):
@@ -42,6 +50,42 @@ class StepOutcome:
     error: str | None = None
     seconds: float = 0.0
     result: Any = None
+    finished_at: float = field(default_factory=time.time)  # made when the step's attempt ended
+    first_attempt: int | None = None  # the attempt the runner itself began in this run, if it ran the step itself
+
+    @functools.cached_property
+    def attempts(self) -> AttemptTally:
+        """This run's attempts at the step, counted by how they ended (none for a step that did not run).
+
+        The attempts of the iris job the step's status names (the one this run submitted or adopted,
+        earlier attempts of an adopted job included); for a step the runner ran itself, the attempts
+        begun while this run tried it.
+        """
+        if self.outcome not in (Outcome.RAN, Outcome.FAILED):
+            return AttemptTally()
+        try:
+            records = attempt_records(self.output_path)
+            status = read_status(self.output_path)
+        except Exception:  # noqa: BLE001 - a summary line is never a reason for the run to fail
+            return AttemptTally()
+        began = self.finished_at - self.seconds - 1.0  # a second for clocks of other machines
+        job = status.job if status is not None else None
+        of_job = [record for record in records if job is not None and record.job_id == job]
+        # A job this run waited on was still running when it began; one of an earlier run had ended.
+        if any(record.ended_at is None or record.ended_at >= began for record in of_job):
+            return AttemptTally.of(of_job)
+        # Attempts the runner began itself are numbered: this run's are those from the first it began.
+        if self.first_attempt is None:
+            return AttemptTally()
+        return AttemptTally.of([record for record in records if record.job_id is None and record.attempt >= self.first_attempt])
+
+    def attempts_text(self) -> str:
+        """``checkpoints/tiny ran in 3 attempts, 2 preempted``, or ``""`` when one attempt did it all."""
+        tally = self.attempts
+        if not tally.eventful:
+            return ""
+        verb = "ran in" if self.outcome is Outcome.RAN else "failed after"
+        return f"{self.name} {verb} {tally.describe()}"
 
 
 @dataclass
@@ -90,7 +134,16 @@ class RunReport:
             parts = [f"{len(self.would_run)} to run", f"{len(self.cached)} cached", f"{len(self.failed)} failed"]
         else:
             parts = [f"{len(self.ran)} ran", f"{len(self.cached)} cached", f"{len(self.failed)} failed", f"{len(self.dep_failed)} dep-failed"]
-        return ", ".join(parts)
+        text = ", ".join(parts)
+        if not self.dry_run:
+            eventful = [outcome.attempts_text() for outcome in self.outcomes]
+            text += "".join(f"; {line}" for line in eventful if line)
+        return text
+
+    @property
+    def preemptions(self) -> int:
+        """Preempted attempts of this run's steps, all together."""
+        return sum(outcome.attempts.preempted for outcome in self.outcomes)
 
 
 class StepRunFailed(MarinError, RuntimeError):
@@ -101,7 +154,9 @@ class StepRunFailed(MarinError, RuntimeError):
         lines = [f"{len(report.failed)} step(s) failed:"]
         for outcome in report.outcomes:
             if outcome.outcome == Outcome.FAILED:
-                lines.append(f"  {outcome.name} ({outcome.output_path}): {outcome.error}")
+                tally = outcome.attempts
+                after = f" after {tally.describe()}" if tally.eventful else ""
+                lines.append(f"  {outcome.name} ({outcome.output_path}){after}: {outcome.error}")
         if report.dep_failed:
             lines.append(f"Not run because a dependency failed: {', '.join(report.dep_failed)}")
         super().__init__("\n".join(lines))

@@ -105,7 +105,10 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
     started = time.monotonic()
 
     def outcome(kind: Outcome, error: str | None = None, result: Any = None) -> StepOutcome:
-        return StepOutcome(spec.name, spec.identity, output_path, kind, error, time.monotonic() - started, result)
+        return StepOutcome(spec.name, spec.identity, output_path, kind, error, time.monotonic() - started, result,
+                           first_attempt=attempt_log.attempt if attempt_log is not None else None)
+
+    attempt_log: AttemptLog | None = None
 
     try:
         fsx.makedirs(output_path)
@@ -117,7 +120,6 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
     if cached_meanwhile is not None:
         return outcome(*cached_meanwhile)
 
-    attempt_log: AttemptLog | None = None
     execution: Execution | None = None
     running: dict[str, Any] = {}
     try:

@@ -23,7 +23,12 @@ Replica 0 commits: it leaves the function's result beside the call for the runne
 the staged output into the step folder and records SUCCESS, so a job that outlives its runner
 still records its result (multi-host steps compute the result on every process). Exit status: 0
 when the function returned (and, on replica 0, its output was committed), 75 when it stopped for
-SIGTERM, 130 for Ctrl-C, 77 when fenced off, 1 when it raised (the traceback is in the log).
+SIGTERM, 130 for Ctrl-C, 77 when fenced off, 1 when it raised.
+
+A planned stop ends the replica's output in one line naming the reason: the error the step raised
+on purpose to stop (after SIGTERM or Ctrl-C: ``RunCancelled``, ``TrainingPreempted``, any error of
+the project's own kind, whose message says where it got, e.g. the checkpoint it saved), or the
+fence it lost. Only a real crash prints a traceback, also when it happens while stopping.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from rigging.log import get_logger, setup_logging
 
 from marin.execution.interrupts import Interrupt, RunInterruption
 from marin.execution.step_executor import call_step_function
+from marin.execution.step_failures import is_explained_error
 from marin.execution.step_ownership import EXECUTIONS_FOLDER, Execution, ReplicaWatch, relocated
 from marin.execution.step_spec import StepSpec
 
@@ -77,6 +83,23 @@ def call_url(output_path: str, generation: int) -> str:
 def result_url(output_path: str, generation: int) -> str:
     """Where replica 0 leaves the function's result for the runner: beside the call."""
     return fsx.join(output_path, EXECUTIONS_FOLDER, f"g{generation}-result.pkl")
+
+
+# How a replica stopped by a signal names the reason, and what its exit code makes iris do.
+_STOPPED_BY = {Interrupt.SIGTERM: "preempted by SIGTERM", Interrupt.CTRL_C: "interrupted (Ctrl-C)"}
+_AFTER_EXIT = {Interrupt.SIGTERM: ": iris runs it again while its preemption budget allows", Interrupt.CTRL_C: ""}
+
+
+def _stop_exit_code(interrupt: Interrupt | None) -> int:
+    """The exit status of a replica whose function raised, by what asked it to stop (nothing: a crash)."""
+    if interrupt is Interrupt.SIGTERM:
+        return PREEMPTED_EXIT_CODE
+    return CTRL_C_EXIT_CODE if interrupt is Interrupt.CTRL_C else 1
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
 def _stop_on_signals(stop: RunInterruption) -> None:
@@ -117,10 +140,11 @@ def main(argv: list[str]) -> int:
         if watch.fenced_off is not None:
             logger.error("Step %s: not started, execution g%d is fenced off: %s", spec.name, execution.generation, watch.fenced_off)
             return FENCED_OFF_EXIT_CODE
-        return _run_replica(call, execution, replica, stop, fenced_off)
+        return _run_replica(call, execution, replica, stop, fenced_off, watch)
 
 
-def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: RunInterruption, fenced_off: threading.Event) -> int:
+def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: RunInterruption, fenced_off: threading.Event,
+                 watch: ReplicaWatch) -> int:
     spec = call.spec
     # The function runs in a thread, as in the runner, so this (main) thread keeps the signals: a
     # library the step uses (the trainer) installs no handler of its own off the main thread, and
@@ -139,16 +163,35 @@ def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: Ru
     while worker.is_alive():
         worker.join(0.2)  # short waits, so signal handlers run promptly
     if fenced_off.is_set():
-        logger.error("Step %s: execution g%d was fenced off; its output in %s is not committed", spec.name,
-                     execution.generation, execution.work_path)
+        logger.error("Step %s stopped: execution g%d was fenced off (another execution owns the step now); its output "
+                     "in %s is not committed. Exit %d: iris does not run it again", spec.name, execution.generation,
+                     execution.work_path, FENCED_OFF_EXIT_CODE)
         return FENCED_OFF_EXIT_CODE
     if "error" in outcome:
+        error = outcome["error"]
+        code = _stop_exit_code(stop.interrupt)
+        if stop.interrupt is not None and is_explained_error(error):
+            # A planned stop: the step raised on purpose (RunCancelled, TrainingPreempted...) because
+            # it was asked to stop, and its message says where it got. A traceback here would make a
+            # preempted attempt's log read like a crash.
+            logger.warning("Step %s stopped: %s; %s: %s Exit %d%s", spec.name, _STOPPED_BY[stop.interrupt],
+                           type(error).__name__, _one_line(error), code, _AFTER_EXIT[stop.interrupt])
+            return code
         print(outcome["traceback"], file=sys.stderr, end="")
-        if stop.interrupt is Interrupt.SIGTERM:
-            logger.warning("Step %s stopped for SIGTERM; exiting %d so it is run again", spec.name, PREEMPTED_EXIT_CODE)
-            return PREEMPTED_EXIT_CODE
-        return CTRL_C_EXIT_CODE if stop.interrupt is Interrupt.CTRL_C else 1
+        if stop.interrupt is not None:
+            logger.warning("Step %s crashed while stopping (%s). Exit %d%s", spec.name, _STOPPED_BY[stop.interrupt], code,
+                           _AFTER_EXIT[stop.interrupt])
+        return code
+    watch.finished()
     if replica == 0:
+        # Every replica writes its share of a multi-host step's output: commit once all have.
+        waiting = watch.wait_for_the_others(int(os.environ.get("IRIS_NUM_REPLICAS", "1")),
+                                            lambda: fenced_off.is_set() or stop.interrupt is not None)
+        if fenced_off.is_set():
+            return FENCED_OFF_EXIT_CODE
+        if waiting is not None:
+            logger.error("Step %s: execution g%d not committed: %s", spec.name, execution.generation, waiting)
+            return _stop_exit_code(stop.interrupt)
         result = outcome["result"]
         fsx.atomic_write(result_url(call.output_path, execution.generation),
                          cloudpickle.dumps(relocated(result, execution.work_path, call.output_path)))

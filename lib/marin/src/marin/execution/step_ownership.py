@@ -294,6 +294,7 @@ class ReplicaHeartbeat:
     heartbeat_at: float
     ttl_s: float
     ended: bool = False
+    finished: bool = False  # its function returned: its share of the output is written
 
     def may_be_running(self, now: float | None = None) -> bool:
         """Whether it may still write: not ended, and alive here or heartbeating within its TTL."""
@@ -329,6 +330,7 @@ def replica_heartbeats(output_path: str, generation: int) -> list[ReplicaHeartbe
                 generation=int(data["generation"]), replica=int(data["replica"]),
                 process=ProcessIdentity(str(data["host"]), int(data["pid"]), data.get("pid_started"), data.get("pid_namespace")),
                 heartbeat_at=float(data["heartbeat_at"]), ttl_s=float(data["ttl_s"]), ended=bool(data.get("ended")),
+                finished=data.get("finished") is True,
             ))
         except (ValueError, KeyError, TypeError):
             continue  # torn or foreign: says nothing about a live replica
@@ -348,6 +350,7 @@ class ReplicaWatch:
         self.interval_s = interval_s
         self.on_fenced_off = on_fenced_off
         self.fenced_off: str | None = None
+        self._finished = False
         self._process = ProcessIdentity.of_this_process()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"fence-watch:g{execution.generation}", daemon=True)
@@ -368,12 +371,33 @@ class ReplicaWatch:
         record = {
             "generation": self.execution.generation, "replica": self.replica, "host": self._process.host,
             "pid": self._process.pid, "pid_started": self._process.started, "pid_namespace": self._process.namespace,
-            "heartbeat_at": time.time(), "ttl_s": self.interval_s * 3 + 2, "ended": ended,
+            "heartbeat_at": time.time(), "ttl_s": self.interval_s * 3 + 2, "ended": ended, "finished": self._finished,
         }
         try:
             fsx.atomic_write(heartbeat_url(self.execution.output_path, self.execution.generation, self.replica), json.dumps(record))
         except Exception as exc:  # noqa: BLE001 - a missed heartbeat only makes the replica look older
             logger.warning("Replica %d: could not write its heartbeat: %s", self.replica, exc)
+
+    def finished(self) -> None:
+        """Say that this replica's function returned: its share of the output is in the staging folder."""
+        self._finished = True
+        self.beat()
+
+    def wait_for_the_others(self, replicas: int, stopping: Callable[[], bool]) -> str | None:
+        """On replica 0, before it commits: wait until each of the execution's ``replicas`` replicas
+        has finished, since a multi-host step's output is only whole once each has written its share.
+        ``None`` once they all have; otherwise why the output never will be (a replica ended without
+        finishing, or stopped heartbeating), or that ``stopping()`` became true."""
+        while True:
+            beats = {beat.replica: beat for beat in replica_heartbeats(self.execution.output_path, self.execution.generation)}
+            if all(index in beats and beats[index].finished for index in range(replicas)):
+                return None
+            for index, beat in sorted(beats.items()):
+                if not beat.finished and not beat.may_be_running():
+                    return f"{beat.describe()} ended without finishing its share of the output"
+            if stopping():
+                return "stopped while waiting for the other replicas to finish"
+            time.sleep(min(0.2, self.interval_s))
 
     def check(self) -> None:
         if self.fenced_off is not None:

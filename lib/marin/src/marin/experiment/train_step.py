@@ -153,7 +153,7 @@ def trainer_stop_source(ctx: Any) -> StopSource:
             f"step {ctx.step.name!r} lost its lease on {ctx.output_path} (another runner may be writing there)",
         ),
         StopReason.INTERRUPTED: StopRequest(StopAction.PREEMPT, "the run was interrupted (Ctrl-C)"),
-        StopReason.PREEMPTED: StopRequest(StopAction.PREEMPT, "the runner received SIGTERM (preemption)"),
+        StopReason.PREEMPTED: StopRequest(StopAction.PREEMPT, "the step's process received SIGTERM (preemption)"),
     }
     return lambda: requests.get(ctx.stop_reason())
 
