@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import codecs
-import os
-import signal
-import subprocess
-import sys
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +13,7 @@ from rigging.log import get_logger
 from rigging.secrets import split_secrets
 
 from iris.errors import IrisError
+from iris.placement import signal_supervisor, start_supervisor, supervisor_alive
 from iris.spec import JobSpec
 from iris.store import JobRecord, JobState, JobStore
 
@@ -34,60 +32,38 @@ def _store(store: JobStore | None) -> JobStore:
 
 
 def submit_job(spec: JobSpec, store: JobStore | None = None) -> str:
-    """Record ``spec`` as a new PENDING job, start its detached supervisor, and return the job id.
+    """Record ``spec`` as a new PENDING job, start its supervisor where the engine keeps it alive
+    (:mod:`iris.placement`), and return the job id.
 
     The record names the job's secret variables but holds none of their values (``JobSpec.to_json``):
-    they reach the supervisor in its process environment only, and from it the replicas.
+    they reach the supervisor in its process environment only (on Slurm through a private file its
+    node deletes once read), and from it the replicas.
     """
     store = _store(store)
     _, secrets = split_secrets(dict(spec.env))
     job_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     store.create(job_id, spec)
-    log_folder = store.log_folder(job_id)
-    log_folder.mkdir(parents=True, exist_ok=True)
-    with open(log_folder / "supervisor.log", "ab") as supervisor_log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "iris.supervisor", str(store.home), job_id],
-            stdin=subprocess.DEVNULL,
-            stdout=supervisor_log,
-            stderr=subprocess.STDOUT,
-            cwd=spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None,
-            env={**os.environ, **secrets},
-            # A session of its own: the job outlives this command and the terminal it ran in.
-            start_new_session=True,
-        )
-    store.set_supervisor(job_id, process.pid)
+    store.log_folder(job_id).mkdir(parents=True, exist_ok=True)
+    try:
+        start_supervisor(spec, store, job_id, secrets)
+    except Exception as exc:
+        store.transition(job_id, JobState.FAILED, f"its supervisor could not be started: {exc}")
+        raise
     logger.info("Job %s submitted (%s backend, %d replica(s))", job_id, spec.backend, spec.replicas)
     return job_id
 
 
-def _supervisor_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # A zombie (exited, not yet reaped by its parent) is as good as gone.
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     """A job whose supervisor died without writing a final state is marked FAILED (it cannot progress)."""
-    if record.state.finished or record.supervisor_pid is None or _supervisor_alive(record.supervisor_pid):
+    if record.state.finished or (record.supervisor_pid is None and record.supervisor_job is None) or supervisor_alive(record):
         return record
     # Re-read: the supervisor may have written its final state just before exiting.
     fresh = store.get(record.job_id)
     if fresh is None or fresh.state.finished:
         return fresh or record
     state = JobState.STOPPED if fresh.stop_requested else JobState.FAILED
-    store.transition(record.job_id, state, f"supervisor (pid {record.supervisor_pid}) is gone; see its log in {store.log_folder(record.job_id)}")
+    where = f"Slurm batch job {json.loads(record.supervisor_job).get('slurm_id')}" if record.supervisor_job else f"pid {record.supervisor_pid}"
+    store.transition(record.job_id, state, f"supervisor ({where}) is gone; see its log in {store.log_folder(record.job_id)}")
     return store.get(record.job_id) or record
 
 
@@ -124,11 +100,7 @@ def stop_job(job_id: str, store: JobStore | None = None, timeout: float = 30.0) 
     if record.state.finished:
         return record
     store.request_stop(job_id)
-    if record.supervisor_pid is not None and _supervisor_alive(record.supervisor_pid):
-        try:
-            os.kill(record.supervisor_pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    signal_supervisor(record)
     return wait_for_job(job_id, store, timeout=timeout)
 
 

@@ -61,6 +61,9 @@ class JobRecord:
     message: str
     supervisor_pid: int | None
     stop_requested: bool
+    # Where the supervisor runs when the engine keeps it (a JSON locator of the fray job that runs
+    # it, see iris.placement); None: a process of the machine that submitted the job.
+    supervisor_job: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     exit_code INTEGER,
     message TEXT NOT NULL DEFAULT '',
     supervisor_pid INTEGER,
-    stop_requested INTEGER NOT NULL DEFAULT 0
+    stop_requested INTEGER NOT NULL DEFAULT 0,
+    supervisor_job TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL,
@@ -138,6 +142,10 @@ class JobStore:
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
+            # A database made before supervisors could run on the engine lacks the column.
+            columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)").fetchall()}
+            if "supervisor_job" not in columns:
+                db.execute("ALTER TABLE jobs ADD COLUMN supervisor_job TEXT")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -198,6 +206,10 @@ class JobStore:
         with self._connect() as db:
             db.execute("UPDATE jobs SET supervisor_pid = ? WHERE job_id = ?", (pid, job_id))
 
+    def set_supervisor_job(self, job_id: str, locator: str) -> None:
+        with self._connect() as db:
+            db.execute("UPDATE jobs SET supervisor_job = ? WHERE job_id = ?", (locator, job_id))
+
     def request_stop(self, job_id: str) -> None:
         with self._connect() as db:
             db.execute("UPDATE jobs SET stop_requested = 1 WHERE job_id = ?", (job_id,))
@@ -245,12 +257,12 @@ class JobStore:
 
 _JOB_COLUMNS = (
     "job_id, spec, state, created_at, updated_at, attempts, preemptions, failures, exit_code, message, "
-    "supervisor_pid, stop_requested"
+    "supervisor_pid, stop_requested, supervisor_job"
 )
 
 
 def _job_from_row(row: tuple) -> JobRecord:
-    job_id, spec, state, created, updated, attempts, preemptions, failures, exit_code, message, pid, stop = row
+    job_id, spec, state, created, updated, attempts, preemptions, failures, exit_code, message, pid, stop, placed = row
     return JobRecord(
         job_id=job_id,
         spec=JobSpec.from_json(spec),
@@ -264,4 +276,5 @@ def _job_from_row(row: tuple) -> JobRecord:
         message=message,
         supervisor_pid=pid,
         stop_requested=bool(stop),
+        supervisor_job=placed,
     )

@@ -227,6 +227,11 @@ class SlurmClient:
         logger.info("Slurm job %s: %s (%s)", slurm_id, request.name, folder)
         return SlurmJob(slurm_id, folder, request.name, started=start, timings=self.timings, board=self._board)
 
+    def attach(self, locator: dict[str, str]) -> SlurmJob:
+        """The handle of a job another process submitted, from its :meth:`SlurmJob.locator`."""
+        return SlurmJob(str(locator["slurm_id"]), str(locator["folder"]), str(locator["name"]), started=True,
+                        timings=self.timings, board=self._board)
+
     def _command(self, request: JobRequest, folder: str, result_file: bool) -> list[str]:
         if request.is_command:
             return list(request.entrypoint)

@@ -122,6 +122,10 @@ class SlurmJob:
     def __repr__(self) -> str:
         return f"SlurmJob({self.job_id!r}, {self.name!r})"
 
+    def locator(self) -> dict[str, str]:
+        """What another process needs to find this job again (:meth:`SlurmClient.attach`)."""
+        return {"backend": "slurm", "slurm_id": self.job_id, "folder": self.folder, "name": self.name}
+
     def _path(self, name: str) -> str:
         return os.path.join(self.folder, name)
 

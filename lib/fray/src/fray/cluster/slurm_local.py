@@ -4,10 +4,10 @@ For trying Slurm on one machine (``marin slurm start``) and for the tests of
 :class:`fray.cluster.slurm_client.SlurmClient`. Everything lives in one folder, the cluster's state
 folder: a ``slurm.conf`` with free ports for the controller and the node daemon, a fresh munge key
 and a munge daemon with its own socket (``AuthInfo=socket=``), so neither the machine's own munge
-nor another Slurm on it is touched. The node is this machine (``hostname -s``) with its CPUs and
-memory, in one partition (``debug`` by default); process tracking is ``proctrack/linuxproc`` and
-there is no accounting (no ``slurmdbd``), like a bare Slurm. Finished jobs stay visible to
-``scontrol show job`` for ``MinJobAge`` (an hour).
+nor another Slurm on it is touched. The node is this machine (``hostname -s``), declaring twice its
+cores as CPUs (see ``cpus``) and its memory, in one partition (``debug`` by default); process
+tracking is ``proctrack/linuxproc`` and there is no accounting (no ``slurmdbd``), like a bare
+Slurm. Finished jobs stay visible to ``scontrol show job`` for ``MinJobAge`` (an hour).
 
 Two ways to hold one. In a process: ``with LocalSlurmCluster() as cluster:`` (a temporary folder,
 removed at the end). Across processes: :func:`start_local_slurm` starts one in a state folder
@@ -156,7 +156,9 @@ class LocalSlurmCluster:
         self.partition = partition
         self.gpus = dict(gpus or {})
         self.node_name = socket.gethostname().split(".")[0]
-        self.cpus = cpus or os.cpu_count() or 1
+        # Twice the cores, at least 4: each step run through iris holds a one-CPU supervisor job beside
+        # its replicas (iris.placement), and a supervisor only waits. ``cpus=`` declares what you say.
+        self.cpus = cpus or max(4, 2 * (os.cpu_count() or 1))
         self.memory_mib = memory_mib or int(_memory_mib() * 0.9)
         self.kill_wait_s = kill_wait_s
         self.min_job_age_s = min_job_age_s

@@ -1,0 +1,137 @@
+"""Where a job's supervisor runs: where the engine keeps it alive, so closing the submitting machine
+never orphans a job.
+
+* ``slurm``: the supervisor is a Slurm batch job of its own (one CPU, a little memory, the job's
+  partition), submitted through fray like the replicas it then submits. Slurm keeps it running
+  whatever happens to the machine that submitted it; the job database (``IRIS_HOME``) and the job
+  folders must be on storage the nodes share, as the Slurm docs of this project ask anyway. The
+  record keeps a locator of that batch job (``JobRecord.supervisor_job``), so any process that
+  reads the database can tell whether the supervisor still runs, by asking Slurm.
+* ``local`` and ``ray``: a process of the submitting machine in a session of its own (it outlives
+  the command and the terminal that started it, not the machine).
+
+``IRIS_SUPERVISOR=here`` keeps every supervisor on the submitting machine (a Slurm site that
+forbids submitting from compute nodes). A stop request reaches a supervisor through the database
+(it polls ``stop_requested``); one on this machine also gets SIGTERM, for promptness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from fray.cluster import JobRequest, JobStatus, ResourceConfig
+from rigging.log import get_logger
+
+from iris.errors import IrisError
+from iris.spec import JobSpec
+from iris.store import JobRecord, JobStore
+
+logger = get_logger(__name__)
+
+SUPERVISOR_VARIABLE = "IRIS_SUPERVISOR"
+# What a supervisor asks of the engine: it only waits on replicas and writes the job database.
+SUPERVISOR_RESOURCES = ResourceConfig.with_cpu(cpu=1, ram="512m")
+# How long an answer about a supervisor on the engine is trusted: asking Slurm costs a command.
+_LIVENESS_TTL_S = 2.0
+_liveness: dict[str, tuple[float, bool]] = {}
+
+
+class SupervisorPlacementError(IrisError, ValueError):
+    """``IRIS_SUPERVISOR`` names no known placement."""
+
+
+def supervised_on_engine(spec: JobSpec) -> bool:
+    """Whether the job's supervisor runs on its engine (see the module docstring)."""
+    setting = os.environ.get(SUPERVISOR_VARIABLE, "engine").strip().lower() or "engine"
+    if setting not in ("engine", "here"):
+        raise SupervisorPlacementError(f"{SUPERVISOR_VARIABLE}={setting!r}: use 'engine' (the default) or 'here'.")
+    return setting == "engine" and spec.backend == "slurm"
+
+
+def start_supervisor(spec: JobSpec, store: JobStore, job_id: str, secrets: Mapping[str, str]) -> None:
+    """Start job ``job_id``'s supervisor where :func:`supervised_on_engine` says, and record where."""
+    log = store.log_folder(job_id) / "supervisor.log"
+    if supervised_on_engine(spec):
+        from fray.cluster.slurm_client import SlurmClient
+
+        # The command appends to the same log a local supervisor writes, in the shared job database's folder.
+        command = ["/bin/sh", "-c", 'exec "$0" -m iris.supervisor "$1" "$2" >>"$3" 2>&1',
+                   sys.executable, str(store.home), job_id, str(log)]
+        request = JobRequest(name=f"iris-supervisor-{job_id}", entrypoint=command, resources=SUPERVISOR_RESOURCES,
+                             env=dict(secrets), cwd=spec.cwd)
+        handle = SlurmClient(spec.slurm_partition).submit(request)
+        store.set_supervisor_job(job_id, json.dumps(handle.locator()))
+        logger.info("Job %s: its supervisor runs on Slurm as batch job %s", job_id, handle.job_id)
+        return
+    with open(log, "ab") as supervisor_log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "iris.supervisor", str(store.home), job_id],
+            stdin=subprocess.DEVNULL,
+            stdout=supervisor_log,
+            stderr=subprocess.STDOUT,
+            cwd=spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None,
+            env={**os.environ, **secrets},
+            # A session of its own: the job outlives this command and the terminal it ran in.
+            start_new_session=True,
+        )
+    store.set_supervisor(job_id, process.pid)
+
+
+def supervisor_alive(record: JobRecord) -> bool:
+    """Whether the job's supervisor may still run (and so may still write the job's final state)."""
+    if record.supervisor_job:
+        return _engine_supervisor_alive(record.job_id, record.supervisor_job)
+    return _process_alive(record.supervisor_pid)
+
+
+def signal_supervisor(record: JobRecord) -> None:
+    """SIGTERM to a supervisor that is a process of this machine (one on the engine polls the database)."""
+    if record.supervisor_job or not _process_alive(record.supervisor_pid):
+        return
+    try:
+        os.kill(record.supervisor_pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def _engine_supervisor_alive(job_id: str, locator_text: str) -> bool:
+    checked = _liveness.get(job_id)
+    if checked is not None and time.monotonic() - checked[0] < _LIVENESS_TTL_S:
+        return checked[1]
+    try:
+        locator = json.loads(locator_text)
+        if locator.get("backend") != "slurm":
+            raise ValueError(f"unknown backend {locator.get('backend')!r}")
+        from fray.cluster.slurm_client import SlurmClient
+
+        status = SlurmClient(check_resources=False).attach(locator).status()
+        alive = status in (JobStatus.PENDING, JobStatus.RUNNING)
+    except Exception as exc:  # noqa: BLE001 - an engine that cannot be asked right now is not a dead supervisor
+        logger.warning("Job %s: could not ask where its supervisor runs (%s); taking it as alive", job_id, exc)
+        alive = True
+    _liveness[job_id] = (time.monotonic(), alive)
+    return alive
+
+
+def _process_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # A zombie (exited, not yet reaped by its parent) is as good as gone.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0] != "Z"
+    except (OSError, IndexError):
+        return True
