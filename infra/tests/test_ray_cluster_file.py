@@ -125,16 +125,49 @@ def test_every_node_runs_as_the_stacks_accounts_with_the_project_and_its_environ
         assert any(extra in command for command in types[name]["worker_setup_commands"])
 
 
-def test_the_nodes_cluster_setting_waits_for_the_autoscaler():
+def test_the_nodes_cluster_setting_waits_for_the_autoscaler(tmp_path):
     from fray.cluster.current import client_from_spec
     from fray.cluster.ray_client import RayClient
+    from iris.spec import engine_options
+    from marin.execution.iris_steps import IrisEngine, IrisStepExecutor
+    from marin.execution.step_runner import StepRunner
 
     from infra.ray_cluster import MARIN_CLUSTER
 
     client = client_from_spec(MARIN_CLUSTER)
     assert isinstance(client, RayClient)
-    assert (client.address, client.check_resources) == ("auto", False)
-    assert client_from_spec("ray:auto").check_resources is True  # the plain setting still checks
+    # It still checks every request: against the autoscaler's node types where no live node holds it.
+    assert (client.address, client.autoscaling, client.check_resources) == ("auto", True, True)
+    assert client_from_spec("ray:auto").autoscaling is None  # the plain setting asks the cluster
+    # The same setting through iris, as the nodes' MARIN_CLUSTER or a runner's cluster=.
+    assert engine_options(MARIN_CLUSTER) == {"backend": "ray", "ray_address": "auto"}
+    assert IrisEngine(MARIN_CLUSTER).options == engine_options("ray")
+    for setting in (MARIN_CLUSTER, f"iris:{MARIN_CLUSTER}"):
+        executor = StepRunner(prefix=str(tmp_path / "prefix"), cluster=setting)._executor()
+        if setting.startswith("iris:"):
+            assert isinstance(executor, IrisStepExecutor) and executor.engine.setting == MARIN_CLUSTER
+        else:
+            assert executor.client.autoscaling is True
+
+
+def test_the_autoscaler_adds_the_group_a_request_asks_for_and_refuses_what_no_group_declares(stack_settings):
+    from fray.cluster import UnschedulableError
+    from fray.cluster.ray_autoscaler import autoscaler_from_config
+    from fray.cluster.ray_client import plan_placement
+
+    autoscaler = autoscaler_from_config(cluster_config(stack_settings))
+    head = [dict(cluster_config(stack_settings)["available_node_types"]["head"]["resources"])]  # the one live node
+
+    def plan(resources: ResourceConfig):
+        return plan_placement(resources, head, autoscaler, what="Step 'x'")
+
+    for group in stack_settings.cluster.workers:
+        scale_up = plan(resource_config_for(group))
+        # Groups of the same hardware answer each other's requests; this one is always among them.
+        assert scale_up is not None and group.name in scale_up.groups, (group.name, scale_up)
+        assert scale_up.waiting_line().endswith("up to 15 min")
+    with pytest.raises(UnschedulableError, match=r"has the resource 'trainer'\. "):
+        plan(ResourceConfig.with_cpu(custom={"trainer": 1}))
 
 
 def _declared(settings_with, group: WorkerGroup) -> dict:

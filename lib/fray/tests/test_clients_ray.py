@@ -1,16 +1,18 @@
 """RayClient against a real local Ray cluster of 2 CPUs (started once for this module)."""
 
 import sys
+import time
 
 import pytest
 
-from fray.cluster import JobRequest, JobStatus, ResourceConfig, UnschedulableError, ship_by_value
+from fray.cluster import JobRequest, JobStatus, ResourceConfig, ScaleUpTimeout, UnschedulableError, ship_by_value
 
 # Ray starts its processes with fork+exec; JAX, if another test imported it, warns about any fork.
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 
 ray = pytest.importorskip("ray", reason="the Ray backend needs `pip install 'marin[ray]'`")
 
+from fray.cluster.ray_autoscaler import Autoscaler, find_autoscaler  # noqa: E402
 from fray.cluster.ray_client import RayClient, ray_options  # noqa: E402
 
 ship_by_value(__name__)
@@ -66,6 +68,55 @@ def test_request_for_a_custom_resource_no_node_declares_fails_at_once(client):
     with pytest.raises(UnschedulableError, match=r"asks for 1 CPU, 64m RAM, trainer: 1.*none of its 1 node\(s\) has the "
                        r"custom resource 'trainer' \(custom resources of its nodes: none; .*--resources='\{\"trainer\": 1\}'"):
         client.remote(lambda: None, resources=ResourceConfig.with_cpu(ram="64m", custom={"trainer": 1}))
+
+
+def test_a_cluster_without_an_autoscaler_is_asked_once_and_refuses_even_when_told_it_autoscales(client):
+    # This cluster's monitor runs without an autoscaling config: nothing will ever add a node.
+    told = RayClient(autoscaling=True)
+    with pytest.raises(UnschedulableError, match=r"trainer.*the cluster runs no autoscaler that could add one"):
+        told.check_fits(ResourceConfig.with_cpu(ram="64m", custom={"trainer": 1}))
+    assert told._autoscaler is None
+    # A driver on another machine asks the head with a task: the same answer.
+    assert find_autoscaler(ray, remote_driver=True) is None
+
+
+def _waiting_client(poll_s=0.05):
+    """A client that believes the cluster autoscales with node types it cannot read: it waits."""
+    waiting = RayClient(autoscaling=True)
+    waiting._autoscaler = Autoscaler(None)
+    waiting._watch.poll_s = poll_s
+    return waiting
+
+
+def test_work_whose_node_never_joins_fails_at_its_deadline(client):
+    waiting = _waiting_client()
+    asks = ResourceConfig.with_cpu(ram="64m", custom={"trainer": 1}, scale_up_timeout_s=1)
+    future = waiting.remote(lambda: "ran", resources=asks)
+    with pytest.raises(ScaleUpTimeout, match=r"<lambda> waited 1 s for the autoscaler to add a node with trainer:1, "
+                                             r"and none"):
+        future.result(timeout=60)
+
+    job = waiting.submit(JobRequest("never-placed", [sys.executable, "-c", "pass"], resources=asks), start=False)
+    with pytest.raises(ScaleUpTimeout, match=r"job 'never-placed' waited 1 s"):
+        job.free_address()  # where iris waits for its replicas to be placed
+    assert job.status() == JobStatus.FAILED
+    job.release()
+
+    actor = waiting.create_actor(Accumulator, resources=asks)
+    time.sleep(2)
+    with pytest.raises(ScaleUpTimeout, match=r"actor Accumulator waited 1 s"):
+        actor.push.remote(1).result(timeout=60)
+    # Its pending requests were withdrawn: the cluster runs other work as before.
+    assert client.remote(lambda: 2, resources=ResourceConfig.with_cpu(ram="64m")).result(timeout=60) == 2
+
+
+def test_a_map_whose_node_never_joins_fails_once_without_retrying(client):
+    waiting = _waiting_client()
+    asks = ResourceConfig.with_cpu(ram="64m", custom={"trainer": 1}, scale_up_timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(ScaleUpTimeout, match="waited 1 s"):
+        waiting.map(lambda x: x, range(3), resources=asks, max_retries=5)
+    assert time.monotonic() - started < 30
 
 
 def test_job_runs_on_a_ray_node_with_logs(client):

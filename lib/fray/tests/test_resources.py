@@ -101,3 +101,13 @@ def test_retry_budgets_and_time_limit_have_defaults_and_refuse_impossible_values
     for bad in ({"max_retries_preemption": -1}, {"max_retries_failure": 1.5}, {"time_limit_s": 0}, {"time_limit_s": "1h"}):
         with pytest.raises(InvalidResourceConfig, match=next(iter(bad))):
             ResourceConfig.with_cpu(**bad)
+
+
+def test_the_scale_up_deadline_defaults_to_15_minutes_and_refuses_impossible_values():
+    from fray.cluster import InvalidResourceConfig, ResourceConfig
+
+    assert ResourceConfig.with_cpu().scale_up_timeout_s == 15 * 60
+    assert ResourceConfig.with_tpu("v5p-128", scale_up_timeout_s=3600).scale_up_timeout_s == 3600
+    for bad in (0, -5, "15m", True):
+        with pytest.raises(InvalidResourceConfig, match="scale_up_timeout_s must be a positive number of seconds"):
+            ResourceConfig.with_cpu(scale_up_timeout_s=bad)

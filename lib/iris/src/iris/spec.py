@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.cluster import InvalidResourceConfig, ResourceConfig
-from fray.cluster.resources import CpuDevice, GpuDevice, TpuDevice
+from fray.cluster.resources import DEFAULT_SCALE_UP_TIMEOUT_S, CpuDevice, GpuDevice, TpuDevice
 from rigging.names import UnsafeNameError, check_relative_name, safe_name_from
 from rigging.secrets import split_secrets
 
@@ -133,12 +133,16 @@ def _resources_to_dict(resources: ResourceConfig) -> dict[str, Any]:
     data = {"cpu": resources.cpu, "ram": resources.ram, "disk": resources.disk, "device": device_dict}
     if resources.custom:
         data["custom"] = dict(resources.custom)
+    if resources.scale_up_timeout_s != DEFAULT_SCALE_UP_TIMEOUT_S:
+        # The supervisor's client holds the deadline while a replica waits for an autoscaled node.
+        data["scale_up_timeout_s"] = resources.scale_up_timeout_s
     return data
 
 
 def _resources_from_dict(data: dict[str, Any]) -> ResourceConfig:
     device = data["device"]
-    common = {"cpu": data["cpu"], "ram": data["ram"], "custom": data.get("custom", {})}
+    common = {"cpu": data["cpu"], "ram": data["ram"], "custom": data.get("custom", {}),
+              "scale_up_timeout_s": data.get("scale_up_timeout_s", DEFAULT_SCALE_UP_TIMEOUT_S)}
     if device["kind"] == "gpu":
         return ResourceConfig.with_gpu(device["variant"], device["count"], disk=data["disk"], **common)
     if device["kind"] == "tpu":
@@ -172,7 +176,7 @@ def resources_from_flags(
         raise InvalidJobSpec(str(exc)) from exc
 
 
-ENGINE_SETTINGS = "local, ray (or ray:auto), ray:local, ray://HOST:PORT, slurm or slurm:PARTITION"
+ENGINE_SETTINGS = "local, ray (or ray:auto, ray:autoscaling), ray:local, ray://HOST:PORT, slurm or slurm:PARTITION"
 
 
 def engine_options(setting: str) -> dict[str, Any]:
@@ -180,11 +184,14 @@ def engine_options(setting: str) -> dict[str, Any]:
 
     The settings are fray's cluster settings (``fray.cluster.current``) for the engines iris can
     place replicas on; the thread and process flavours of ``local`` all mean child processes here.
+    ``ray:autoscaling`` (what ``infra/``'s cluster sets on its nodes) is the cluster of this machine
+    like ``ray``: either way the supervisor's Ray client asks the cluster's autoscaler which node
+    types it can add, and a replica no live node can hold waits for one of them.
     """
     text = setting.strip()
     if text in ("", "local", "threads", "processes", "local:threads", "local:processes"):
         return {"backend": "local"}
-    if text in ("ray", "ray:auto"):
+    if text in ("ray", "ray:auto", "ray:autoscaling"):
         return {"backend": "ray", "ray_address": "auto"}
     if text == "ray:local":
         return {"backend": "ray", "ray_address": None}

@@ -11,6 +11,7 @@ from fray.cluster.client import (
     JobHandle,
     JobRequest,
     JobStatus,
+    ScaleUpTimeout,
     UnschedulableError,
 )
 from fray.cluster.current import ClusterConfigError, client_for, client_from_spec, current_client, use_client
@@ -51,6 +52,7 @@ __all__ = [
     "LocalClient",
     "RayClient",
     "ResourceConfig",
+    "ScaleUpTimeout",
     "TaskError",
     "TpuDevice",
     "UnguardedMainError",

@@ -37,6 +37,11 @@ class UnschedulableError(FrayError, ValueError):
     """
 
 
+class ScaleUpTimeout(UnschedulableError, TimeoutError):
+    """A request no live node could hold waited for the cluster's autoscaler longer than its
+    ``ResourceConfig.scale_up_timeout_s``, and no node that can hold it joined."""
+
+
 class InvalidJobRequest(FrayError, ValueError):
     """A ``JobRequest`` that cannot be run as written."""
 

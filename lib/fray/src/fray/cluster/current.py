@@ -8,13 +8,15 @@ A setting, wherever it is given (``backend=`` of a zephyr run or a tokenize step
 * ``processes`` (also ``local:processes``): ``LocalClient(processes=True)``, local worker processes;
 * ``ray`` (also ``ray:auto``): the Ray cluster this machine belongs to;
 * ``ray:autoscaling``: the same, for a cluster that adds nodes on demand (``ray up``): work no live
-  node can hold yet waits for the autoscaler instead of failing at once (``check_resources=False``);
+  node can hold yet, but a node type of its autoscaler can, waits for the node (up to
+  ``ResourceConfig.scale_up_timeout_s``) instead of failing at once; ``RayClient(autoscaling=True)``.
+  Plain ``ray`` asks the cluster whether it autoscales, and does the same when it does;
 * ``ray:local``: a private local Ray cluster, started on first use;
 * ``ray://HOST:PORT``: a Ray client connection;
 * ``slurm``: ``SlurmClient()``, the Slurm cluster of this machine's Slurm commands (``SLURM_CONF``),
   its default partition; ``slurm:PARTITION``: that partition;
-* ``iris:ENGINE`` (``iris:slurm``, ``iris:slurm:PARTITION``, ``iris:ray``, ``iris:ray:local``,
-  ``iris:ray://HOST:PORT``, ``iris:local``): steps run as iris jobs on ENGINE, with retries on
+* ``iris:ENGINE`` (``iris:slurm``, ``iris:slurm:PARTITION``, ``iris:ray``, ``iris:ray:autoscaling``,
+  ``iris:ray:local``, ``iris:ray://HOST:PORT``, ``iris:local``): steps run as iris jobs on ENGINE, with retries on
   preemption and failure (see ``marin.execution.iris_steps``); any other work (a remote call, a
   pipeline's shards) gets ENGINE's client, as if the setting were ENGINE alone.
 
@@ -87,7 +89,7 @@ def client_from_spec(spec: str, *, what: str = "cluster setting") -> Distributed
     if text == "ray:autoscaling":
         from fray.cluster.ray_client import RayClient
 
-        return RayClient("auto", check_resources=False)
+        return RayClient("auto", autoscaling=True)
     if text in _RAY_SETTINGS or text.startswith("ray://"):
         from fray.cluster.ray_client import RayClient
 

@@ -11,15 +11,20 @@ How a :class:`ResourceConfig` becomes Ray scheduling options:
   labels, which spell v5e ``v5litepod``);
 * ``custom`` -> Ray custom resources of the same names (``ray start --resources='{"trainer": 1}'``).
 
-Before anything is submitted the request is checked against the nodes that are alive: if none
-could ever hold it, :class:`UnschedulableError` says what was asked for and what the largest node
-has, instead of a task that waits forever. On an autoscaling cluster whose nodes appear on demand
-pass ``check_resources=False``.
+Before anything is submitted the request is checked against the nodes that are alive. If none
+can hold it, the cluster's autoscaler decides (:mod:`fray.cluster.ray_autoscaler`): when one of its
+node types can, the work is submitted and waits for the node, logging one line that names the
+resource, the worker group and the deadline (``ResourceConfig.scale_up_timeout_s``), past which it
+fails with :class:`ScaleUpTimeout`; otherwise, or on a cluster without an autoscaler,
+:class:`UnschedulableError` says at once what was asked for and what is missing, instead of a task
+that waits forever. ``check_resources=False`` skips all of this.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,11 +35,17 @@ from rigging.log import get_logger
 
 from fray.cluster.client import ActorHandle, JobRequest, UnschedulableError, describe_request
 from fray.cluster.pickling import apply_to_ray
+from fray.cluster.ray_autoscaler import Autoscaler, ScaleUp, ScaleUpWatch, find_autoscaler, holds, plan_scale_up
 from fray.cluster.ray_job import RayJob
-from fray.cluster.resources import GpuDevice, ResourceConfig, TpuDevice
+from fray.cluster.resources import DEFAULT_SCALE_UP_TIMEOUT_S, GpuDevice, ResourceConfig, TpuDevice
 from fray.cluster.task_map import call_shipped, run_tasks, task_name
+from fray.errors import FrayError
 
 logger = get_logger(__name__)
+
+# A request waiting for the same node is announced once in this long (the checks before a job and
+# its submission would otherwise say it twice).
+_ANNOUNCE_EVERY_S = 60.0
 
 
 def _ray():
@@ -75,6 +86,17 @@ def _required(options: dict[str, Any]) -> dict[str, float]:
     for name, amount in options.get("resources", {}).items():
         needed[name] = float(amount)
     return needed
+
+
+def plan_placement(resources: ResourceConfig | None, live: list[dict[str, float]], autoscaler: Autoscaler, *,
+                   what: str = "this request") -> ScaleUp | None:
+    """What ``resources`` waits for on a cluster whose live nodes have ``live`` and whose autoscaler is
+    ``autoscaler``: ``None`` (a live node holds it), the :class:`ScaleUp` it waits for, or
+    :class:`UnschedulableError`. The check :class:`RayClient` makes before submitting, which also
+    runs offline on a cluster file's node types (``autoscaler_from_config``)."""
+    asked = describe_request(resources) if resources is not None else "1 CPU"
+    timeout_s = resources.scale_up_timeout_s if resources is not None else DEFAULT_SCALE_UP_TIMEOUT_S
+    return plan_scale_up(_required(ray_options(resources)), live, autoscaler, what=what, asked=asked, timeout_s=timeout_s)
 
 
 _BUILTIN = {"CPU", "GPU", "TPU", "memory", "object_store_memory"}
@@ -154,6 +176,21 @@ class RayFuture(cf.Future):
             logger.debug("ray.cancel failed", exc_info=True)
         return super().cancel()
 
+    def fail(self, error: BaseException) -> None:
+        """End the future with ``error`` and withdraw its task (its node never joined)."""
+        try:
+            self.set_exception(error)
+        except cf.InvalidStateError:
+            return  # it finished meanwhile
+        try:
+            _ray().cancel(self.ref, force=True)
+        except Exception:  # noqa: BLE001 - already gone
+            logger.debug("ray.cancel failed", exc_info=True)
+
+
+class RayUnavailableError(FrayError, ConnectionError):
+    """No Ray cluster answers at the client's address."""
+
 
 class RayClient:
     """Runs work on a Ray cluster.
@@ -162,15 +199,24 @@ class RayClient:
     client), or ``None`` to start a private local cluster. If Ray is already initialised in this
     process the existing connection is used. ``init_kwargs`` go to ``ray.init`` (for example a
     ``runtime_env`` that ships the project's code to remote nodes).
+
+    ``autoscaling``: ``None`` asks the cluster whether an autoscaler runs and which node types it
+    can add (see the module docstring); ``True`` (the ``ray:autoscaling`` setting) also waits when
+    the node types cannot be read from here; ``False`` refuses whatever no live node can hold.
     """
 
-    def __init__(self, address: str | None = "auto", *, check_resources: bool = True, task_retries: int = 2,
-                 **init_kwargs: Any) -> None:
+    def __init__(self, address: str | None = "auto", *, check_resources: bool = True, autoscaling: bool | None = None,
+                 task_retries: int = 2, **init_kwargs: Any) -> None:
         self.address = address
         self.check_resources = check_resources
+        self.autoscaling = autoscaling
         self.task_retries = task_retries  # map's default max_retries: on a cluster nodes come and go
         self.init_kwargs = init_kwargs
         self._started_private_cluster = False
+        self._lock = threading.Lock()
+        self._autoscaler: Autoscaler | None | bool = False  # False: not looked up yet; None: it has none
+        self._announced: dict[tuple, float] = {}
+        self._watch = ScaleUpWatch(self._live_node_resources)
 
     def __repr__(self) -> str:
         return f"RayClient(address={self.address!r})"
@@ -180,34 +226,85 @@ class RayClient:
         apply_to_ray()
         if not ray.is_initialized():
             logger.info("Connecting to Ray at %s", self.address or "a new local cluster")
-            ray.init(address=self.address, **self.init_kwargs)
+            try:
+                ray.init(address=self.address, **self.init_kwargs)
+            except ConnectionError as error:
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                raise RayUnavailableError(
+                    f"No Ray cluster answers at {self.address!r}: {reason} Start one "
+                    "(`ray start --head`), or point RAY_ADDRESS (or the setting, ray://HOST:10001) at yours."
+                ) from error
             self._started_private_cluster = self.address is None
         return ray
 
     # -- resources ---------------------------------------------------------------------------------
 
     def check_fits(self, resources: ResourceConfig | None, *, what: str = "this request") -> None:
+        """Raise :class:`UnschedulableError` if no node can ever hold ``resources``; on an autoscaling
+        cluster, log the one line saying which node the work will wait for, and for how long."""
+        self._plan(resources, what)
+
+    def _plan(self, resources: ResourceConfig | None, what: str) -> ScaleUp | None:
+        """``None`` when a live node holds ``resources`` (or checks are off), the :class:`ScaleUp` the
+        work waits for, or :class:`UnschedulableError`."""
         if not self.check_resources:
-            return
+            return None
         ray = self._connect()
         needed = _required(ray_options(resources))
-        nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
-        if any(all(node.get(name, 0) >= amount for name, amount in needed.items()) for node in nodes):
-            return
+        nodes = self._live_node_resources()
+        if any(holds(node, needed) for node in nodes):
+            return None
         asked = describe_request(resources) if resources is not None else "1 CPU"
-        raise UnschedulableError(
-            f"{what} asks for {asked}, but no node of the Ray cluster can ever provide that: {_why_none_fits(needed, nodes)}. "
-            "Ask for less (e.g. ResourceConfig.with_cpu(cpu=1)), or add a node that large; on an autoscaling "
-            "cluster create the client with RayClient(check_resources=False)."
-        )
+        autoscaler = self._find_autoscaler(ray)
+        if autoscaler is None:
+            raise UnschedulableError(
+                f"{what} asks for {asked}, but no node of the Ray cluster can ever provide that: "
+                f"{_why_none_fits(needed, nodes)}. Ask for less (e.g. ResourceConfig.with_cpu(cpu=1)), or add a node "
+                "that large; the cluster runs no autoscaler that could add one (a `ray up` cluster does)."
+            )
+        scale_up = plan_placement(resources, nodes, autoscaler, what=what)
+        if scale_up is not None:
+            self._announce(scale_up)
+        return scale_up
+
+    def _live_node_resources(self) -> list[dict[str, float]]:
+        return [node.get("Resources", {}) for node in _ray().nodes() if node.get("Alive")]
+
+    def _find_autoscaler(self, ray: Any) -> Autoscaler | None:
+        """The cluster's autoscaler (looked up once per client), as ``autoscaling`` allows."""
+        if self.autoscaling is False or self._started_private_cluster:
+            return None
+        with self._lock:
+            if self._autoscaler is False:
+                found = find_autoscaler(ray, remote_driver=str(self.address or "").startswith("ray://"))
+                if found is not None and found.node_types is not None:
+                    logger.info("The Ray cluster's autoscaler can add: %s (from %s)",
+                                ", ".join(t.name for t in found.addable()) or "no worker groups", found.source)
+                self._autoscaler = found
+            found = self._autoscaler
+        if found is not None and found.node_types is None and not self.autoscaling:
+            return None  # it may autoscale, but nothing says so: refuse rather than wait on a guess
+        return found
+
+    def _announce(self, scale_up: ScaleUp) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last = self._announced.get(scale_up.needed)
+            if last is not None and now - last < _ANNOUNCE_EVERY_S:
+                return
+            self._announced[scale_up.needed] = now
+        logger.info("%s", scale_up.waiting_line())
 
     # -- remote functions and actors -------------------------------------------------------------
 
     def remote(self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> RayFuture:
-        self.check_fits(resources, what=getattr(fn, "__name__", "a remote function"))
+        scale_up = self._plan(resources, what=getattr(fn, "__name__", "a remote function"))
         ray = self._connect()
         task = ray.remote(**ray_options(resources))(fn)
-        return RayFuture(task.remote(*args, **kwargs))
+        future = RayFuture(task.remote(*args, **kwargs))
+        if scale_up is not None:
+            self._watch.add(scale_up, done=future.done, expire=future.fail)
+        return future
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], *, resources: ResourceConfig | None = None,
             max_retries: int | None = None, on_result: Callable[[int, Any], None] | None = None) -> list:
@@ -218,35 +315,62 @@ class RayClient:
         if not items:
             return []
         name = task_name(fn)
-        self.check_fits(resources, what=name)
+        scale_up = self._plan(resources, what=name)
         ray = self._connect()
         key, shipped = uuid.uuid4().hex, ray.put(cloudpickle.dumps(fn))
         task = ray.remote(**ray_options(resources))(call_shipped)
-        return run_tasks(lambda index: RayFuture(task.remote(key, shipped, items[index])), len(items), name=name,
+        deadline = self._watch.deadline(scale_up) if scale_up is not None else None  # one for the whole call
+
+        def submit(index: int) -> RayFuture:
+            future = RayFuture(task.remote(key, shipped, items[index]))
+            if scale_up is not None:
+                self._watch.add(scale_up, done=future.done, expire=future.fail, deadline=deadline)
+            return future
+
+        return run_tasks(submit, len(items), name=name,
                          max_retries=self.task_retries if max_retries is None else max_retries, on_result=on_result,
                          explain=lambda index, error: _user_error(error))
 
     def create_actor(self, cls: type, *args: Any, resources: ResourceConfig | None = None, **kwargs: Any) -> ActorHandle:
         name = getattr(cls, "__name__", "actor")
-        self.check_fits(resources, what=f"actor {name}")
+        scale_up = self._plan(resources, what=f"actor {name}")
         ray = self._connect()
         actor = ray.remote(**ray_options(resources))(cls).remote(*args, **kwargs)
+        state: dict[str, Any] = {"unplaced": None, "stopped": False}
 
         def send(method: str, call_args: tuple, call_kwargs: dict) -> cf.Future:
+            if state["unplaced"] is not None:  # its node never joined: every call says why
+                failed: cf.Future = cf.Future()
+                failed.set_exception(state["unplaced"])
+                return failed
             return RayFuture(getattr(actor, method).remote(*call_args, **call_kwargs))
 
         def stop() -> None:
+            state["stopped"] = True
             ray.kill(actor)
 
+        def expire(error: BaseException) -> None:
+            state["unplaced"] = error
+            ray.kill(actor)
+
+        if scale_up is not None:
+            self._watch.add(scale_up, done=lambda: state["stopped"], expire=expire)
         return ActorHandle(name, send, stop)
 
     # -- jobs --------------------------------------------------------------------------------------
 
     def submit(self, request: JobRequest, *, start: bool = True) -> RayJob:
         """A process inside a Ray actor that holds ``request.resources`` (see :mod:`fray.cluster.ray_job`)."""
-        self.check_fits(request.resources, what=f"job {request.name!r}")
+        what = f"job {request.name!r}"
         job_id = f"{request.name}-{uuid.uuid4().hex[:8]}"
-        return RayJob(self._connect(), request, job_id, ray_options(request.resources), start=start)
+        # Checked again at each placement: a job whose node went away before it started is placed anew.
+        return RayJob(self._connect(), request, job_id, ray_options(request.resources), start=start,
+                      plan=lambda: self._plan(request.resources, what), placed=self._watch_job)
+
+    def _watch_job(self, job: RayJob, scale_up: ScaleUp | None) -> None:
+        if scale_up is not None:
+            placement = job.placements  # a later placement has a deadline of its own
+            self._watch.add(scale_up, done=lambda: job.over or job.placements != placement, expire=job.expire)
 
     def shutdown(self) -> None:
         """Ends the private cluster this client started (``address=None``); leaves any other Ray connection

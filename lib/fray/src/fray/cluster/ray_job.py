@@ -2,12 +2,18 @@
 
 The actor only forwards calls to the ``ProcessJob``, so a job behaves the same on Ray as locally.
 What Ray adds is a way to lose the job: when the actor's worker or node dies (a preempted VM, a
-node killed by hand), the handle reports ``LOST`` from then on instead of raising.
+node killed by hand), the handle reports ``LOST`` from then on instead of raising. A job whose
+actor is lost before its process started (``start=False``, the node went away while the job waited
+in ``free_address``: a spot VM taken back, which Ray may still count as alive for a few seconds) is
+placed again, a few times, since nothing of it ran yet. On an autoscaling cluster a job can also
+never be placed: :meth:`RayJob.expire` ends one whose node did not join in time, and the handle
+then reports ``FAILED`` and raises that error where it would have waited for the job to start
+(``free_address``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rigging.log import get_logger
@@ -16,6 +22,9 @@ from fray.cluster.client import JobRequest, JobStatus
 from fray.cluster.process_job import ProcessJob
 
 logger = get_logger(__name__)
+
+# How many times a job not yet started is placed in all: its node may go away more than once.
+_PLACEMENTS = 3
 
 
 class _JobHost:
@@ -31,28 +40,68 @@ class _JobHost:
 
 
 class RayJob:
-    """The driver's handle of a job on a Ray node (see the module docstring)."""
+    """The driver's handle of a job on a Ray node (see the module docstring).
 
-    def __init__(self, ray: Any, request: JobRequest, job_id: str, options: dict[str, Any], *, start: bool) -> None:
+    ``plan()`` runs before each placement (it raises to refuse one) and ``placed(job, planned)``
+    after it, with what ``plan`` returned: the client's check and its scale-up deadline.
+    """
+
+    def __init__(self, ray: Any, request: JobRequest, job_id: str, options: dict[str, Any], *, start: bool,
+                 plan: Callable[[], Any] = lambda: None,
+                 placed: Callable[[RayJob, Any], None] = lambda job, planned: None) -> None:
         self._ray = ray
         self.job_id = job_id
-        # Several threads, so status/logs/terminate answer while wait() blocks in another call.
-        self._actor = ray.remote(max_concurrency=4, **options)(_JobHost).remote(request, job_id, start)
+        self._request = request
+        self._options = options
+        self._plan = plan
+        self._placed = placed
+        self._started = start
         self._final: tuple[JobStatus, int | None] | None = None
         self._released = False
+        self.unplaced: BaseException | None = None  # why it was never placed (see expire)
+        self.placements = 0
+        self._place()
+
+    def _place(self) -> None:
+        planned = self._plan()
+        # Several threads, so status/logs/terminate answer while wait() blocks in another call.
+        self._actor = self._ray.remote(max_concurrency=4, **self._options)(_JobHost).remote(
+            self._request, self.job_id, self._started)
+        self._final = None
+        self.placements += 1
+        self._placed(self, planned)
 
     def _call(self, method: str, *args: Any, otherwise: Any = None) -> Any:
         """``method`` of the remote ``ProcessJob``; ``otherwise`` once the actor is gone."""
-        if self._released or (self._final is not None and self._final[0] is JobStatus.LOST):
+        if self._released or self.unplaced is not None or (self._final is not None and self._final[0] is JobStatus.LOST):
             return otherwise
         from ray.exceptions import RayActorError
 
         try:
             return self._ray.get(self._actor.call.remote(method, *args))
         except RayActorError as exc:
+            if self.unplaced is not None:  # ended by expire() while this call waited for the actor
+                return otherwise
             logger.warning("Job %s: lost its Ray actor (%s)", self.job_id, type(exc).__name__)
             self._final = (JobStatus.LOST, None)
             return otherwise
+
+    def expire(self, error: BaseException) -> None:
+        """End a job that was never placed (its node did not join in time): FAILED from now on, and
+        ``free_address`` raises ``error``."""
+        if self._final is not None:
+            return
+        self.unplaced = error
+        self._final = (JobStatus.FAILED, None)
+        try:
+            self._ray.kill(self._actor)  # also withdraws its pending request from the autoscaler
+        except Exception:  # noqa: BLE001 - already gone
+            logger.debug("ray.kill failed", exc_info=True)
+
+    @property
+    def over(self) -> bool:
+        """Whether the job ended or was released (a node joining no longer matters to it)."""
+        return self._released or self._final is not None
 
     def _settle(self, status: JobStatus) -> JobStatus:
         # A finished job keeps its status and exit code, also after its actor is released.
@@ -80,12 +129,20 @@ class RayJob:
         return self._call("logs", otherwise="")
 
     def free_address(self) -> str:
-        address = self._call("free_address")
-        if address is None:
-            raise RuntimeError(f"Job {self.job_id} lost its Ray actor before it started.")
-        return address
+        while True:
+            address = self._call("free_address")
+            if self.unplaced is not None:
+                raise self.unplaced
+            if address is not None:
+                return address
+            if self._started or self._released or self.placements >= _PLACEMENTS:
+                raise RuntimeError(f"Job {self.job_id} lost its Ray actor before it started "
+                                   f"({self.placements} placement(s)).")
+            logger.warning("Job %s: its node went away before the job started; placing it again", self.job_id)
+            self._place()
 
     def start(self, env: Mapping[str, str] | None = None) -> None:
+        self._started = True
         self._call("start", dict(env or {}))
 
     def terminate(self) -> None:

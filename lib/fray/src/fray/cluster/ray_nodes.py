@@ -14,6 +14,10 @@ below it (raylet, GCS, agents, workers), found through ``/proc`` before any sign
 The cluster uses Ray's token authentication with a token of its own; :attr:`LocalRayCluster.driver_env`
 holds the variables a driver process needs to connect (``RAY_ADDRESS`` and the token).
 
+With ``start_head(autoscaler=FakeAutoscaler(...))`` the head runs Ray's own autoscaler, as on a
+``ray up`` cluster, over Ray's fake multi-node provider: the worker groups it adds and removes are
+Ray nodes of this machine too (processes below the head's monitor, stopped with the head).
+
 Linux only (it reads ``/proc``); meant for tests and for trying a multi-node set-up on one machine.
 """
 
@@ -33,7 +37,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from fray.errors import FrayError
 
@@ -79,6 +83,72 @@ class RayNode:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+# The head's node type name and node id Ray's fake provider expects (its FAKE_HEAD_NODE_TYPE).
+_FAKE_HEAD_TYPE = "ray.head.default"
+
+
+@dataclass(frozen=True)
+class FakeAutoscaler:
+    """Ray's autoscaler on the head, adding nodes of this machine for ``worker_types``.
+
+    ``worker_types`` maps a group's name to what a ``ray up`` file says of it: ``resources``
+    (``CPU``, ``memory`` in bytes and custom resources), ``min_workers`` and ``max_workers``. Nodes
+    idle for ``idle_timeout_minutes`` are removed; the autoscaler looks every ``update_interval_s``;
+    a node whose raylet went silent (a machine taken back) is removed after ``heartbeat_timeout_s``
+    (Ray's default, 30 s, is meant for real machines).
+    """
+
+    worker_types: Mapping[str, Mapping[str, Any]]
+    idle_timeout_minutes: float = 0.1
+    update_interval_s: float = 1.0
+    heartbeat_timeout_s: int = 10
+
+    def cluster_config(self, gcs_address: str, head_cpus: int, head_resources: Mapping[str, float],
+                       object_store_bytes: int) -> dict[str, Any]:
+        """The cluster config the head's autoscaler reads (Ray's schema, as ``ray up`` writes it)."""
+        types: dict[str, Any] = {
+            _FAKE_HEAD_TYPE: {"resources": {"CPU": head_cpus, **head_resources}, "node_config": {}, "max_workers": 0},
+        }
+        for name, spec in self.worker_types.items():
+            resources = {"object_store_memory": object_store_bytes, **dict(spec["resources"])}
+            types[name] = {"node_config": {}, "min_workers": 0, **dict(spec), "resources": resources}
+        return {
+            "cluster_name": "fray-local",
+            "max_workers": sum(int(spec.get("max_workers", 1)) for spec in self.worker_types.values()),
+            "upscaling_speed": 1.0,
+            "idle_timeout_minutes": self.idle_timeout_minutes,
+            "provider": {
+                "type": "external",
+                "module": "fray.cluster.ray_fake_provider.FakeNodesDeclaringMemory",
+                "gcs_address": gcs_address,
+                # Nodes of this host share its address: the autoscaler tells them apart by node id.
+                "use_node_id_as_ip": True,
+                # Nothing to set up over SSH: a node is up once its raylet is.
+                "disable_node_updaters": True,
+                "disable_launch_config_check": True,
+            },
+            "auth": {"ssh_user": "unused"},
+            "head_node_type": _FAKE_HEAD_TYPE,
+            "available_node_types": types,
+            "file_mounts": {},
+            "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False,
+            "initialization_commands": [],
+            "setup_commands": [],
+            "head_setup_commands": [],
+            "worker_setup_commands": [],
+            "head_start_ray_commands": [],
+            "worker_start_ray_commands": [],
+        }
+
+    def head_env(self) -> dict[str, str]:
+        return {
+            "RAY_FAKE_CLUSTER": "1",  # the fake provider runs only under it
+            "AUTOSCALER_UPDATE_INTERVAL_S": f"{self.update_interval_s:g}",
+            "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(int(self.heartbeat_timeout_s)),
+        }
+
+
 class LocalRayCluster:
     """A Ray head and further nodes on this machine; use as a context manager, or call :meth:`stop`.
 
@@ -119,12 +189,20 @@ class LocalRayCluster:
     # -- starting -------------------------------------------------------------------------------
 
     def start_head(self, name: str = "head", *, cpus: int = 1, resources: Mapping[str, float] | None = None,
-                   env: Mapping[str, str] | None = None, timeout: float = 90) -> RayNode:
-        """Start the head node (GCS and a raylet); the dashboard is off."""
+                   env: Mapping[str, str] | None = None, timeout: float = 90,
+                   autoscaler: FakeAutoscaler | None = None) -> RayNode:
+        """Start the head node (GCS and a raylet); the dashboard is off. With ``autoscaler`` the head's
+        monitor runs Ray's autoscaler, which adds and removes nodes of its worker groups."""
         if self.port is not None:
             raise RayNodeError("this cluster already has a head node")
         self.port = _free_port()
         args = ["--head", f"--port={self.port}", "--include-dashboard=false", f"--dashboard-port={_free_port()}"]
+        if autoscaler is not None:
+            config = self.root / "autoscaler.json"
+            config.write_text(json.dumps(autoscaler.cluster_config(self.address, cpus, dict(resources or {}),
+                                                                   self.object_store_bytes)))
+            args.append(f"--autoscaling-config={config}")
+            env = {**autoscaler.head_env(), **dict(env or {})}
         return self._start(name, args, cpus, resources, env, timeout)
 
     def add_node(self, name: str, *, cpus: int = 1, resources: Mapping[str, float] | None = None,

@@ -91,6 +91,10 @@ class TpuDevice:
 Device = CpuDevice | GpuDevice | TpuDevice
 
 
+# How long work waits for an autoscaler to add a node that can hold it: cloud VMs with GPUs
+# usually boot and install in a few minutes, so 15 leaves room without hiding a group that never comes.
+DEFAULT_SCALE_UP_TIMEOUT_S = 15 * 60.0
+
 # Resource names a cluster defines itself; ``custom`` may not use them (cpu=, ram= and the device say these).
 _BUILTIN_RESOURCES = {"CPU": "cpu=", "GPU": "with_gpu(...)", "TPU": "with_tpu(...)", "memory": "ram=",
                       "object_store_memory": "ram="}
@@ -110,6 +114,10 @@ class ResourceConfig:
     and ``time_limit_s`` ends an attempt that runs longer (a failure). Like the rest, they are placement,
     never identity.
 
+    ``scale_up_timeout_s`` is how long work no live node can hold waits for a cluster's autoscaler to
+    add a node that can (a GPU group kept at zero nodes while idle); past it the work fails with
+    ``ScaleUpTimeout``. A large TPU slice may need longer than the default 15 minutes.
+
     ``custom`` asks for resources a cluster's nodes declare themselves (on Ray,
     ``ray start --resources='{"trainer": 1}'``): ``custom={"trainer": 1}`` runs the work only on a
     node that has one ``trainer`` free. Given as a mapping, kept as sorted ``(name, amount)`` pairs
@@ -127,6 +135,7 @@ class ResourceConfig:
     max_retries_preemption: int = 10
     max_retries_failure: int = 0
     time_limit_s: float | None = None
+    scale_up_timeout_s: float = DEFAULT_SCALE_UP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.cpu > 0:
@@ -149,6 +158,11 @@ class ResourceConfig:
                 raise InvalidResourceConfig(f"{budget} must be a whole number, 0 or more, got {value!r}.")
         if self.time_limit_s is not None and not (isinstance(self.time_limit_s, (int, float)) and self.time_limit_s > 0):
             raise InvalidResourceConfig(f"time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}.")
+        if isinstance(self.scale_up_timeout_s, bool) or not isinstance(self.scale_up_timeout_s, (int, float)) \
+                or not self.scale_up_timeout_s > 0:
+            raise InvalidResourceConfig(
+                f"scale_up_timeout_s must be a positive number of seconds, got {self.scale_up_timeout_s!r}."
+            )
         if isinstance(self.regions, list):
             object.__setattr__(self, "regions", tuple(self.regions))
         object.__setattr__(self, "custom", _custom_resources(self.custom))

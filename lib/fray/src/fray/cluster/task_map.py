@@ -6,7 +6,7 @@
 * Results come back as a list in the order of ``items``; ``on_result(index, result)`` is called in
   the caller's thread as each task finishes, in finishing order (for progress and running totals).
 * A task that fails runs again, up to ``max_retries`` times, while finished tasks keep their
-  results. Each client has its own default (``task_retries``): none locally, where a failure is a
+  results (not one the cluster cannot place: :class:`UnschedulableError` and its timeouts). Each client has its own default (``task_retries``): none locally, where a failure is a
   bug in the task; two on Ray, where nodes come and go.
 * A task that fails for good stops the others: queued tasks are cancelled, running ones stopped
   where the client can (worker processes are terminated unless another call shares them, Ray
@@ -35,6 +35,7 @@ from typing import Any
 import cloudpickle
 from rigging.log import get_logger
 
+from fray.cluster.client import UnschedulableError
 from fray.cluster.main_guard import (
     check_not_rerunning_main,
     check_parent_main_guard,
@@ -112,7 +113,9 @@ def run_tasks(
                     results[index] = future.result()
                 except Exception as raw:
                     error = explain(index, raw)
-                    if attempts[index] > max_retries or isinstance(error, WorkerStartupError):
+                    # Neither a worker that cannot start nor a node the cluster cannot provide comes
+                    # back by asking again at once.
+                    if attempts[index] > max_retries or isinstance(error, (WorkerStartupError, UnschedulableError)):
                         if error is raw:
                             raise
                         raise error from raw

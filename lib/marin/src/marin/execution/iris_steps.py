@@ -80,7 +80,8 @@ class StepJobFailed(MarinError, RuntimeError):
 
 @dataclass(frozen=True)
 class IrisEngine:
-    """Where iris places steps: an engine setting (``slurm``, ``slurm:gpu``, ``ray``, ``local``...)."""
+    """Where iris places steps: an engine setting (``slurm``, ``slurm:gpu``, ``ray``, ``ray:autoscaling``,
+    ``local``...)."""
 
     setting: str
 
@@ -200,16 +201,24 @@ class IrisStepExecutor:
             raise ClusterConfigError(f"Steps cannot run through iris on {self.engine.setting!r}: {exc}") from None
 
     def _check_fits(self, name: str, resources: ResourceConfig | None) -> None:
-        """Slurm refuses a request no partition can hold before anything is submitted (Ray's and the
-        local engine's checks run in the job's supervisor, whose failure names the request too)."""
+        """Before anything is submitted: Slurm refuses a request no partition can hold; Ray one that no
+        live node and no node type of the cluster's autoscaler can hold, and says here, on the runner's
+        console, which node an autoscaled step waits for (the job's supervisor holds the deadline).
+        A private Ray cluster per job (``ray:local``) and the local engine are checked by the supervisor."""
         options = self.engine.options
+        what = f"Step {name!r}"
+        if options["backend"] == "ray" and options.get("ray_address") is not None:
+            from fray.cluster import client_for
+
+            client_for(self.engine.setting, what="iris engine").check_fits(resources or ResourceConfig(), what=what)
+            return
         if options["backend"] != "slurm":
             return
         if self._slurm is None:
             from fray.cluster.slurm_client import SlurmClient
 
             self._slurm = SlurmClient(options.get("slurm_partition"))  # it keeps what sinfo said for a while
-        self._slurm.check_fits(resources or ResourceConfig(), what=f"Step {name!r}")
+        self._slurm.check_fits(resources or ResourceConfig(), what=what)
 
     # -- waiting ------------------------------------------------------------------------------------
 
