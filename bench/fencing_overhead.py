@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
+from unittest import mock
 
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
@@ -100,19 +101,14 @@ def moto_prefix() -> Iterator[str | None]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    saved = {name: os.environ.get(name) for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_ENDPOINT_URL=endpoint,
-                      AWS_DEFAULT_REGION="us-east-1")
+    credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_ENDPOINT_URL": endpoint,
+                   "AWS_DEFAULT_REGION": "us-east-1"}
     try:
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="fencing-bench")
-        yield "s3://fencing-bench/prefix"
+        with mock.patch.dict(os.environ, credentials):  # restored on the way out
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="fencing-bench")
+            yield "s3://fencing-bench/prefix"
     finally:
         server.stop()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def main() -> None:

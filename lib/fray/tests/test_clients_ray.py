@@ -151,3 +151,15 @@ def test_custom_resources_become_ray_resources():
     }
     tpu = ray_options(ResourceConfig.with_tpu("v4-8", custom={"big_disk": 1}))
     assert tpu["resources"] == {"TPU": 4, "TPU-v4-8-head": 1, "big_disk": 1.0}
+
+
+def test_a_ray_client_travels_inside_a_shipped_function_with_its_settings():
+    import cloudpickle
+
+    from fray.cluster.ray_client import RayClient
+
+    client = RayClient("auto", task_retries=5, autoscaling=True)
+    shipped = cloudpickle.loads(cloudpickle.dumps(lambda: client))()  # as a step's closure carries its shard backend
+    assert (shipped.address, shipped.task_retries, shipped.autoscaling) == ("auto", 5, True)
+    with shipped._lock:  # its own, fresh
+        pass

@@ -221,6 +221,21 @@ class RayClient:
     def __repr__(self) -> str:
         return f"RayClient(address={self.address!r})"
 
+    # What belongs to this process only: a client shipped to another one (inside a step's function,
+    # as a tokenizer's shard backend) takes its settings and starts these afresh.
+    _PROCESS_STATE = ("_started_private_cluster", "_lock", "_autoscaler", "_announced", "_watch")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: value for name, value in self.__dict__.items() if name not in self._PROCESS_STATE}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._started_private_cluster = False
+        self._lock = threading.Lock()
+        self._autoscaler = False
+        self._announced = {}
+        self._watch = ScaleUpWatch(self._live_node_resources)
+
     def _connect(self):
         ray = _ray()
         apply_to_ray()
