@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from fray.cluster import DistributedClient, JobHandle, JobRequest, JobStatus, LocalClient
+from fray.cluster import DistributedClient, JobHandle, JobRequest, JobStatus, LocalClient, UnschedulableError
 from rigging.log import get_logger, setup_logging
 from rigging.secrets import RedactingStream
 
@@ -202,6 +202,11 @@ class Supervisor:
             return JobState.FAILED
         try:
             return self._run_attempts(client, log_folder)
+        except UnschedulableError as exc:
+            # No node could ever hold the replicas, or the autoscaler's node never came: the job's
+            # final word, in one line rather than as a supervisor crash.
+            self.store.transition(self.job_id, JobState.FAILED, f"its replicas could not be placed: {exc}")
+            return JobState.FAILED
         finally:
             client.shutdown()
 
