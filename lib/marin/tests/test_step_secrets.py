@@ -111,3 +111,19 @@ def test_a_credential_copied_into_a_steps_attributes_is_not_kept_in_its_record(t
     outcome = StepRunner(prefix=str(tmp_path / "prefix")).run([step]).outcome_of("careless")
     info = (Path(outcome.output_path) / ".executor_info").read_text()
     assert SECRETS["WANDB_API_KEY"] not in info and '"key": "***"' in info and '"lr": 0.001' in info
+
+
+def fails_quoting_its_credential():
+    raise ConnectionError(f"login refused for token {os.environ['HF_TOKEN']}")
+
+
+def test_an_error_that_quotes_a_credential_is_kept_without_it(tmp_path, secret_environment):
+    from marin.execution.executor_files import read_status
+
+    report = StepRunner(prefix=str(tmp_path / "prefix")).run([StepSpec("quotes", fails_quoting_its_credential)],
+                                                            raise_on_failure=False)
+    outcome = report.outcome_of("quotes")
+    status = read_status(outcome.output_path)
+    assert status.status == "FAILED" and "login refused for token ***" in status.error
+    assert SECRETS["HF_TOKEN"] not in status.error and SECRETS["HF_TOKEN"] not in outcome.error
+    assert not _files_holding(tmp_path / "prefix", SECRETS["HF_TOKEN"].encode())

@@ -38,6 +38,7 @@ from rigging import filesystem as fsx
 from rigging.fencing import FencedOff, claim
 from rigging.lease import Lease
 from rigging.log import get_logger
+from rigging.secrets import redact
 
 from marin.execution.artifact import current_provenance, save_artifact
 from marin.execution.executor_files import (
@@ -178,7 +179,9 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
         _finish_attempt_log(attempt_log, AttemptOutcome.SUCCEEDED, "the step's function returned", 0)
         return outcome(Outcome.RAN, result=result)
     except BaseException as exc:  # a step's failure must never take the runner down
-        message = f"{type(exc).__name__}: {exc}"
+        # An error message may quote a credential (a URL with a token, a failed login): it is kept in
+        # the status record and the run report, so known secret values are redacted from it.
+        message = redact(f"{type(exc).__name__}: {exc}")
         superseded = lease.lost or isinstance(exc, FencedOff)
         if superseded:
             message = f"lost the lease or its fence (another execution owns the step now); {message}"
