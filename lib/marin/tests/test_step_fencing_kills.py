@@ -189,3 +189,23 @@ def test_killing_runner_and_supervisor_together_leaves_a_replica_the_rerun_waits
     assert len(_starts(tmp_path)) == 1
     assert _writers(folder / "lines.txt") == [orphan]
     assert read_status(str(folder)).status == "SUCCESS"
+
+
+def test_staging_folders_of_stopped_executions_go_at_the_next_commit_and_a_live_ones_stays(tmp_path):
+    import json as json_module
+
+    from marin.execution.step_ownership import discard_stale_staging, heartbeat_url
+    from rigging.lease import ProcessIdentity
+
+    step = tmp_path / "step"
+    for generation in (1, 2):
+        (step / ".staging" / f"g{generation}").mkdir(parents=True)
+        (step / ".staging" / f"g{generation}" / "part.bin").write_bytes(b"x")
+    me = ProcessIdentity.of_this_process()  # a replica of g2 that still runs: this very process
+    for generation, ended in ((1, True), (2, False)):
+        Path(heartbeat_url(str(step), generation, 0)).parent.mkdir(parents=True, exist_ok=True)
+        Path(heartbeat_url(str(step), generation, 0)).write_text(json_module.dumps({
+            "generation": generation, "replica": 0, "host": me.host, "pid": me.pid, "pid_started": me.started,
+            "pid_namespace": me.namespace, "heartbeat_at": time.time(), "ttl_s": 10, "ended": ended}))
+    assert discard_stale_staging(str(step), 3) == [".staging/g1"]
+    assert not (step / ".staging" / "g1").exists() and (step / ".staging" / "g2" / "part.bin").exists()

@@ -127,6 +127,10 @@ class Execution:
         self.write(committing=True)  # the commit point: from here on anyone may finish the move
         promote(self.output_path, self.staging)
         self.fence.update({"status": STATUS_SUCCESS, "committing": False, "staging": None, "error": None, "time": time.time()})
+        try:
+            discard_stale_staging(self.output_path, self.generation)
+        except Exception as exc:  # noqa: BLE001 - tidying up never fails a committed step
+            logger.warning("Could not remove the staging folders of earlier executions of %s: %s", self.output_path, exc)
         return relocated(result, self.work_path, self.output_path)
 
 
@@ -227,6 +231,30 @@ def _move_entries(output_path: str, source: str, target: str, only: list[str] | 
     if files:
         fs.copy([f"{source_path}/{name}" for name in files], [f"{target_path}/{name}" for name in files])
         fs.rm([f"{source_path}/{name}" for name in files])
+
+
+def discard_stale_staging(output_path: str, generation: int) -> list[str]:
+    """Delete the staging folders that executions before ``generation`` left, once each of their
+    replicas is known to have stopped (an execution in a runner has none: the runner that superseded
+    it holds the lease its runner lost). A folder a replica may still write stays, as it must; the
+    next commit looks again. The folders removed are returned."""
+    fs, root = fsx.filesystem(output_path)
+    removed = []
+    for name in sorted({relative.split("/", 1)[0] for relative in fsx.find_files(fsx.join(output_path, STAGING_FOLDER))}):
+        if not (name.startswith("g") and name[1:].isdigit() and int(name[1:]) < generation):
+            continue
+        beats = replica_heartbeats(output_path, int(name[1:]))
+        if all(beat.known_stopped() for beat in beats):
+            fs.rm(f"{root.rstrip('/')}/{STAGING_FOLDER}/{name}", recursive=True)
+            removed.append(f"{STAGING_FOLDER}/{name}")
+        else:
+            logger.info("Left %s/%s/%s: a replica of that execution may still write there", output_path, STAGING_FOLDER, name)
+    if removed and not fsx.find_files(fsx.join(output_path, STAGING_FOLDER)):
+        try:
+            fs.rm(f"{root.rstrip('/')}/{STAGING_FOLDER}", recursive=True)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def roll_forward(output_path: str, over: Snapshot, record: StatusRecord) -> bool:
