@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import codecs
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -62,7 +61,7 @@ def _reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     if fresh is None or fresh.state.finished:
         return fresh or record
     state = JobState.STOPPED if fresh.stop_requested else JobState.FAILED
-    where = f"Slurm batch job {json.loads(record.supervisor_job).get('slurm_id')}" if record.supervisor_job else f"pid {record.supervisor_pid}"
+    where = f"the engine's job {record.supervisor_job}" if record.supervisor_job else f"pid {record.supervisor_pid}"
     store.transition(record.job_id, state, f"supervisor ({where}) is gone; see its log in {store.log_folder(record.job_id)}")
     return store.get(record.job_id) or record
 

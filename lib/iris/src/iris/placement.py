@@ -7,8 +7,13 @@ never orphans a job.
   folders must be on storage the nodes share, as the Slurm docs of this project ask anyway. The
   record keeps a locator of that batch job (``JobRecord.supervisor_job``), so any process that
   reads the database can tell whether the supervisor still runs, by asking Slurm.
-* ``local`` and ``ray``: a process of the submitting machine in a session of its own (it outlives
-  the command and the terminal that started it, not the machine).
+* ``ray`` on an existing cluster (``ray_address`` set): the supervisor is a detached Ray job
+  (``lifetime="detached"``) on the submitting machine's node, so it outlives the runner and every
+  other process started from the submitting shell; it writes the job database of that node, and it
+  ends with that node. Its locator names the actor, which any driver of the cluster looks up.
+* ``local``, and ``ray`` with a private cluster the supervisor starts itself: a process of the
+  submitting machine in a session of its own (it outlives the command and the terminal that
+  started it, not the machine).
 
 ``IRIS_SUPERVISOR=here`` keeps every supervisor on the submitting machine (a Slurm site that
 forbids submitting from compute nodes). A stop request reaches a supervisor through the database
@@ -17,6 +22,7 @@ forbids submitting from compute nodes). A stop request reaches a supervisor thro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -52,23 +58,36 @@ def supervised_on_engine(spec: JobSpec) -> bool:
     setting = os.environ.get(SUPERVISOR_VARIABLE, "engine").strip().lower() or "engine"
     if setting not in ("engine", "here"):
         raise SupervisorPlacementError(f"{SUPERVISOR_VARIABLE}={setting!r}: use 'engine' (the default) or 'here'.")
-    return setting == "engine" and spec.backend == "slurm"
+    return setting == "engine" and (spec.backend == "slurm" or (spec.backend == "ray" and spec.ray_address is not None))
 
 
 def start_supervisor(spec: JobSpec, store: JobStore, job_id: str, secrets: Mapping[str, str]) -> None:
     """Start job ``job_id``'s supervisor where :func:`supervised_on_engine` says, and record where."""
     log = store.log_folder(job_id) / "supervisor.log"
     if supervised_on_engine(spec):
-        from fray.cluster.slurm_client import SlurmClient
-
-        # The command appends to the same log a local supervisor writes, in the shared job database's folder.
+        # The command appends to the same log a local supervisor writes, in the job database's folder.
         command = ["/bin/sh", "-c", 'exec "$0" -m iris.supervisor "$1" "$2" >>"$3" 2>&1',
                    sys.executable, str(store.home), job_id, str(log)]
         request = JobRequest(name=f"iris-supervisor-{job_id}", entrypoint=command, resources=SUPERVISOR_RESOURCES,
                              env=dict(secrets), cwd=spec.cwd)
-        handle = SlurmClient(spec.slurm_partition).submit(request)
-        store.set_supervisor_job(job_id, json.dumps(handle.locator()))
-        logger.info("Job %s: its supervisor runs on Slurm as batch job %s", job_id, handle.job_id)
+        if spec.backend == "slurm":
+            from fray.cluster.slurm_client import SlurmClient
+
+            handle = SlurmClient(spec.slurm_partition).submit(request)
+            where = f"on Slurm as batch job {handle.job_id}"
+        else:
+            from fray.cluster.ray_client import RayClient
+
+            client = RayClient(spec.ray_address, check_resources=False)
+            # The supervisor reaches the cluster as this driver did: the same GCS address and the
+            # Ray settings of this environment (an auth token), not whatever its worker inherits.
+            reach = {name: value for name, value in os.environ.items() if name.startswith("RAY_")}
+            reach["RAY_ADDRESS"] = client.gcs_address()
+            request = dataclasses.replace(request, env={**request.env, **reach})
+            handle = client.submit(request, detached=True)
+            where = f"on Ray as detached job {handle.job_id}"
+        store.set_supervisor_job(job_id, json.dumps({**handle.locator(), "address": spec.ray_address}))
+        logger.info("Job %s: its supervisor runs %s", job_id, where)
         return
     with open(log, "ab") as supervisor_log:
         process = subprocess.Popen(
@@ -107,11 +126,16 @@ def _engine_supervisor_alive(job_id: str, locator_text: str) -> bool:
         return checked[1]
     try:
         locator = json.loads(locator_text)
-        if locator.get("backend") != "slurm":
-            raise ValueError(f"unknown backend {locator.get('backend')!r}")
-        from fray.cluster.slurm_client import SlurmClient
+        if locator.get("backend") == "slurm":
+            from fray.cluster.slurm_client import SlurmClient
 
-        status = SlurmClient(check_resources=False).attach(locator).status()
+            status = SlurmClient(check_resources=False).attach(locator).status()
+        elif locator.get("backend") == "ray":
+            from fray.cluster.ray_client import RayClient
+
+            status = RayClient(locator.get("address"), check_resources=False).attach(locator).status()
+        else:
+            raise ValueError(f"unknown backend {locator.get('backend')!r}")
         alive = status in (JobStatus.PENDING, JobStatus.RUNNING)
     except Exception as exc:  # noqa: BLE001 - an engine that cannot be asked right now is not a dead supervisor
         logger.warning("Job %s: could not ask where its supervisor runs (%s); taking it as alive", job_id, exc)

@@ -374,13 +374,32 @@ class RayClient:
 
     # -- jobs --------------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest, *, start: bool = True) -> RayJob:
-        """A process inside a Ray actor that holds ``request.resources`` (see :mod:`fray.cluster.ray_job`)."""
+    def submit(self, request: JobRequest, *, start: bool = True, detached: bool = False) -> RayJob:
+        """A process inside a Ray actor that holds ``request.resources`` (see :mod:`fray.cluster.ray_job`).
+
+        ``detached``: the actor outlives this driver (Ray's ``lifetime="detached"``), runs on this
+        driver's node, and is found again by :meth:`attach` from any driver of the cluster.
+        """
         what = f"job {request.name!r}"
         job_id = f"{request.name}-{uuid.uuid4().hex[:8]}"
+        ray = self._connect()
+        options = ray_options(request.resources)
+        if detached:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         # Checked again at each placement: a job whose node went away before it started is placed anew.
-        return RayJob(self._connect(), request, job_id, ray_options(request.resources), start=start,
-                      plan=lambda: self._plan(request.resources, what), placed=self._watch_job)
+        return RayJob(ray, request, job_id, options, start=start, plan=lambda: self._plan(request.resources, what),
+                      placed=self._watch_job, detached=detached)
+
+    def gcs_address(self) -> str:
+        """``HOST:PORT`` of the cluster's GCS as this driver reached it: what another process sets as
+        ``RAY_ADDRESS`` to join the same cluster the same way."""
+        return self._connect().get_runtime_context().gcs_address
+
+    def attach(self, locator: dict[str, str]) -> RayJob:
+        """The handle of a detached job, from its :meth:`RayJob.locator` (LOST once its actor is gone)."""
+        return RayJob.attached(self._connect(), str(locator["actor"]))
 
     def _watch_job(self, job: RayJob, scale_up: ScaleUp | None) -> None:
         if scale_up is not None:

@@ -13,6 +13,9 @@ then reports ``FAILED`` and raises that error where it would have waited for the
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,15 +28,31 @@ logger = get_logger(__name__)
 
 # How many times a job not yet started is placed in all: its node may go away more than once.
 _PLACEMENTS = 3
+# The namespace of detached jobs' actors, so any driver of the cluster finds one by its job id.
+DETACHED_NAMESPACE = "fray-jobs"
+# How long a detached job's actor outlives the job's process, so that a last status call still answers.
+_DETACHED_LINGER_S = 30.0
 
 
 class _JobHost:
-    """The actor: one ``ProcessJob`` on this node, addressed by the node's IP."""
+    """The actor: one ``ProcessJob`` on this node, addressed by the node's IP.
 
-    def __init__(self, request: JobRequest, job_id: str, start: bool) -> None:
+    A detached one (``lifetime="detached"``) outlives the driver that made it; it ends itself a
+    little after its job's process ends, so the resources it holds go back to the cluster.
+    """
+
+    def __init__(self, request: JobRequest, job_id: str, start: bool, detached: bool = False) -> None:
         import ray
 
         self._job = ProcessJob(request, job_id, host=ray.util.get_node_ip_address(), start=start)
+        if detached:
+            threading.Thread(target=self._end_after_the_job, name=f"linger:{job_id}", daemon=True).start()
+
+    def _end_after_the_job(self) -> None:
+        while not self._job.wait(timeout=1.0).finished:
+            pass
+        time.sleep(_DETACHED_LINGER_S)
+        os._exit(0)  # the actor's worker: Ray marks the actor dead and frees what it held
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self._job, method)(*args)
@@ -46,9 +65,10 @@ class RayJob:
     after it, with what ``plan`` returned: the client's check and its scale-up deadline.
     """
 
-    def __init__(self, ray: Any, request: JobRequest, job_id: str, options: dict[str, Any], *, start: bool,
+    def __init__(self, ray: Any, request: JobRequest | None, job_id: str, options: dict[str, Any], *, start: bool,
                  plan: Callable[[], Any] = lambda: None,
-                 placed: Callable[[RayJob, Any], None] = lambda job, planned: None) -> None:
+                 placed: Callable[[RayJob, Any], None] = lambda job, planned: None, detached: bool = False,
+                 actor: Any = None) -> None:
         self._ray = ray
         self.job_id = job_id
         self._request = request
@@ -56,17 +76,40 @@ class RayJob:
         self._plan = plan
         self._placed = placed
         self._started = start
+        self._detached = detached
         self._final: tuple[JobStatus, int | None] | None = None
         self._released = False
         self.unplaced: BaseException | None = None  # why it was never placed (see expire)
         self.placements = 0
-        self._place()
+        if actor is not None:  # a job another driver placed (attach)
+            self._actor = actor
+            self.placements = 1
+        else:
+            self._place()
+
+    @classmethod
+    def attached(cls, ray: Any, job_id: str) -> RayJob:
+        """The handle of a detached job another driver submitted: LOST when its actor is gone."""
+        try:
+            actor = ray.get_actor(job_id, namespace=DETACHED_NAMESPACE)
+        except ValueError:  # no actor of that name: the job's actor ended (or never was)
+            job = cls(ray, None, job_id, {}, start=True, actor=object())
+            job._final = (JobStatus.LOST, None)
+            return job
+        return cls(ray, None, job_id, {}, start=True, actor=actor, detached=True)
+
+    def locator(self) -> dict[str, str]:
+        """What another driver needs to find a detached job again (:meth:`attached`)."""
+        return {"backend": "ray", "namespace": DETACHED_NAMESPACE, "actor": self.job_id}
 
     def _place(self) -> None:
         planned = self._plan()
+        options = dict(self._options)
+        if self._detached:
+            options.update(lifetime="detached", name=self.job_id, namespace=DETACHED_NAMESPACE)
         # Several threads, so status/logs/terminate answer while wait() blocks in another call.
-        self._actor = self._ray.remote(max_concurrency=4, **self._options)(_JobHost).remote(
-            self._request, self.job_id, self._started)
+        self._actor = self._ray.remote(max_concurrency=4, **options)(_JobHost).remote(
+            self._request, self.job_id, self._started, self._detached)
         self._final = None
         self.placements += 1
         self._placed(self, planned)

@@ -1,9 +1,11 @@
 """Supervision outlives the submitter: kill every process on the submitting side of a step running
-through iris on Slurm, and the job still finishes, commits its output, and is seen from another shell.
+through iris on Slurm or on a Ray cluster, and the job still finishes, commits its output, and is
+seen from another shell.
 
 "The submitting side" is the runner and every process it started outside Slurm (its whole process
 tree, detached sessions included), as closing a laptop would end them. Replicas and, with
-:mod:`iris.placement`, the job's supervisor are Slurm jobs, children of ``slurmstepd``.
+:mod:`iris.placement`, the job's supervisor are Slurm jobs (children of ``slurmstepd``) or Ray
+actors (children of the node's raylet).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ RUNNER = textwrap.dedent(
 
     if __name__ == "__main__":
         step = StepSpec("outlives", waits_for_release, resources=ResourceConfig.with_cpu(cpu=1, ram="256m"))
-        report = StepRunner(prefix=sys.argv[1], cluster="iris:slurm", heartbeat_s=0.5).run([step])
+        report = StepRunner(prefix=sys.argv[1], cluster=sys.argv[2], heartbeat_s=0.5).run([step])
         print("OUTCOME", report.outcome_of("outlives").outcome.name, flush=True)
     """
 )
@@ -78,12 +80,11 @@ def _wait_until(condition, what: str, timeout: float) -> None:
     pytest.fail(f"timed out after {timeout} s waiting until {what}")
 
 
-@pytest.mark.timeout(600)
-def test_killing_everything_on_the_submitting_side_leaves_the_job_to_finish_and_commit(slurm_cluster, tmp_path):
+def _kill_the_submitting_side_then_finish(tmp_path: Path, cluster: str, engine_env: dict[str, str]) -> None:
     (tmp_path / "runner.py").write_text(RUNNER)
     prefix, markers, iris_home = tmp_path / "prefix", tmp_path / "markers", tmp_path / "iris-home"
-    env = {**os.environ, **slurm_cluster.env, "IRIS_HOME": str(iris_home), "MARIN_TEST_MARKERS": str(markers)}
-    runner = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(prefix)], cwd=tmp_path, env=env,
+    env = {**os.environ, **engine_env, "IRIS_HOME": str(iris_home), "MARIN_TEST_MARKERS": str(markers)}
+    runner = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(prefix), cluster], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_until(lambda: (markers / "started").exists() or runner.poll() is not None, "the step started", 240)
@@ -113,8 +114,23 @@ def test_killing_everything_on_the_submitting_side_leaves_the_job_to_finish_and_
                             env=env, capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr[-2000:]
     assert [row["status"] for row in json.loads(status.stdout)] == ["SUCCESS"], status.stdout[-2000:]
-    rerun = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(prefix)], cwd=tmp_path, env=env,
+    rerun = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(prefix), cluster], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=180)
     assert "OUTCOME CACHED" in rerun.stdout, rerun.stderr[-3000:]
     assert len(JobStore(iris_home).all()) == 1
-    assert JobStore(iris_home).get(job.job_id).supervisor_job is not None  # it ran as a Slurm job
+    assert JobStore(iris_home).get(job.job_id).supervisor_job is not None  # it ran as the engine's job
+
+
+@pytest.mark.timeout(600)
+def test_killing_everything_on_the_submitting_side_leaves_a_slurm_job_to_finish_and_commit(slurm_cluster, tmp_path):
+    _kill_the_submitting_side_then_finish(tmp_path, "iris:slurm", slurm_cluster.env)
+
+
+@pytest.mark.timeout(600)
+def test_killing_everything_on_the_submitting_side_leaves_a_ray_job_to_finish_and_commit(tmp_path):
+    pytest.importorskip("ray", reason="the Ray engine needs `pip install 'marin[ray]'`")
+    from fray.cluster.ray_nodes import LocalRayCluster
+
+    with LocalRayCluster() as nodes:
+        nodes.start_head("head", cpus=2)
+        _kill_the_submitting_side_then_finish(tmp_path, "iris:ray", {**nodes.env, **nodes.driver_env})
