@@ -28,3 +28,23 @@ def test_a_jobs_scale_up_deadline_reaches_its_supervisor_through_the_store():
     plain = JobSpec(name="t", command=("true",), resources=ResourceConfig.with_cpu())
     assert "scale_up_timeout_s" not in json.loads(plain.to_json())["resources"]
     assert JobSpec.from_json(plain.to_json()).resources.scale_up_timeout_s == 15 * 60
+
+
+def test_the_supervisor_runs_on_the_engine_where_the_engine_can_keep_it(monkeypatch):
+    from iris.placement import SupervisorPlacementError, supervised_on_engine
+    from iris.spec import JobSpec
+
+    def spec(**options):
+        return JobSpec(name="j", command=("true",), **options)
+
+    monkeypatch.delenv("IRIS_SUPERVISOR", raising=False)
+    assert supervised_on_engine(spec(backend="slurm"))
+    assert supervised_on_engine(spec(backend="ray", ray_address="auto"))
+    assert not supervised_on_engine(spec(backend="ray", ray_address="ray://head:10001"))  # no node of its own
+    assert not supervised_on_engine(spec(backend="ray", ray_address=None))  # a private cluster it starts itself
+    assert not supervised_on_engine(spec(backend="local"))
+    monkeypatch.setenv("IRIS_SUPERVISOR", "here")
+    assert not supervised_on_engine(spec(backend="slurm"))
+    monkeypatch.setenv("IRIS_SUPERVISOR", "cloud")
+    with pytest.raises(SupervisorPlacementError, match="'engine'"):
+        supervised_on_engine(spec(backend="slurm"))

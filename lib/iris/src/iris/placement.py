@@ -7,13 +7,14 @@ never orphans a job.
   folders must be on storage the nodes share, as the Slurm docs of this project ask anyway. The
   record keeps a locator of that batch job (``JobRecord.supervisor_job``), so any process that
   reads the database can tell whether the supervisor still runs, by asking Slurm.
-* ``ray`` on an existing cluster (``ray_address`` set): the supervisor is a detached Ray job
-  (``lifetime="detached"``) on the submitting machine's node, so it outlives the runner and every
-  other process started from the submitting shell; it writes the job database of that node, and it
-  ends with that node. Its locator names the actor, which any driver of the cluster looks up.
-* ``local``, and ``ray`` with a private cluster the supervisor starts itself: a process of the
-  submitting machine in a session of its own (it outlives the command and the terminal that
-  started it, not the machine).
+* ``ray`` on an existing cluster this machine is a node of (``ray_address`` set, not ``ray://``):
+  the supervisor is a detached Ray job (``lifetime="detached"``) on the submitting machine's node,
+  so it outlives the runner and every other process started from the submitting shell; it writes
+  the job database of that node, and it ends with that node. Its locator names the actor, which
+  any driver of the cluster looks up.
+* ``local``, ``ray`` with a private cluster the supervisor starts itself, and ``ray://`` client
+  sessions (no node of their own to pin the database to): a process of the submitting machine in
+  a session of its own (it outlives the command and the terminal that started it, not the machine).
 
 ``IRIS_SUPERVISOR=here`` keeps every supervisor on the submitting machine (a Slurm site that
 forbids submitting from compute nodes). A stop request reaches a supervisor through the database
@@ -58,7 +59,9 @@ def supervised_on_engine(spec: JobSpec) -> bool:
     setting = os.environ.get(SUPERVISOR_VARIABLE, "engine").strip().lower() or "engine"
     if setting not in ("engine", "here"):
         raise SupervisorPlacementError(f"{SUPERVISOR_VARIABLE}={setting!r}: use 'engine' (the default) or 'here'.")
-    return setting == "engine" and (spec.backend == "slurm" or (spec.backend == "ray" and spec.ray_address is not None))
+    # A ray:// client session has no node of its own to pin the supervisor (and the database) to.
+    on_ray_cluster = spec.backend == "ray" and spec.ray_address is not None and not spec.ray_address.startswith("ray://")
+    return setting == "engine" and (spec.backend == "slurm" or on_ray_cluster)
 
 
 def start_supervisor(spec: JobSpec, store: JobStore, job_id: str, secrets: Mapping[str, str]) -> None:
