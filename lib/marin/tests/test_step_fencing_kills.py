@@ -7,6 +7,7 @@ the committed file; a step run twice, as a second ``started-*`` marker or a seco
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,6 +102,25 @@ def _writers(lines: Path) -> list[int]:
     return runs
 
 
+def _start_then_kill_the_runner(tmp_path: Path, *, with_supervisor: bool = False) -> Path:
+    """Start a runner, SIGKILL it (and its job's supervisor) once the step runs; the step's folder."""
+    first = _start(tmp_path)
+    _wait_until(lambda: len(_starts(tmp_path)) == 1, "the step started", runner=first)
+    (job,) = JobStore(tmp_path / "iris-home").all()
+    first.kill()
+    if with_supervisor:
+        os.kill(job.supervisor_pid, signal.SIGKILL)
+    first.communicate(timeout=30)
+    return _step_folder(tmp_path)
+
+
+def _lock_holder(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / ".executor_lock").read_text()).get("holder")
+    except (OSError, ValueError):
+        return None
+
+
 def _finish(runner: subprocess.Popen, tmp_path: Path) -> str:
     (tmp_path / "markers").mkdir(exist_ok=True)
     (tmp_path / "markers" / "release").touch()
@@ -133,11 +153,7 @@ def test_a_killed_supervisor_fences_off_its_replica_and_the_rerun_never_runs_bes
 
 
 def test_a_job_that_finishes_after_its_runner_died_is_recorded_not_run_again(tmp_path):
-    first = _start(tmp_path)
-    _wait_until(lambda: len(_starts(tmp_path)) == 1, "the step started", runner=first)
-    first.kill()
-    first.communicate(timeout=30)
-    folder = _step_folder(tmp_path)
+    folder = _start_then_kill_the_runner(tmp_path)
     (tmp_path / "markers" / "release").touch()
     # No runner is alive: the job's replica 0 commits the output and records SUCCESS itself.
     _wait_until(lambda: read_status(str(folder)).status == "SUCCESS", "the job committed its output", timeout=60)
@@ -150,11 +166,7 @@ def test_a_job_that_finishes_after_its_runner_died_is_recorded_not_run_again(tmp
 
 
 def test_a_rerun_from_another_iris_home_adopts_the_live_job_the_step_folder_names(tmp_path):
-    first = _start(tmp_path)
-    _wait_until(lambda: len(_starts(tmp_path)) == 1, "the step started", runner=first)
-    first.kill()
-    first.communicate(timeout=30)
-    folder = _step_folder(tmp_path)
+    folder = _start_then_kill_the_runner(tmp_path)
     before = read_status(str(folder))
     assert before.status == "RUNNING" and before.job and before.iris_home == str((tmp_path / "iris-home").resolve())
     second = _start(tmp_path, iris_home="another-iris-home")
@@ -169,18 +181,15 @@ def test_a_rerun_from_another_iris_home_adopts_the_live_job_the_step_folder_name
 
 
 def test_killing_runner_and_supervisor_together_leaves_a_replica_the_rerun_waits_for(tmp_path):
-    first = _start(tmp_path)
-    _wait_until(lambda: len(_starts(tmp_path)) == 1, "the step started", runner=first)
+    folder = _start_then_kill_the_runner(tmp_path, with_supervisor=True)
     orphan = _replica_pid(_starts(tmp_path)[0])
-    (job,) = JobStore(tmp_path / "iris-home").all()
-    first.kill()
-    os.kill(job.supervisor_pid, signal.SIGKILL)
-    first.communicate(timeout=30)
-    folder = _step_folder(tmp_path)
+    first_runner = _lock_holder(folder)  # the killed runner's lease, left behind
+    assert first_runner is not None
     second = _start(tmp_path)
-    # The orphan still heartbeats: the rerun waits for it instead of starting a second writer.
-    _wait_until(lambda: read_status(str(folder)).holder != job.job_id and second.poll() is None and
-                read_status(str(folder)).time > 0, "the second runner started", runner=second)
+    # The second runner holds the step's lease; the orphan still heartbeats, so it waits for it
+    # instead of starting a second writer, however long that takes.
+    _wait_until(lambda: _lock_holder(folder) not in (None, first_runner), "the second runner held the step",
+                runner=second)
     time.sleep(3)
     assert len(_starts(tmp_path)) == 1 and _alive(orphan)
     log = _finish(second, tmp_path)

@@ -168,14 +168,19 @@ def promote(output_path: str, staging: str) -> None:
     Temporary files a killed writer left are not moved.
     """
     _move_entries(output_path, staging, "")
+    _remove_empty_folders(output_path, staging, STAGING_FOLDER)
+
+
+def _remove_empty_folders(output_path: str, *relatives: str) -> None:
+    """Remove each folder of the step (in order) that holds no file any more."""
     fs, root = fsx.filesystem(output_path)
-    for relative in (staging, STAGING_FOLDER):  # the staging folder, then .staging once it is empty
+    for relative in relatives:
         folder = f"{root.rstrip('/')}/{relative}"
         try:
             if fs.exists(folder) and not fsx.find_files(fsx.join(output_path, relative)):
                 fs.rm(folder, recursive=True)
         except FileNotFoundError:
-            pass  # an object store has no folders: nothing is left once every entry moved
+            pass  # an object store has no folders: nothing is left once every file moved
 
 
 def stage_unstaged_output(output_path: str, staging: str) -> list[str]:
@@ -249,11 +254,8 @@ def discard_stale_staging(output_path: str, generation: int) -> list[str]:
             removed.append(f"{STAGING_FOLDER}/{name}")
         else:
             logger.info("Left %s/%s/%s: a replica of that execution may still write there", output_path, STAGING_FOLDER, name)
-    if removed and not fsx.find_files(fsx.join(output_path, STAGING_FOLDER)):
-        try:
-            fs.rm(f"{root.rstrip('/')}/{STAGING_FOLDER}", recursive=True)
-        except FileNotFoundError:
-            pass
+    if removed:
+        _remove_empty_folders(output_path, STAGING_FOLDER)
     return removed
 
 
