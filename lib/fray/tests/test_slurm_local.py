@@ -166,3 +166,14 @@ def _gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_an_attached_cluster_has_the_settings_it_was_started_with(tmp_path):
+    from fray.cluster.slurm_local import LocalSlurmCluster
+
+    started = LocalSlurmCluster(state_dir=tmp_path / "s", cpus=3, kill_wait_s=7, min_job_age_s=60)
+    started.root.mkdir(parents=True)
+    started.node_name, started.controller_port, started.node_port, started.pids, started.ready = "n", 1, 2, {}, False
+    started._write_record()  # what start() writes first, without running any daemon
+    attached = LocalSlurmCluster.attach(tmp_path / "s")
+    assert (attached.cpus, attached.kill_wait_s, attached.min_job_age_s) == (3, 7, 60)

@@ -33,7 +33,7 @@ def test_the_attempts_of_the_job_this_run_waited_on_are_counted_not_an_earlier_r
     report = RunReport(outcomes=[ran, StepOutcome("data/raw", "id2", str(tmp_path / "other"), Outcome.CACHED)])
     assert ran.attempts.describe() == "3 attempts, 2 preempted"
     assert report.summary() == "1 ran, 1 cached, 0 failed, 0 dep-failed; checkpoints/tiny ran in 3 attempts, 2 preempted"
-    assert report.preemptions == 2
+    assert ran.attempts.preempted == 2
 
 
 def test_a_step_that_ran_once_adds_nothing_and_a_failed_one_says_after_how_many(tmp_path):
@@ -41,12 +41,14 @@ def test_a_step_that_ran_once_adds_nothing_and_a_failed_one_says_after_how_many(
     for folder in (once, failed):
         folder.mkdir()
     now = time.time()
-    _attempt(once, 1, "SUCCEEDED", started=now - 2)
+    _attempt(once, 1, "FAILED", started=now - 60)  # an earlier run's attempt, the runner's own
+    _attempt(once, 2, "SUCCEEDED", started=now - 2)
     _status(once, "SUCCESS")
     _attempt(failed, 1, "PREEMPTED", started=now - 8, job="j")
     _attempt(failed, 2, "FAILED", started=now - 4, job="j")
     _status(failed, "FAILED", job="j")
-    report = RunReport(outcomes=[StepOutcome("once", "a", str(once), Outcome.RAN, seconds=3.0),
+    # The runner began attempt 2 in this run: attempt 1 is not this run's.
+    report = RunReport(outcomes=[StepOutcome("once", "a", str(once), Outcome.RAN, seconds=3.0, first_attempt=2),
                                  StepOutcome("broken", "b", str(failed), Outcome.FAILED, error="iris job j failed", seconds=9.0)])
     assert report.summary() == "1 ran, 0 cached, 1 failed, 0 dep-failed; broken failed after 2 attempts, 1 preempted, 1 failed"
     assert f"broken ({failed}) after 2 attempts, 1 preempted, 1 failed: iris job j failed" in str(StepRunFailed(report))
@@ -58,3 +60,13 @@ def test_a_failure_carried_over_from_an_earlier_run_counts_none_of_its_attempts(
     _status(tmp_path, "FAILED", job="old")
     carried = StepOutcome("broken", "b", str(tmp_path), Outcome.FAILED, error="failed in an earlier run")
     assert carried.attempts.attempts == 0 and RunReport(outcomes=[carried]).summary().endswith("0 dep-failed")
+
+
+def test_attempts_the_runner_began_itself_are_counted_from_the_first_of_this_run(tmp_path):
+    now = time.time()
+    _attempt(tmp_path, 1, "FAILED", started=now - 60)  # the run before this one
+    _attempt(tmp_path, 2, "FAILED", started=now - 0.01)
+    _attempt(tmp_path, 3, "FAILED", started=now - 0.005)
+    _status(tmp_path, "FAILED")
+    failed = StepOutcome("broken", "b", str(tmp_path), Outcome.FAILED, error="boom", seconds=0.02, first_attempt=2)
+    assert failed.attempts.describe() == "2 attempts, 2 failed"

@@ -101,7 +101,7 @@ def judge(attempt: int, outcome: AttemptOutcome, exit_codes: Sequence[int | None
     codes = tuple(exit_codes)
     if outcome is AttemptOutcome.PREEMPTED:
         budget, allowed = Budget.PREEMPTION, max_retries_preemption
-    elif outcome in (AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT):
+    elif outcome.spends_failure_budget:
         budget, allowed = Budget.FAILURE, max_retries_failure
     else:
         return AttemptVerdict(attempt, outcome, codes, None)

@@ -136,6 +136,7 @@ class LocalSlurmRecord:
     node_port: int
     pids: dict[str, int]  # daemon name -> pid, written as each one starts
     ready: bool  # False while starting: sinfo has not shown the node idle yet
+    min_job_age_s: int = 3600  # absent from records written before it was kept
 
 
 class LocalSlurmCluster:
@@ -187,7 +188,7 @@ class LocalSlurmCluster:
             raise SlurmClusterError(f"{root / RECORD_NAME} is not a local Slurm's record ({exc}); end its daemons "
                                     f"by hand if any run, then remove {root}") from None
         cluster = cls(partition=record.partition, cpus=record.cpus, memory_mib=record.memory_mib,
-                      kill_wait_s=record.kill_wait_s, gpus=record.gpus, state_dir=root)
+                      kill_wait_s=record.kill_wait_s, min_job_age_s=record.min_job_age_s, gpus=record.gpus, state_dir=root)
         cluster.node_name = record.node_name
         cluster.controller_port, cluster.node_port = record.controller_port, record.node_port
         cluster.pids = dict(record.pids)
@@ -308,7 +309,7 @@ class LocalSlurmCluster:
         record = LocalSlurmRecord(partition=self.partition, node_name=self.node_name, cpus=self.cpus,
                                   memory_mib=self.memory_mib, gpus=self.gpus, kill_wait_s=self.kill_wait_s,
                                   controller_port=self.controller_port, node_port=self.node_port,
-                                  pids=dict(self.pids), ready=self.ready)
+                                  pids=dict(self.pids), ready=self.ready, min_job_age_s=self.min_job_age_s)
         atomic_write(str(self.root / RECORD_NAME), json.dumps(asdict(record), indent=1) + "\n")
 
     # -- starting -------------------------------------------------------------------------------

@@ -140,11 +140,6 @@ class RunReport:
             text += "".join(f"; {line}" for line in eventful if line)
         return text
 
-    @property
-    def preemptions(self) -> int:
-        """Preempted attempts of this run's steps, all together."""
-        return sum(outcome.attempts.preempted for outcome in self.outcomes)
-
 
 class StepRunFailed(MarinError, RuntimeError):
     """At least one step failed; ``.report`` says which, and which dependents did not run."""
