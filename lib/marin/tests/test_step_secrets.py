@@ -59,6 +59,8 @@ def test_a_steps_credentials_reach_it_and_land_in_no_record_log_or_page(tmp_path
 
 def test_a_steps_credentials_reach_its_slurm_job_and_stay_in_no_job_folder(slurm_cluster, tmp_path, monkeypatch,
                                                                             secret_environment):
+    for name, value in slurm_cluster.env.items():  # SLURM_CONF: this process submits the job
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("FRAY_SLURM_DIR", str(tmp_path / "slurm-jobs"))
     _run_and_look_for_leaks(tmp_path, monkeypatch, "iris:slurm")
 
