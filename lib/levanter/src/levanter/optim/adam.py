@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import optax
 
-from levanter.optim.base import DecayMask, OptimizerConfig, require
+from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
 
 
 @OptimizerConfig.register("adam")
@@ -25,7 +25,9 @@ class AdamConfig(OptimizerConfig):
             require(self, beta, lambda v: 0 <= v < 1, "a number in [0, 1), e.g. 0.9")
         require(self, "epsilon", lambda v: v > 0, "a finite number > 0, e.g. 1e-8 (with 0, a zero gradient gives 0/0)")
 
-    def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
+    def build(
+        self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None, param_axes: ParamAxes | None = None
+    ) -> optax.GradientTransformation:
         return optax.chain(
             self._clipping(),
             optax.scale_by_adam(b1=self.beta1, b2=self.beta2, eps=self.epsilon),

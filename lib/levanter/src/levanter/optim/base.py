@@ -25,6 +25,12 @@ from levanter.optim.schedule import SCHEDULE_NAMES, build_lr_schedule
 # parameters returning one, as optax's ``mask=`` arguments accept.
 DecayMask = Any
 
+# A pytree shaped like the parameters whose leaves are ``haliax.module.Axes`` (the logical axis names
+# of each parameter, stacking axes such as ``layers`` first), as ``haliax.module.logical_axes``
+# returns. Optimizers that treat matrices as matrices (Muon, SOAP, ...) read which dimensions stack
+# copies and which are the matrix's own from it; ``None`` when ``build`` is called without a model.
+ParamAxes = Any
+
 
 def default_weight_decay_mask(params) -> Any:
     """Decay matrices (and stacked matrices), not vectors.
@@ -176,10 +182,17 @@ class OptimizerConfig:
             min_lr_ratio=self.min_lr_ratio,
         )
 
-    def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
+    def build(
+        self,
+        num_train_steps: int,
+        *,
+        weight_decay_mask: DecayMask | None = None,
+        param_axes: ParamAxes | None = None,
+    ) -> optax.GradientTransformation:
         """The optax transformation for a run of ``num_train_steps`` steps.
 
-        Its ``update`` also takes ``learning_rate=`` (an extra argument, as ``optax.chain`` passes
+        ``param_axes``: each parameter's logical axes (see :data:`ParamAxes`); element-wise
+        optimizers ignore it. Its ``update`` also takes ``learning_rate=`` (an extra argument, as ``optax.chain`` passes
         them on): the rate of this step, given from outside instead of read from the schedule.
         """
         raise NotImplementedError

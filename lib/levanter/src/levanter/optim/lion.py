@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import optax
 
-from levanter.optim.base import DecayMask, OptimizerConfig, require
+from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
 
 
 @OptimizerConfig.register("lion")
@@ -21,7 +21,9 @@ class LionConfig(OptimizerConfig):
         for beta in ("beta1", "beta2"):
             require(self, beta, lambda v: 0 <= v < 1, "a number in [0, 1), e.g. 0.9")
 
-    def build(self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None) -> optax.GradientTransformation:
+    def build(
+        self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None, param_axes: ParamAxes | None = None
+    ) -> optax.GradientTransformation:
         return optax.chain(
             self._clipping(),
             optax.scale_by_lion(b1=self.beta1, b2=self.beta2),

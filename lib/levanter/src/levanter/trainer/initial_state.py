@@ -48,8 +48,9 @@ def init_train_state(
     params, frozen_model, static = _init_params(init_model, model_key, mesh, trainable)
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
 
-    decay_mask = weight_decay_mask_from_axes(logical_axes(params), params)
-    optimizer = optimizer_config.build(config.num_train_steps, weight_decay_mask=decay_mask)
+    param_axes = logical_axes(params)
+    decay_mask = weight_decay_mask_from_axes(param_axes, params)
+    optimizer = optimizer_config.build(config.num_train_steps, weight_decay_mask=decay_mask, param_axes=param_axes)
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(optimizer.init, params)
     opt_shardings = optax.tree_map_params(
