@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 
@@ -10,7 +12,14 @@ from iris.attempt_log import AttemptTally, attempt_records
 from rigging import filesystem as fsx
 
 from marin.execution.code_fingerprint import CodeFingerprint, comparable, fingerprint_from_source
-from marin.execution.executor_files import INFO_FILE, STATUS_FILE, STATUS_SUCCESS, read_info, read_status
+from marin.execution.executor_files import (
+    INFO_FILE,
+    STATUS_FILE,
+    STATUS_SUCCESS,
+    CorruptRecordError,
+    read_info,
+    read_status,
+)
 
 MAX_DEPTH = 8
 _HASHED_FOLDER = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{8})$")
@@ -32,6 +41,8 @@ class StepListing:
     # Every attempt kept in the folder (.attempts/), counted by how it ended: preemptions iris retried
     # leave no other trace in the status. None when not read (it costs a read per attempt).
     attempts: AttemptTally | None = None
+    # Why a record in the folder was not read (damaged, not a regular file, too large): shown, not hidden.
+    problems: tuple[str, ...] = ()
 
     def age_text(self, now: float | None = None) -> str:
         if not self.status_time:
@@ -91,8 +102,17 @@ def step_folders(prefix: str) -> list[str]:
 
 
 def describe_folder(output_path: str, prefix: str | None = None, *, with_attempts: bool = False) -> StepListing:
-    info = read_info(output_path) or {}
-    status = read_status(output_path)
+    problems = []
+    try:
+        info = read_info(output_path, strict=True) or {}
+    except CorruptRecordError as exc:
+        info = {}
+        problems.append(str(exc))
+    try:
+        status = read_status(output_path, strict=True)
+    except CorruptRecordError as exc:
+        status = None
+        problems.append(str(exc))
     name = info.get("name")
     if name is None:
         relative = output_path[len(prefix) :].strip("/") if prefix and output_path.startswith(prefix) else _basename(output_path)
@@ -111,6 +131,7 @@ def describe_folder(output_path: str, prefix: str | None = None, *, with_attempt
         attempt=status.attempt if status else None,
         job=status.job if status else None,
         attempts=AttemptTally.of(attempt_records(output_path)) if with_attempts else None,
+        problems=tuple(problems),
     )
 
 
@@ -120,10 +141,19 @@ def _code_changed(info: dict, recorded_digest: str | None) -> bool | None:
     if recorded is None:
         return None
     digest = recorded_digest or recorded.digest
+    if not _is_regular_file(recorded.file):
+        return None  # the record may name anything; a FIFO there would stop the listing for good
     current = fingerprint_from_source(recorded.file, recorded.qualname, recorded.line)
     if not comparable(digest, current):
         return None
     return current != digest
+
+
+def _is_regular_file(path: str | None) -> bool:
+    try:
+        return bool(path) and stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _is_step_folder(folder: str) -> bool:

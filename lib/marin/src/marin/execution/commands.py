@@ -179,6 +179,7 @@ def status_command(args: argparse.Namespace) -> int:
             note += f"  ({where}{attempt}: marin logs {listing.name} --follow)"
         if listing.attempts is not None and listing.attempts.eventful:
             note += f"  ({listing.attempts.describe()})"
+        note += "".join(f"  ({problem})" for problem in listing.problems)
         print(f"{listing.status or '-':<11} {listing.age_text():>5}  {listing.name:<{width}}  {listing.output_path}{note}")
     changed = sum(1 for listing in listings if listing.code_changed)
     if changed:
@@ -206,6 +207,7 @@ def _listing_record(listing: StepListing) -> dict[str, Any]:
         "attempts": tally.attempts,
         "preemptions": tally.preempted,
         "failed_attempts": tally.failed,
+        "problems": list(listing.problems),
     }
 
 

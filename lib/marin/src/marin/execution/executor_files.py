@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rigging import filesystem as fsx
+from rigging.regular_files import RefusedFileError, read_bounded_text
 from rigging.secrets import redact, secret_values
 
 from marin.errors import MarinError
@@ -66,17 +67,41 @@ class StatusRecord:
         return json.dumps(self.__dict__, indent=1)
 
 
-def read_status(output_path: str) -> StatusRecord | None:
-    """The step's status record, or ``None`` when it never started (or the file is unreadable)."""
-    text = fsx.read_text(fsx.join(output_path, STATUS_FILE))
+def _record_text(url: str, within: str | None) -> str | None:
+    """A record's text: ``None`` when absent; :class:`CorruptRecordError` when it is no regular file
+    (a FIFO, a device), lies outside ``within`` or is implausibly large, since such a file is never
+    read (see :mod:`rigging.regular_files`)."""
+    try:
+        return read_bounded_text(url, within=within)
+    except RefusedFileError as exc:
+        raise CorruptRecordError(str(exc)) from exc
+
+
+def read_status(output_path: str, *, strict: bool = False, within: str | None = None) -> StatusRecord | None:
+    """The step's status record, or ``None`` when it never started (or the file is unreadable).
+
+    With ``strict``, a file that is there but unreadable raises :class:`CorruptRecordError` naming it;
+    with ``within``, a link out of that folder is such a file.
+    """
+    url = fsx.join(output_path, STATUS_FILE)
+    try:
+        text = _record_text(url, within)
+    except CorruptRecordError:
+        if strict:
+            raise
+        return None
     if text is None:
         return None
     try:
         return status_from_dict(json.loads(text))
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         # A bare word is accepted too, so a hand-edited status file still reads.
         word = text.strip()
-        return StatusRecord(word, 0.0) if word in ALL_STATUSES else None
+        if word in ALL_STATUSES:
+            return StatusRecord(word, 0.0)
+        if strict:
+            raise CorruptRecordError(f"{url} is corrupt ({type(exc).__name__}: {exc})") from exc
+        return None
 
 
 def status_from_dict(data: dict[str, Any]) -> StatusRecord:
@@ -132,14 +157,20 @@ class CorruptRecordError(MarinError, ValueError):
     """One of the runner's own files in a step folder exists but cannot be read as JSON."""
 
 
-def read_info(output_path: str, *, strict: bool = False) -> dict[str, Any] | None:
+def read_info(output_path: str, *, strict: bool = False, within: str | None = None) -> dict[str, Any] | None:
     """``.executor_info`` as a dict; ``None`` when it is missing, or unreadable unless ``strict``.
 
     With ``strict``, an unreadable file raises :class:`CorruptRecordError` naming it, for callers
-    that must tell "no record" from "a record that was damaged".
+    that must tell "no record" from "a record that was damaged"; with ``within``, a link out of that
+    folder is such a file.
     """
     url = fsx.join(output_path, INFO_FILE)
-    text = fsx.read_text(url)
+    try:
+        text = _record_text(url, within)
+    except CorruptRecordError:
+        if strict:
+            raise
+        return None
     if text is None:
         return None
     try:

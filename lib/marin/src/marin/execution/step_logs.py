@@ -26,6 +26,7 @@ from iris.attempt_log import AttemptListing, as_dict, list_attempts, read_log
 from rigging import filesystem as fsx
 from rigging.config.discovery import discover_config
 from rigging.lease import Lease
+from rigging.regular_files import RefusedFileError
 
 from marin.execution.catalog import closest_step_names, find_step_folders
 from marin.execution.executor_files import LOCK_FILE, STATUS_RUNNING, read_status
@@ -135,6 +136,7 @@ class _Printer:
 
     def __init__(self) -> None:
         self.offsets: dict[str, int] = {}
+        self.refused: set[str] = set()  # logs that are no regular file (a FIFO would block): said once, then passed over
         self.current: AttemptListing | None = None
         self._last_log: str | None = None
         self._at_line_start = True
@@ -149,9 +151,17 @@ class _Printer:
         """Print what each of the attempt's logs gained since last time; the number of bytes printed."""
         printed = 0
         for url in listing.logs:
+            if url in self.refused:
+                continue
             offset = self.offsets.get(url, 0)
             while True:
-                chunk = read_log(url, offset, CHUNK_BYTES)
+                try:
+                    chunk = read_log(url, offset, CHUNK_BYTES)
+                except RefusedFileError as exc:
+                    self.refused.add(url)
+                    self._text(f"--- replica {_replica_number(url)}: {exc}\n")
+                    self._last_log = None
+                    break
                 if not chunk:
                     break
                 if url != self._last_log and len(listing.logs) > 1:

@@ -2,9 +2,11 @@
 
 FastAPI (on Starlette) gives query-parameter parsing with types, JSON responses and exception
 handlers in a few lines; uvicorn serves it. Every route is a GET and none writes anything.
-Errors a request can cause (:class:`~marin.serve.errors.ServeError`) become an error page with
-their status; anything else becomes a 500 page with a one-line message, the traceback going only
-to the server's log.
+Files are read only where they are regular files inside the prefix (a FIFO or a device is refused,
+never waited on, so no request can hold a worker for good). Errors a request can cause
+(:class:`~marin.serve.errors.ServeError`, a refused file) become an error page with their status;
+anything else becomes a 500 page with a one-line message, the traceback going only to the
+server's log.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from rigging import filesystem as fsx
+from rigging.regular_files import RefusedFileError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from marin.execution.executor_files import CorruptRecordError
@@ -52,6 +55,10 @@ def create_app(prefix: str) -> FastAPI:
 
     @app.exception_handler(CorruptRecordError)
     async def corrupt_record(request: Request, exc: CorruptRecordError) -> Any:
+        return error_response(request, UnreadableError.status, UnreadableError.title, str(exc))
+
+    @app.exception_handler(RefusedFileError)
+    async def refused_file(request: Request, exc: RefusedFileError) -> Any:
         return error_response(request, UnreadableError.status, UnreadableError.title, str(exc))
 
     @app.exception_handler(StarletteHTTPException)

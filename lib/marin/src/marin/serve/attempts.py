@@ -4,7 +4,9 @@ Attempts are read from the step's own folder (:mod:`iris.attempt_log`), so the v
 attempt whichever engine ran it. A log is never read whole: a page is a window of at most
 :data:`LOG_WINDOW_BYTES`, by default the log's tail, and pages back (``before``) or on (``offset``)
 from there. Windows start and end on UTF-8 character boundaries, so paging and following never
-show a torn character, and the next window starts exactly where the last one ended.
+show a torn character, and the next window starts exactly where the last one ended. Nothing
+outside the prefix is read: an attempt folder or record that is a link out of it is listed as
+refused, and a log that is no regular file (a FIFO would never answer) is refused, not waited on.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 
 from iris.attempt_log import ATTEMPTS_FOLDER, AttemptListing, list_attempts, read_log, replica_log_name
 from rigging import filesystem as fsx
+from rigging.regular_files import RefusedFileError
 
-from marin.serve.errors import NotFoundError
+from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import resolve
 from marin.serve.steps import step_folder
 
@@ -52,7 +55,8 @@ def _row(listing: AttemptListing, now: float) -> AttemptRow:
     record = listing.record
     replicas = tuple(sorted(_replica_number(url) for url in listing.logs))
     if record is None:
-        return AttemptRow(listing.attempt, "UNREADABLE", None, None, None, (), None, None, "", listing.describe(), replicas)
+        return AttemptRow(listing.attempt, "UNREADABLE", None, None, None, (), None, None, listing.problem, listing.describe(),
+                          replicas)
     end = record.ended_at if record.finished else now
     return AttemptRow(
         attempt=listing.attempt,
@@ -79,7 +83,7 @@ def step_attempts(prefix: str, path: str) -> list[AttemptRow]:
     folder = step_folder(prefix, path)
     resolve(prefix, f"{path}/{ATTEMPTS_FOLDER}")  # refused if it is a link out of the prefix
     now = time.time()
-    return [_row(listing, now) for listing in list_attempts(folder)]
+    return [_row(listing, now) for listing in list_attempts(folder, within=prefix)]
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,13 @@ def log_url(prefix: str, path: str, attempt: int, replica: int) -> str:
 def read_window(url: str, *, offset: int | None = None, before: int | None = None, limit: int = LOG_WINDOW_BYTES) -> LogWindow:
     """At most ``limit`` bytes of the log: from ``offset`` on, or ending at ``before``, or its tail."""
     limit = max(1, min(MAX_WINDOW_BYTES, int(limit)))
+    try:
+        return _read_window(url, offset, before, limit)
+    except RefusedFileError as exc:
+        raise UnreadableError(str(exc)) from exc
+
+
+def _read_window(url: str, offset: int | None, before: int | None, limit: int) -> LogWindow:
     fs, path = fsx.filesystem(url)
     try:
         size = int(fs.size(path) or 0)

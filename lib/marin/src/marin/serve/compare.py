@@ -30,7 +30,7 @@ class Comparison:
 def run_settings(prefix: str, path: str) -> dict[str, Any]:
     """A run's identity inputs, flattened as ``marin explain`` flattens them."""
     try:
-        info = read_info(resolve(prefix, path), strict=True) or {}
+        info = read_info(resolve(prefix, path), strict=True, within=prefix) or {}
     except CorruptRecordError:
         return {}
     settings: dict[str, Any] = {"version": info.get("version")}

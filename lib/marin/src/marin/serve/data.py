@@ -1,5 +1,7 @@
 """Pages of a step's data files, read without loading a whole shard.
 
+Only regular files inside the prefix are opened (see :mod:`rigging.regular_files`): a FIFO, a
+device or a link out of the prefix is refused with :class:`UnreadableError`, never waited on.
 Every page is bounded, whatever the file holds: a record shows at most :data:`MAX_RECORD_BYTES`
 (a longer one is shown cut, with its size), a page at most :data:`MAX_PAGE` records and
 :data:`MAX_PAGE_BYTES` of them, and one request reads at most :data:`MAX_SCAN_BYTES` of a file.
@@ -12,14 +14,18 @@ with the tokenizer the cache was made with.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsspec.compression import compr
 from rigging import filesystem as fsx
+from rigging.regular_files import RefusedFileError, check_regular, open_regular
 
 from marin.execution.artifact import ArtifactError, load_artifact
 from marin.execution.executor_files import ARTIFACT_FILE
@@ -65,17 +71,32 @@ def kind_of(url: str) -> str:
 
 
 def read_page(url: str, start: int = 0, count: int = 20, *, max_tokens: int = 512, prefix: str | None = None) -> Page:
+    """A page of the file (or token cache) at ``url``; with ``prefix``, nothing outside it is opened."""
     start, count = max(0, int(start)), max(1, min(MAX_PAGE, int(count)))
     kind = kind_of(url)
-    if kind == "jsonl":
-        return _jsonl_page(url, start, count)
-    if kind == "parquet":
-        return _parquet_page(url, start, count)
-    if kind == "tokens":
-        return _token_page(url, start, count, max(1, min(4096, int(max_tokens))), prefix)
-    if kind == "text":
-        return _text_page(url)
+    try:
+        if kind == "jsonl":
+            return _jsonl_page(url, start, count, prefix)
+        if kind == "parquet":
+            return _parquet_page(url, start, count, prefix)
+        if kind == "tokens":
+            return _token_page(url, start, count, max(1, min(4096, int(max_tokens))), prefix)
+        if kind == "text":
+            return _text_page(url, prefix)
+    except RefusedFileError as exc:
+        raise UnreadableError(str(exc)) from exc
     return Page(kind="folder", start=0)
+
+
+@contextlib.contextmanager
+def _open(url: str, within: str | None, compression: str | None = None) -> Iterator[io.IOBase]:
+    """The file at ``url``, a regular file inside ``within``, decompressed as ``compression`` says."""
+    with open_regular(url, within=within) as raw:
+        if compression is None:
+            yield raw
+            return
+        with compr[compression](raw, mode="rb") as stream:
+            yield stream
 
 
 def _compression(url: str) -> str | None:
@@ -131,13 +152,13 @@ def _record(head: bytes, size: int, complete: bool) -> Any:
     return {"bytes" if complete else "bytes_at_least": size, CUT_KEY: text}
 
 
-def _jsonl_page(url: str, start: int, count: int) -> Page:
+def _jsonl_page(url: str, start: int, count: int, within: str | None) -> Page:
     rows: list[Any] = []
     shown, has_more, note, number = 0, False, "", -1
     scan_note = (f"stopped after reading {_size_text(MAX_SCAN_BYTES)} of the file, the most one page reads; "
                  "rows further on cannot be shown here")
     try:
-        with fsx.open_url(url, "rb", compression=_compression(url)) as raw:
+        with _open(url, within, _compression(url)) as raw:
             for number, (head, size, complete) in enumerate(_lines(raw, MAX_SCAN_BYTES)):
                 if not complete and (number < start or size == 0):
                     note = f"{scan_note} (reached row {number:,}, not row {start:,})" if number < start else scan_note
@@ -155,16 +176,18 @@ def _jsonl_page(url: str, start: int, count: int) -> Page:
                 if not complete:
                     note = scan_note
                     break
+    except RefusedFileError:
+        raise
     except (OSError, EOFError, ValueError) as exc:
         raise UnreadableError(f"{url} could not be read as jsonl ({type(exc).__name__}: {exc})") from exc
     return Page(kind="jsonl", start=start, rows=rows, has_more=has_more, note=note)
 
 
-def _parquet_page(url: str, start: int, count: int) -> Page:
+def _parquet_page(url: str, start: int, count: int, within: str | None) -> Page:
     import pyarrow.parquet as pq
 
     try:
-        with fsx.open_url(url, "rb") as handle:
+        with _open(url, within) as handle:
             parquet = pq.ParquetFile(handle)
             total = parquet.metadata.num_rows
             rows: list[Any] = []
@@ -180,6 +203,8 @@ def _parquet_page(url: str, start: int, count: int) -> Page:
                 if group_end >= start + count:
                     break
                 group_start = group_end
+    except RefusedFileError:
+        raise
     except (OSError, ValueError) as exc:
         raise UnreadableError(f"{url} could not be read as parquet ({type(exc).__name__}: {exc})") from exc
     rows, note = _within_budget(rows)
@@ -201,8 +226,8 @@ def _within_budget(rows: list[Any]) -> tuple[list[Any], str]:
     return kept, ""
 
 
-def _text_page(url: str) -> Page:
-    with fsx.open_url(url, "rb") as handle:
+def _text_page(url: str, within: str | None) -> Page:
+    with _open(url, within) as handle:
         data = handle.read(TEXT_PREVIEW_BYTES + 1)
     truncated = len(data) > TEXT_PREVIEW_BYTES
     text = data[:TEXT_PREVIEW_BYTES].decode("utf-8", errors="replace")
@@ -258,7 +283,7 @@ def _tokenizer_candidates(cache_url: str, metadata: dict[str, Any], prefix: str 
     for _ in range(4):
         if prefix is not None and relative_to(prefix, folder) in (None, ""):
             break
-        if fsx.exists(fsx.join(folder, ARTIFACT_FILE)):
+        if _readable(fsx.join(folder, ARTIFACT_FILE), prefix):
             # Read as the runner reads it: a path it stored relative to the prefix or the step's
             # folder (the built-in tokenizer's, say) comes back whole, not as a would-be hub id.
             try:
@@ -272,6 +297,23 @@ def _tokenizer_candidates(cache_url: str, metadata: dict[str, Any], prefix: str 
             break
         folder = folder.rsplit("/", 1)[0]
     return candidates
+
+
+def _readable(url: str, within: str | None) -> bool:
+    """Whether ``url`` is a regular file inside ``within``: what may be handed to a reader that opens it itself."""
+    try:
+        check_regular(url, within=within)
+    except (FileNotFoundError, NotADirectoryError, RefusedFileError):
+        return False
+    return fsx.exists(url)
+
+
+def _check_cache_files(url: str, within: str | None) -> None:
+    """:class:`RefusedFileError` for the first file of the cache that is no regular file or leads
+    out of ``within``: the cache's reader opens them itself, and must never wait on one."""
+    if fsx.is_local(url):
+        for name in fsx.find_files(url):
+            check_regular(fsx.join(url, name), within=within)
 
 
 def cache_tokenizer(cache_url: str, metadata: dict[str, Any], prefix: str | None = None) -> tuple[Any | None, str]:
@@ -295,6 +337,7 @@ def cache_tokenizer(cache_url: str, metadata: dict[str, Any], prefix: str | None
 def _token_page(url: str, start: int, count: int, max_tokens: int, prefix: str | None = None) -> Page:
     from zephyr.token_cache import TokenCache, TokenCacheError
 
+    _check_cache_files(url, prefix)
     try:
         cache = TokenCache.open(url, verify_checksums=False)
     except (TokenCacheError, OSError, ValueError, KeyError) as exc:

@@ -34,7 +34,7 @@ figure.chart{margin:0;min-width:0}figure.chart figcaption{font-weight:bold}svg.c
 .legend .key{margin-right:10px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .lineage text{font-size:11px}.lineage rect{fill:#eef3fb;stroke:#8aa4cc}.lineage rect.self{fill:#fff3d6;stroke:#c9a13b}
 .tok span:nth-child(odd){background:#dcebff}.tok span:nth-child(even){background:#ffe6cc}.tok{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
-.error{border:1px solid #c62828;background:#fdecea;padding:10px}
+.error{border:1px solid #c62828;background:#fdecea;padding:10px}.problem{color:#c62828;font-size:12px}
 .SUCCEEDED{color:#1a7f37}.TIMED_OUT,.UNREADABLE{color:#c62828}.PREEMPTED,.STOPPED{color:#b26a00}
 pre.log{max-height:70vh;white-space:pre-wrap}
 """
@@ -73,11 +73,16 @@ def version_badge(newest: bool | None) -> str:
     return '<span class="newest">newest</span>' if newest else '<span class="older">older</span>'
 
 
+def _problems_html(problems: tuple[str, ...]) -> str:
+    """Records that were not read (a FIFO, a device, too large, damaged), each naming the file and why."""
+    return "".join(f'<div class="problem">{escape(problem)}</div>' for problem in problems)
+
+
 def _row_html(row: StepRow, now: float, newest: bool | None = None) -> str:
     data = row.to_json(now)
     status = row.status or "-"
     damaged = ' <span class="FAILED">(damaged record)</span>' if row.record_damaged else ""
-    damaged = version_badge(newest) + damaged
+    damaged = version_badge(newest) + damaged + _problems_html(row.problems)
     return (f'<tr data-name="{escape(row.name)}" data-status="{escape(status)}">'
             f'<td><a href="{escape(link("/step", path=row.path))}">{escape(row.name)}</a>{damaged}</td>'
             f'<td class="{escape(status)}">{escape(status)}</td><td>{seconds_text(data["age_seconds"])}</td>'
@@ -94,7 +99,7 @@ function applyFilter(){const q=box.value.toLowerCase();for(const tr of body.rows
   tr.hidden=q&&!(tr.dataset.name.toLowerCase().includes(q)||tr.dataset.status.toLowerCase().includes(q));}}
 function render(steps){body.innerHTML=steps.map(s=>{const st=s.status||'-';
   const badge=s.newest===true?'<span class="newest">newest</span>':s.newest===false?'<span class="older">older</span>':'';
-  return `<tr data-name="${esc(s.name)}" data-status="${esc(st)}"><td><a href="/step?path=${encodeURIComponent(s.path)}">${esc(s.name)}</a>${badge}${s.record_damaged?' <span class="FAILED">(damaged record)</span>':''}</td>`+
+  return `<tr data-name="${esc(s.name)}" data-status="${esc(st)}"><td><a href="/step?path=${encodeURIComponent(s.path)}">${esc(s.name)}</a>${badge}${s.record_damaged?' <span class="FAILED">(damaged record)</span>':''}${(s.problems||[]).map(p=>`<div class="problem">${esc(p)}</div>`).join('')}</td>`+
   `<td class="${esc(st)}">${esc(st)}</td><td>${dur(s.age_seconds)}</td><td>${dur(s.duration_seconds)}</td><td class="mono">${esc(s.short_hash)}</td><td class="mono muted">${esc(s.path)}</td></tr>`}).join('');
   document.getElementById('count').textContent=steps.length; applyFilter();}
 async function refresh(){let running=false;try{const r=await fetch('/api/steps');if(r.ok){const d=await r.json();render(d.steps);
@@ -150,7 +155,8 @@ def step_page(detail: StepDetail, prefix: str, compare: str | None, differences:
                f'<tr><th>function</th><td class="mono">{escape(str(info.get("fn", "-")))}</td></tr>'
                f'<tr><th>duration</th><td>{seconds_text(row.duration())}</td></tr>'
                f'<tr><th>folder</th><td class="mono">{escape(row.path)}</td></tr>'
-               + (f'<tr><th>error</th><td class="FAILED">{escape(row.error)}</td></tr>' if row.error else "") + "</table>")
+               + (f'<tr><th>error</th><td class="FAILED">{escape(row.error)}</td></tr>' if row.error else "")
+               + (f"<tr><th>not read</th><td>{_problems_html(row.problems)}</td></tr>" if row.problems else "") + "</table>")
     if any(f["name"] == "metrics.jsonl" for f in detail.files):  # a training run: its curves are one click away
         summary += f'<p><a id="training-curves" href="{escape(link("/runs", run=row.path))}">training curves</a></p>'
     parts = [summary, "<h3>Attempts</h3>", _attempts_table(row.path, attempts or []), "<h3>Hash attributes</h3>", f"<table id=\"hash-attrs\">{attrs}</table>" if attrs else '<p class="muted">none</p>']

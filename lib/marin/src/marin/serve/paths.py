@@ -10,9 +10,8 @@ object stores have no links.
 
 from __future__ import annotations
 
-import os
-
 from rigging import filesystem as fsx
+from rigging.regular_files import stays_within
 
 from marin.serve.errors import PathOutsidePrefixError
 
@@ -37,19 +36,9 @@ def resolve(prefix: str, path: str | None) -> str:
     if not relative:
         return prefix.rstrip("/")
     url = fsx.join(prefix, relative)
-    if not stays_inside(prefix, url):
+    if not stays_within(prefix, url):
         raise PathOutsidePrefixError(f"path {path!r} is refused: it is a link to a place outside the prefix")
     return url
-
-
-def stays_inside(prefix: str, url: str) -> bool:
-    """Whether ``url`` (under ``prefix``) really lies there once links are followed (always, off local disk)."""
-    return not fsx.is_local(prefix) or _inside(fsx.filesystem(prefix)[1], fsx.filesystem(url)[1])
-
-
-def _inside(root: str, path: str) -> bool:
-    root, target = os.path.realpath(root), os.path.realpath(path)
-    return target == root or target.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def relative_to(prefix: str, url: str) -> str | None:

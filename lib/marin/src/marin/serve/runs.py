@@ -2,18 +2,21 @@
 
 A training run is any step folder holding a ``metrics.jsonl``. Curves keep every step up to
 :data:`MAX_POINTS` points per series; longer runs are thinned to every n-th point (the last point
-is always kept), which a chart a few hundred pixels wide cannot tell apart.
+is always kept), which a chart a few hundred pixels wide cannot tell apart. Files are opened only
+when they are regular files inside the prefix, and read in bounded amounts: a metrics line longer
+than :data:`MAX_LINE_BYTES` (no metrics record is) is skipped, and the model card shown is cut at
+:data:`CARD_BYTES`.
 """
 
 from __future__ import annotations
 
 import bisect
-import io
 import json
 import math
 from typing import Any
 
 from rigging import filesystem as fsx
+from rigging.regular_files import RefusedFileError, open_regular
 
 from marin.execution.executor_files import ARTIFACT_FILE, STATUS_FILE
 from marin.execution.step_ownership import STAGING_FOLDER
@@ -22,6 +25,9 @@ from marin.serve.paths import resolve
 from marin.serve.steps import StepRow, read_json_file
 
 MAX_POINTS = 2000
+MAX_LINE_BYTES = 1 << 20
+READ_CHUNK_BYTES = 64 * 1024
+CARD_BYTES = 256 * 1024
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
 CARD_FILE = "MODEL_CARD.md"
@@ -44,13 +50,30 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def read_series(metrics_url: str) -> dict[str, list[tuple[int, float]]]:
+def _lines(raw: Any) -> Any:
+    """The file's lines, read in chunks; a line longer than :data:`MAX_LINE_BYTES` is passed over, never held."""
+    pending, skipping = bytearray(), False
+    while chunk := raw.read(READ_CHUNK_BYTES):
+        start = 0
+        while (newline := chunk.find(b"\n", start)) >= 0:
+            if not skipping and len(pending) + newline - start <= MAX_LINE_BYTES:
+                yield bytes(pending + chunk[start:newline])
+            pending, skipping, start = bytearray(), False, newline + 1
+        if not skipping:
+            pending += chunk[start:]
+            if len(pending) > MAX_LINE_BYTES:
+                pending, skipping = bytearray(), True
+    if pending and not skipping:
+        yield bytes(pending)
+
+
+def read_series(metrics_url: str, within: str | None = None) -> dict[str, list[tuple[int, float]]]:
     """``{metric: [(step, value)]}`` for every numeric metric, read line by line (damaged lines skipped)."""
     series: dict[str, list[tuple[int, float]]] = {}
-    with fsx.open_url(metrics_url, "rb") as raw:
-        for line in io.TextIOWrapper(raw, encoding="utf-8", errors="replace"):
+    with open_regular(metrics_url, within=within) as raw:
+        for line in _lines(raw):
             try:
-                record = json.loads(line)
+                record = json.loads(line.decode("utf-8", errors="replace"))
             except ValueError:
                 continue
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
@@ -124,7 +147,7 @@ def _metrics_url(prefix: str, path: str) -> str | None:
     if fsx.exists(url):
         return url
     try:
-        status = read_json_file(resolve(prefix, f"{path}/{STATUS_FILE}"))
+        status = read_json_file(resolve(prefix, f"{path}/{STATUS_FILE}"), prefix)
     except UnreadableError:
         return None
     staging = status.get("staging") if isinstance(status, dict) and status.get("status") != "SUCCESS" else None
@@ -142,15 +165,24 @@ def run_metrics(prefix: str, path: str) -> dict[str, list[tuple[int, float]]]:
     url = _metrics_url(prefix, path)
     if url is None:
         raise NotFoundError(f"{path!r} has no {METRICS_FILE}: it is not a training run")
-    return read_series(url)
+    try:
+        return read_series(url, prefix)
+    except RefusedFileError as exc:
+        raise UnreadableError(str(exc)) from exc
 
 
 def run_extras(prefix: str, path: str) -> dict[str, Any]:
     """Samples (from the step's result) and the model card, when there are any."""
-    artifact = read_json_file(resolve(prefix, f"{path}/{ARTIFACT_FILE}")) or {}
+    artifact = read_json_file(resolve(prefix, f"{path}/{ARTIFACT_FILE}"), prefix) or {}
     result = artifact.get("result") if isinstance(artifact, dict) else None
     samples = result.get("samples") if isinstance(result, dict) else None
-    card = fsx.read_text(resolve(prefix, f"{path}/{CARD_FILE}"))
+    try:
+        with open_regular(resolve(prefix, f"{path}/{CARD_FILE}"), within=prefix) as handle:
+            card = handle.read(CARD_BYTES).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        card = None
+    except RefusedFileError as exc:
+        card = f"({exc})"
     return {"samples": [str(s) for s in samples] if isinstance(samples, list) else [], "model_card": card}
 
 
@@ -174,7 +206,7 @@ def evaluation_table(prefix: str, rows: list[StepRow]) -> tuple[list[str], dict[
     for row in rows:
         folder = fsx.join(prefix, row.path)
         try:
-            artifact = read_json_file(fsx.join(folder, ARTIFACT_FILE))
+            artifact = read_json_file(fsx.join(folder, ARTIFACT_FILE), prefix)
         except Exception:  # noqa: BLE001 - one damaged record must not hide every other model's scores
             artifact = None
         result = artifact.get("result") if isinstance(artifact, dict) else None
@@ -185,7 +217,7 @@ def evaluation_table(prefix: str, rows: list[StepRow]) -> tuple[list[str], dict[
                     for metric in ("loss", "perplexity", "bits_per_byte"):
                         put(model, f"{dataset} {metric}", score.get(metric))
         try:
-            evaluation = read_json_file(fsx.join(folder, EVAL_FILE))
+            evaluation = read_json_file(fsx.join(folder, EVAL_FILE), prefix)
         except Exception:  # noqa: BLE001
             evaluation = None
         if isinstance(evaluation, dict):

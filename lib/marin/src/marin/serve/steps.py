@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rigging import filesystem as fsx
+from rigging.regular_files import RefusedFileError, read_bounded_text
 
 from marin.execution.catalog import step_folders
 from marin.execution.executor_files import (
@@ -44,6 +45,7 @@ class StepRow:
     version: str | None
     error: str | None
     record_damaged: bool
+    problems: tuple[str, ...] = ()  # each record not read, naming it and why (damaged, a FIFO, too large...)
 
     @property
     def short_hash(self) -> str:
@@ -81,12 +83,17 @@ def _mtime(fs: Any, path: str) -> float | None:
 
 def read_row(prefix: str, folder: str) -> StepRow:
     relative = relative_to(prefix, folder) or folder
-    damaged = False
+    damaged, problems = False, []
     try:
-        info = read_info(folder, strict=True) or {}
-    except CorruptRecordError:
+        info = read_info(folder, strict=True, within=prefix) or {}
+    except CorruptRecordError as exc:
         info, damaged = {}, True
-    status = read_status(folder)
+        problems.append(str(exc))
+    try:
+        status = read_status(folder, strict=True, within=prefix)
+    except CorruptRecordError as exc:
+        status = None
+        problems.append(str(exc))
     fs, path = fsx.filesystem(fsx.join(folder, INFO_FILE))
     started = _mtime(fs, path) if info else None
     name = info.get("name")
@@ -103,6 +110,7 @@ def read_row(prefix: str, folder: str) -> StepRow:
         version=info.get("version"),
         error=status.error if status else None,
         record_damaged=damaged,
+        problems=tuple(problems),
     )
 
 
@@ -139,9 +147,13 @@ def step_folder(prefix: str, path: str) -> str:
     return folder
 
 
-def read_json_file(url: str) -> Any | None:
-    """A JSON file's content, ``None`` when absent, :class:`UnreadableError` when damaged."""
-    text = fsx.read_text(url)
+def read_json_file(url: str, within: str) -> Any | None:
+    """A JSON file's content, ``None`` when absent, :class:`UnreadableError` when damaged or refused
+    (no regular file, larger than a record may be, or a link out of ``within``)."""
+    try:
+        text = read_bounded_text(url, within=within)
+    except RefusedFileError as exc:
+        raise UnreadableError(str(exc)) from exc
     if text is None:
         return None
     try:
@@ -164,11 +176,11 @@ class StepDetail:
 def step_detail(prefix: str, path: str, rows: list[StepRow] | None = None) -> StepDetail:
     folder = step_folder(prefix, path)
     try:
-        info = read_info(folder, strict=True) or {}
+        info = read_info(folder, strict=True, within=prefix) or {}
     except CorruptRecordError as exc:
         raise UnreadableError(str(exc)) from exc
     row = read_row(prefix, folder)
-    artifact = read_json_file(fsx.join(folder, ARTIFACT_FILE))
+    artifact = read_json_file(fsx.join(folder, ARTIFACT_FILE), prefix)
     dependencies = [
         {"name": dep.get("name"), "identity": dep.get("identity"), "path": relative_to(prefix, dep_path) if dep_path else None}
         for dep, dep_path in recorded_dependency_paths(folder, info)
@@ -178,7 +190,7 @@ def step_detail(prefix: str, path: str, rows: list[StepRow] | None = None) -> St
     for other in rows:
         if other.path == row.path or other.record_damaged:
             continue
-        other_info = read_info(resolve(prefix, other.path)) or {}
+        other_info = read_info(resolve(prefix, other.path), within=prefix) or {}
         deps = other_info.get("deps") or []
         if any(isinstance(d, dict) and d.get("identity") == row.identity and row.identity for d in deps):
             dependents.append(other)

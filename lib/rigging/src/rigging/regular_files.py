@@ -1,0 +1,158 @@
+"""Reading files that may hold anything: regular files only, never blocking, never unbounded.
+
+What reads a prefix for a person (the web view, ``marin status``, ``marin logs``) meets whatever
+the folder holds. On local disk a name can be a FIFO (opening it waits for a writer that never
+comes), a device (``/dev/zero`` never ends), a socket, or a link to any of them. So a file is
+opened here only when, links followed, it is a regular file: checked with ``stat`` before opening,
+opened with ``O_NONBLOCK`` (so even a FIFO swapped in meanwhile cannot block) and checked again
+with ``fstat`` on what was opened. With ``within``, its real path must also lie inside that folder
+(a link out of it is refused). Whole-file reads are bounded: a file longer than the limit is
+refused, not read. Object stores hold no special files or links; only the bound applies there.
+
+A refusal raises :class:`RefusedFileError`, whose message names the file and why, so a reader can
+show it in place of the content and go on with the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import stat
+from typing import IO
+
+from fsspec.implementations.local import LocalFileSystem
+
+from rigging import filesystem as fsx
+from rigging.errors import RiggingError
+
+RECORD_LIMIT_BYTES = 4 << 20  # a JSON record a runner writes (status, info, attempt) is a few KiB
+
+
+class RefusedFileError(RiggingError, OSError):
+    """A file that is there but is not read: not a regular file, too large, or outside ``within``."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url, self.reason = url, reason
+        super().__init__(f"{url} is refused: {reason}")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "of an unknown kind"
+
+
+def _not_regular(url: str, mode: int) -> RefusedFileError:
+    return RefusedFileError(url, f"not a regular file ({_kind(mode)})")
+
+
+def _local_path(url: str) -> str | None:
+    """The path of ``url`` on this machine's disk, ``None`` for an object store (resolved once: it is not free)."""
+    fs, path = fsx.filesystem(url)
+    return path if isinstance(fs, LocalFileSystem) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _real_root(within: str) -> str | None:
+    """Where the folder ``within`` really is, ``None`` off local disk. Kept: a reader checks every
+    file of a listing against the same root, and a root moved since only makes more refusals."""
+    path = _local_path(within)
+    return None if path is None else _real(path)
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def stays_within(within: str, url: str) -> bool:
+    """Whether ``url`` lies inside the folder ``within`` once links are followed (always, off local disk)."""
+    root = _real_root(within)
+    if root is None:
+        return True
+    target = _real(fsx.filesystem(url)[1])
+    return target == root or target.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_within(within: str | None, url: str) -> None:
+    """:class:`RefusedFileError` when ``url`` (a file or a folder) leads out of ``within`` through a link."""
+    if within is not None and not stays_within(within, url):
+        raise RefusedFileError(url, f"a link to a place outside {within}")
+
+
+def _check_local(url: str, path: str, within: str | None) -> None:
+    check_within(within, url)
+    if not stat.S_ISREG(mode := os.stat(path).st_mode):
+        raise _not_regular(url, mode)
+
+
+def check_regular(url: str, *, within: str | None = None) -> None:
+    """Refuse (:class:`RefusedFileError`) what :func:`open_regular` would refuse, without opening it:
+    for files another library opens. ``FileNotFoundError`` when nothing is there."""
+    path = _local_path(url)
+    if path is not None:
+        _check_local(url, path, within)
+
+
+def open_regular(url: str, *, within: str | None = None) -> IO[bytes]:
+    """``url`` opened for reading bytes, if it is a regular file (inside ``within``, when given).
+
+    ``FileNotFoundError`` when nothing is there; :class:`RefusedFileError` for anything else that
+    is not a regular file, without waiting on it.
+    """
+    path = _local_path(url)
+    if path is None:
+        fs, remote = fsx.filesystem(url)
+        return fs.open(remote, "rb")
+    return _open_local(url, path, within)
+
+
+def _open_local(url: str, path: str, within: str | None) -> IO[bytes]:
+    _check_local(url, path, within)  # before opening: opening some devices does something
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(mode := os.fstat(descriptor).st_mode):
+            raise _not_regular(url, mode)  # replaced between the stat and the open
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def read_bounded(url: str, limit: int = RECORD_LIMIT_BYTES, *, within: str | None = None) -> bytes | None:
+    """The whole of a regular file of at most ``limit`` bytes; ``None`` when nothing is there.
+
+    :class:`RefusedFileError` when it is not a regular file, lies outside ``within``, or is longer
+    than ``limit`` (at most ``limit + 1`` bytes are read to tell).
+    """
+    path = _local_path(url)
+    if path is None:
+        fs, remote = fsx.filesystem(url)
+        try:
+            data = fs.cat_file(remote, start=0, end=limit + 1)  # one ranged request, as a plain read is one
+        except FileNotFoundError:
+            return None
+    else:
+        try:
+            handle = _open_local(url, path, within)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with handle:
+            if (size := os.fstat(handle.fileno()).st_size) > limit:
+                raise RefusedFileError(url, f"larger than {limit} bytes ({size} bytes)")
+            # As much as fstat says (reading ``limit + 1`` would allocate that much each time), then
+            # what may have been appended since, up to the bound.
+            data = handle.read(size + 1)
+            if len(data) > size:
+                data += handle.read(limit + 1 - len(data))
+    if len(data) > limit:
+        raise RefusedFileError(url, f"larger than {limit} bytes")
+    return data
+
+
+def read_bounded_text(url: str, limit: int = RECORD_LIMIT_BYTES, *, within: str | None = None) -> str | None:
+    """:func:`read_bounded` decoded as UTF-8 (undecodable bytes replaced, as a damaged record reads)."""
+    data = read_bounded(url, limit, within=within)
+    return None if data is None else data.decode("utf-8", errors="replace")
