@@ -56,6 +56,8 @@ class Allowed:
 
 
 _HF_CACHE = "a snapshot folder of the user's local Hugging Face cache, never a step output"
+_LOG_FILE = ("a replica's log is kept open and appended to on this machine: on a local prefix it is the log "
+             "itself (the path fsspec's local filesystem gives), on an object store its local spool copy")
 _SPOOL = "a temporary folder of this machine that holds a remote attempt's logs between uploads"
 _IRIS_HOME = "iris's job database and logs live in its local home (IRIS_HOME; a remote prefix is refused)"
 _PACKAGE_DATA = "files shipped inside the installed package, read where Python installed them"
@@ -127,7 +129,8 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("iris.store", "default_home", _IRIS_HOME),
     Allowed("iris.store", "JobStore.__init__", _IRIS_HOME),
     Allowed("iris.supervisor", "Replica._write", _IRIS_HOME),
-    Allowed("iris.attempt_log", "_spool_append", _SPOOL),
+    Allowed("iris.attempt_log", "AttemptLog._write", _LOG_FILE),
+    Allowed("iris.attempt_log", "AttemptLog._file_of", _LOG_FILE),
     Allowed("iris.attempt_log", "_spool_read", _SPOOL),
     Allowed("iris.attempt_log", "_spool_remove", _SPOOL),
     # zephyr
@@ -146,9 +149,10 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("marin.execution.code_fingerprint", "_parse", "the Python source file a step function was loaded from"),
     Allowed("marin.execution.commands", "run_command", "the user's script on this machine, run with runpy"),
     Allowed("marin.execution.reproduce_command", "reproduce_command", "the user's script on this machine, run with runpy"),
+    Allowed("marin.execution.reproduce", "_resolved", "follows the symbolic links of a path fsx.is_local says is on this machine"),
     Allowed("marin.execution.tensor_diff", "npz_difference", "np.load reads bytes fetched with fsx.open_url, not a path"),
     Allowed("marin.execution.prefix_check", "check_prefix", "returns early unless fsx.is_local(prefix): probes local prefixes only"),
-    Allowed("marin.serve.paths", "_inside", "called only by stays_inside when fsx.is_local(prefix): where a local link leads"),
+    Allowed("rigging.regular_files", "_real", "called only with paths of LocalFileSystem URLs: where a local link leads"),
     Allowed("marin.curation.language_models", "_sha256", "a language model file a pip install put in site-packages"),
     Allowed("marin.curation.language_models", "_installed_file", "a language model file a pip install put in site-packages"),
     Allowed("marin.curation.reference_tasks", "builtin_tasks", _PACKAGE_DATA),

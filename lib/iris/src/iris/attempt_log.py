@@ -32,9 +32,10 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from rigging import filesystem as fsx
+from rigging.regular_files import RefusedFileError, check_within, open_regular, read_bounded_text
 from rigging.secrets import RedactingStream, secret_values
 
 ATTEMPTS_FOLDER = ".attempts"
@@ -131,6 +132,9 @@ class AttemptLog:
         self._spool = None if self._local else tempfile.mkdtemp(prefix="iris-attempt-")
         self._dirty: set[int] = set()
         self._last_flush = 0.0
+        # Each log (or its spool file) is opened once, not once a write, and flushed after every
+        # write, so what append() returned from is in the file whatever happens to this process next.
+        self._handles: dict[int, BinaryIO] = {}
         self._secrets = secret_values()  # this process's: each writer redacts what it knows
         self._redactors: dict[int, RedactingStream] = {}
         if create_logs:
@@ -176,12 +180,26 @@ class AttemptLog:
             self._upload()
 
     def _write(self, replica: int, data: bytes) -> None:
+        handle = self._handles.get(replica)
+        if handle is None:
+            path = self._file_of(replica)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            handle = self._handles[replica] = open(path, "ab")
+        handle.write(data)
+        handle.flush()
+        if not self._local:
+            self._dirty.add(replica)
+
+    def _file_of(self, replica: int) -> str:
+        """The local file a replica's output is appended to: the log itself, or its spool copy."""
         if self._local:
-            with fsx.open_url(self.log_url(replica), "ab") as handle:
-                handle.write(data)
-            return
-        _spool_append(self._spool, replica_log_name(replica), data)
-        self._dirty.add(replica)
+            return fsx.filesystem(self.log_url(replica))[1]
+        return os.path.join(self._spool, replica_log_name(replica))
+
+    def _close_files(self) -> None:
+        handles, self._handles = self._handles, {}
+        for handle in handles.values():
+            handle.close()
 
     def flush(self) -> None:
         """Write out everything appended so far: what was held back as a possible start of a secret,
@@ -191,6 +209,7 @@ class AttemptLog:
                 held = redactor.flush()
                 if held:
                     self._write(replica, held)
+            self._close_files()  # opened again by the next append, if one comes
         self._upload()
 
     def _upload(self) -> None:
@@ -217,11 +236,6 @@ class AttemptLog:
 # The spool is a temporary folder of this machine holding a remote attempt's logs whole between uploads.
 
 
-def _spool_append(spool: str, name: str, data: bytes) -> None:
-    with open(os.path.join(spool, name), "ab") as handle:
-        handle.write(data)
-
-
 def _spool_read(spool: str, name: str) -> bytes:
     with open(os.path.join(spool, name), "rb") as handle:
         return handle.read()
@@ -242,18 +256,22 @@ def _log_writer(folder: str, record: AttemptRecord) -> AttemptLog:
 
 @dataclass(frozen=True)
 class AttemptListing:
-    """One attempt as a reader finds it: its record (None when unreadable) and its replicas' log URLs."""
+    """One attempt as a reader finds it: its record (None when unreadable) and its replicas' log URLs.
+
+    ``problem`` says why a record that is there was not read (not a regular file, too large, a link
+    out of the folder the reader keeps to)."""
 
     attempt: int
     url: str
     record: AttemptRecord | None
     logs: tuple[str, ...]
+    problem: str = ""
 
     def describe(self) -> str:
         """``attempt 2 (job train-...-3f2a, attempt 2 on slurm): PREEMPTED exit 75 after 41.2s: reason``."""
         record = self.record
         if record is None:
-            return f"attempt {self.attempt}: no readable {RECORD_FILE}"
+            return f"attempt {self.attempt}: no readable {RECORD_FILE}" + (f" ({self.problem})" if self.problem else "")
         where = f" (iris job {record.job_id}, its attempt {record.job_attempt}, on {record.engine})" if record.job_id else f" ({record.engine})"
         if not record.finished:
             return f"attempt {self.attempt}{where}: RUNNING (or its runner died) since {_clock(record.started_at)}"
@@ -274,32 +292,41 @@ def _clock(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
-def _read_record(url: str) -> AttemptRecord | None:
-    text = fsx.read_text(fsx.join(url, RECORD_FILE))
+def _read_record(url: str, within: str | None = None) -> tuple[AttemptRecord | None, str]:
+    """``(record, problem)``: a record that is a FIFO, a device, too large or outside ``within`` is not read."""
     try:
-        return AttemptRecord.from_json(text) if text is not None else None
+        text = read_bounded_text(fsx.join(url, RECORD_FILE), within=within)
+        return (AttemptRecord.from_json(text) if text is not None else None), ""
+    except RefusedFileError as exc:
+        return None, str(exc)
     except (ValueError, TypeError, KeyError):
-        return None
+        return None, ""
 
 
-def list_attempts(folder: str) -> list[AttemptListing]:
-    """Every attempt kept under ``folder``, oldest first."""
+def list_attempts(folder: str, *, within: str | None = None) -> list[AttemptListing]:
+    """Every attempt kept under ``folder``, oldest first; with ``within``, one that leads out of that
+    folder through a link is listed as refused, unread."""
     listings = []
     for number in _attempt_numbers(folder):
         url = attempt_url(folder, number)
-        record = _read_record(url)
+        try:
+            check_within(within, url)
+        except RefusedFileError as exc:
+            listings.append(AttemptListing(number, url, None, (), str(exc)))
+            continue
+        record, problem = _read_record(url, within)
         try:
             names = sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in fsx.ls(url))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             names = []
         logs = tuple(fsx.join(url, name) for name in names if name.startswith("replica-") and name.endswith(".log"))
-        listings.append(AttemptListing(number, url, record, logs))
+        listings.append(AttemptListing(number, url, record, logs, problem))
     return listings
 
 
 def attempt_records(folder: str) -> list[AttemptRecord]:
     """The readable records of every attempt kept under ``folder``, oldest first (without listing their logs)."""
-    records = (_read_record(attempt_url(folder, number)) for number in _attempt_numbers(folder))
+    records = (_read_record(attempt_url(folder, number))[0] for number in _attempt_numbers(folder))
     return [record for record in records if record is not None]
 
 
@@ -339,9 +366,12 @@ class AttemptTally:
 
 
 def read_log(url: str, offset: int = 0, limit: int | None = None) -> bytes:
-    """Bytes of one replica log from ``offset`` (at most ``limit``); empty when it does not exist (yet)."""
+    """Bytes of one replica log from ``offset`` (at most ``limit``); empty when it does not exist (yet).
+
+    :class:`~rigging.regular_files.RefusedFileError` when it is no regular file (a FIFO would block).
+    """
     try:
-        with fsx.open_url(url, "rb") as handle:
+        with open_regular(url) as handle:
             handle.seek(offset)
             return handle.read() if limit is None else handle.read(limit)
     except FileNotFoundError:
@@ -353,4 +383,5 @@ def as_dict(listing: AttemptListing) -> dict[str, Any]:
     record = asdict(listing.record) if listing.record is not None else None
     if record is not None:
         record["exit_codes"] = list(listing.record.exit_codes)
-    return {"attempt": listing.attempt, "url": listing.url, "record": record, "logs": list(listing.logs)}
+    return {"attempt": listing.attempt, "url": listing.url, "record": record, "logs": list(listing.logs),
+            "problem": listing.problem}

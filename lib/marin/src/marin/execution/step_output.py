@@ -10,6 +10,13 @@ as its own process (through iris) has all of its output kept instead.
 
 The stream proxies are installed on first use and removed when the last capture in the process
 ends, so nothing changes for code that runs outside steps.
+
+A step may print a line at a time for hours, so its output is gathered in memory and handed to the
+log in chunks: when :data:`CHUNK_CHARS` have gathered, when the step flushes the stream
+(``print(..., flush=True)``), every :data:`FLUSH_INTERVAL_S` seconds, and when the step ends
+(returns, raises or is cancelled). The log is therefore whole when the step ends and at most that
+interval behind while it runs; a runner killed outright loses what it printed in its last interval
+and did not flush.
 """
 
 from __future__ import annotations
@@ -24,8 +31,64 @@ from collections.abc import Iterator
 from typing import Any
 
 from iris.attempt_log import AttemptLog
+from rigging.log import get_logger
 
-_routes: dict[int, AttemptLog] = {}  # thread ident -> the log its output also goes to
+logger = get_logger(__name__)
+
+FLUSH_INTERVAL_S = 0.5  # how far a running step's log may lag what it printed
+CHUNK_CHARS = 64 * 1024  # gathered output is handed over at once when it reaches this size
+
+
+class _Capture:
+    """One step thread's output on its way into its log: gathered, then handed over in chunks
+    (see the module's comment for when). Handing over happens under a lock, so the chunks reach the
+    log in the order they were written, and only through :meth:`AttemptLog.append`, whose redaction
+    holds back the start of a secret until the next chunk shows whether it is one."""
+
+    def __init__(self, log: AttemptLog) -> None:
+        self.log = log
+        self._pending: list[str] = []
+        self._size = 0
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._ticker = threading.Thread(target=self._hand_over_every_interval, name="step-output-flush", daemon=True)
+
+    def start(self) -> None:
+        self._ticker.start()
+
+    def add(self, text: str) -> None:
+        with self._lock:
+            self._pending.append(text)
+            self._size += len(text)
+            if self._size >= CHUNK_CHARS:
+                self._hand_over()
+
+    def hand_over(self) -> None:
+        with self._lock:
+            self._hand_over()
+
+    def end(self) -> None:
+        self._ended.set()
+        self._ticker.join()
+        self.hand_over()
+
+    def _hand_over(self) -> None:
+        if not self._pending:
+            return
+        text, self._pending, self._size = "".join(self._pending), [], 0
+        self.log.append(0, text.encode("utf-8", errors="replace"))
+
+    def _hand_over_every_interval(self) -> None:
+        while not self._ended.wait(FLUSH_INTERVAL_S):
+            try:
+                self.hand_over()
+            except Exception:  # noqa: BLE001 - a write the step's own thread makes later raises there
+                logger.warning("Cannot keep a step's output in %s: what it printed in the last %.1fs is not in its "
+                               "log", self.log.url, FLUSH_INTERVAL_S, exc_info=True)
+                return
+
+
+_routes: dict[int, _Capture] = {}  # thread ident -> where its output also goes
 _lock = threading.Lock()
 _installed: dict[str, Any] = {}
 
@@ -37,12 +100,15 @@ class _RoutingStream(io.TextIOBase):
         self.original = original
 
     def write(self, text: str) -> int:
-        log = _routes.get(threading.get_ident())
-        if log is not None and text:
-            log.append(0, text.encode("utf-8", errors="replace"))
+        capture = _routes.get(threading.get_ident())
+        if capture is not None and text:
+            capture.add(text)
         return self.original.write(text)
 
     def flush(self) -> None:
+        capture = _routes.get(threading.get_ident())
+        if capture is not None:
+            capture.hand_over()  # a step that flushes wants its output kept now
         self.original.flush()
 
     def isatty(self) -> bool:
@@ -67,11 +133,11 @@ class _RoutingHandler(logging.Handler):
     """
 
     def emit(self, record: logging.LogRecord) -> None:
-        log = _routes.get(record.thread or 0)
-        if log is None or _logged_through_proxy():
+        capture = _routes.get(record.thread or 0)
+        if capture is None or _logged_through_proxy():
             return
         try:
-            log.append(0, (self.format(record) + "\n").encode("utf-8", errors="replace"))
+            capture.add(self.format(record) + "\n")
         except Exception:  # noqa: BLE001 - a copy of the output must never break the step
             self.handleError(record)
 
@@ -121,17 +187,20 @@ def captured_into(log: AttemptLog | None) -> Iterator[None]:
         yield
         return
     ident = threading.get_ident()
+    capture = _Capture(log)
     with _lock:
         _install()
-        _routes[ident] = log
+        _routes[ident] = capture
+    capture.start()
     try:
         yield
     except BaseException:
-        log.append(0, traceback.format_exc().encode("utf-8", errors="replace"))
+        capture.add(traceback.format_exc())  # after what the step printed, not before what is still gathered
         raise
     finally:
         with _lock:
             _routes.pop(ident, None)
             if not _routes:
                 _uninstall()
+        capture.end()
         log.flush()
