@@ -195,7 +195,9 @@ def _setup_commands(settings: StackSettings, group: WorkerGroup | None) -> list[
 
 def cluster_yaml(settings: StackSettings) -> str:
     """:func:`cluster_config` as the YAML text ``ray up`` reads."""
-    header = (f"# Ray cluster for stack project {settings.project}, prefix {settings.prefix_url}.\n"
+    # The settings are checked to hold no line breaks; a comment is still built so that none could end it.
+    about = " ".join(f"Ray cluster for stack project {settings.project}, prefix {settings.prefix_url}.".splitlines())
+    header = (f"# {about}\n"
               "# Generated from the stack settings by `python -m infra.cli cluster-file`; edit the settings, not this.\n")
     return header + yaml.safe_dump(cluster_config(settings), sort_keys=False, width=120)
 

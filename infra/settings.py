@@ -4,19 +4,25 @@ The file is read with the project's own config loader (:func:`marin.experiment.c
 so an unknown key is refused with the closest field names and a value of the wrong type names its
 field. :func:`check_settings` then holds every value against what Google Cloud accepts (see
 :mod:`infra.catalog`) and raises :class:`~infra.errors.StackSettingsError` naming the field, e.g.
-``cluster.workers[1].gpu_count``, before the Pulumi program declares a single resource.
+``cluster.workers[1].gpu_count``, before the Pulumi program declares a single resource. Text
+settings are held to the form of the place they end up (:mod:`infra.setting_forms`): an object
+prefix, a shell word, a YAML scalar, an IAM member; no setting may hold a control character.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from fray.cluster.accelerators import UnknownTpuType, tpu_slice
 from marin.experiment.config import load_config
 
+from infra import setting_forms
 from infra.catalog import GPU_TYPES, MACHINE_TYPES, MachineType
 from infra.errors import StackSettingsError
 
@@ -86,6 +92,8 @@ class WebSettings:
     image: str = ""
     # Who may open it: IAM members ('user:...', 'group:...', 'serviceAccount:...', 'domain:...').
     invokers: tuple[str, ...] = ()
+    # allUsers, allAuthenticatedUsers and consumer domains (domain:gmail.com) open it to anyone; only with this.
+    allow_public_invokers: bool = False
     cpu: str = "1"
     memory: str = "1Gi"
     max_instances: int = 2
@@ -125,13 +133,14 @@ def load_settings(path: str) -> StackSettings:
 
 # -- checks -------------------------------------------------------------------------------------
 
-_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
-_NAME = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
-_GROUP = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
-_LOCATION = re.compile(r"^[A-Za-z]+[A-Za-z0-9-]*[A-Za-z0-9]$")
-_MEMBER_KINDS = ("user:", "group:", "serviceAccount:", "domain:")
-_PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
+# Matched with fullmatch: a pattern ending in '$' also matches before a trailing newline.
+_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]*[a-z0-9]")
+_NAME = re.compile(r"[a-z]([a-z0-9-]*[a-z0-9])?")
+_GROUP = re.compile(r"[a-z][a-z0-9-]{0,30}")
+_LOCATION = re.compile(r"[A-Za-z]+[A-Za-z0-9-]*[A-Za-z0-9]")
+# Compute Engine's persistent disks: 10 GB to 64 TB.
+MIN_DISK_GB, MAX_DISK_GB = 10, 65_536
 
 
 def _fail(field_path: str, message: str) -> StackSettingsError:
@@ -145,16 +154,38 @@ def _closest(value: str, known: list[str]) -> str:
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+def _text_fields(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """(field path, text) of every text setting, nested ones and list items included."""
+    if dataclasses.is_dataclass(value):
+        for item in dataclasses.fields(value):
+            yield from _text_fields(getattr(value, item.name), f"{path}.{item.name}" if path else item.name)
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            yield from _text_fields(item, f"{path}[{index}]")
+    elif isinstance(value, str):
+        yield path, value
+
+
+def _check_form(value: str, field_path: str, form: Callable[[str], str | None]) -> None:
+    why = form(value)
+    if why:
+        raise _fail(field_path, why)
+
+
 def check_settings(settings: StackSettings) -> None:
     """Raise :class:`StackSettingsError` for the first value Google Cloud or Ray would refuse."""
-    if not _PROJECT.match(settings.project):
+    for field_path, text in _text_fields(settings):
+        _check_form(text, field_path, setting_forms.control_character)
+    if not _PROJECT.fullmatch(settings.project):
         raise _fail("project", f"{settings.project!r} is not a Google Cloud project id (6-30 lowercase letters, "
                                "digits and dashes, starting with a letter).")
-    if not settings.zone.startswith(settings.region + "-"):
+    _check_form(settings.region, "region", setting_forms.region)
+    if not re.fullmatch(r"[a-z]", settings.zone.removeprefix(settings.region + "-")):
         raise _fail("zone", f"{settings.zone!r} is not a zone of region {settings.region!r} (e.g. {settings.region}-a).")
     check_bucket_name(settings.bucket.name, "bucket.name")
-    if not _LOCATION.match(settings.bucket.location):
+    if not _LOCATION.fullmatch(settings.bucket.location):
         raise _fail("bucket.location", f"{settings.bucket.location!r} is not a location such as 'US-CENTRAL1' or 'US'.")
+    _check_form(settings.bucket.prefix, "bucket.prefix", setting_forms.object_prefix)
     for name in ("scratch_days", "noncurrent_days"):
         if getattr(settings.bucket, name) < 1:
             raise _fail(f"bucket.{name}", f"must be at least 1 day, got {getattr(settings.bucket, name)}.")
@@ -167,7 +198,7 @@ def check_bucket_name(name: str, field_path: str = "bucket.name") -> None:
     why = None
     if not name:
         why = "is empty; name the bucket that will hold the prefix (globally unique, e.g. 'mylab-marin')."
-    elif not _BUCKET.match(name) or name != name.lower():
+    elif not _BUCKET.fullmatch(name) or name != name.lower():
         why = ("may hold only lowercase letters, digits, dashes, underscores and dots, and must start and end "
                "with a letter or digit.")
     elif len(name) > 222 or (len(name) > 63 and "." not in name) or any(len(p) > 63 for p in name.split(".")):
@@ -191,12 +222,16 @@ def check_bucket_name(name: str, field_path: str = "bucket.name") -> None:
 def _check_cluster(settings: StackSettings) -> None:
     cluster = settings.cluster
     # It names the service accounts, whose ids are 6 to 30 characters: <name>-web ... <name>-workers.
-    if not _NAME.match(cluster.name) or len(settings.account_id("workers")) > 30 or len(settings.account_id("web")) < 6:
+    if (not _NAME.fullmatch(cluster.name) or len(settings.account_id("workers")) > 30
+            or len(settings.account_id("web")) < 6):
         raise _fail("cluster.name", f"{cluster.name!r} must be 2 to 22 lowercase letters, digits and dashes, "
                                     "starting with a letter (it names the service accounts).")
-    if not cluster.project_requirement.strip():
-        raise _fail("cluster.project_requirement", "is empty; say what every node installs, e.g. "
-                                                   "\"marin[ray,gcs] @ git+https://github.com/<your org>/marin.git@<commit>\".")
+    _check_form(cluster.project_requirement, "cluster.project_requirement", setting_forms.requirement)
+    _check_form(cluster.python_version, "cluster.python_version", setting_forms.python_version)
+    _check_form(cluster.ssh_user, "cluster.ssh_user", setting_forms.user_name)
+    _check_form(cluster.cpu_image, "cluster.cpu_image", setting_forms.compute_image)
+    _check_form(cluster.gpu_image, "cluster.gpu_image", setting_forms.compute_image)
+    _check_disk(cluster.head.disk_gb, "cluster.head.disk_gb")
     head = _machine(cluster.head.machine_type, "cluster.head.machine_type")
     if head.gpu_count:
         raise _fail("cluster.head.machine_type", f"{head.name} has GPUs; the head runs no steps, use e.g. n2-standard-8.")
@@ -207,7 +242,7 @@ def _check_cluster(settings: StackSettings) -> None:
     seen: set[str] = set()
     for index, group in enumerate(cluster.workers):
         where = f"cluster.workers[{index}]"
-        if not _GROUP.match(group.name) or group.name == "head":
+        if not _GROUP.fullmatch(group.name) or group.name == "head":
             raise _fail(f"{where}.name", f"{group.name!r} must be lowercase letters, digits and dashes, start with a "
                                          "letter, and not be 'head'.")
         if group.name in seen:
@@ -223,8 +258,7 @@ def check_worker_group(group: WorkerGroup, where: str) -> None:
     if group.max_workers < max(1, group.min_workers):
         raise _fail(f"{where}.max_workers", f"{group.max_workers} is below min_workers ({group.min_workers}) or "
                                             "below 1; max_workers must be at least both.")
-    if group.disk_gb < 10:
-        raise _fail(f"{where}.disk_gb", f"must be at least 10, got {group.disk_gb}.")
+    _check_disk(group.disk_gb, f"{where}.disk_gb")
     if group.tpu_type is not None:
         _check_tpu_group(group, where)
         return
@@ -233,6 +267,11 @@ def check_worker_group(group: WorkerGroup, where: str) -> None:
                                              "group sets tpu_type instead.")
     machine = _machine(group.machine_type, f"{where}.machine_type")
     _check_gpus(group, machine, where)
+
+
+def _check_disk(disk_gb: int, field_path: str) -> None:
+    if not MIN_DISK_GB <= disk_gb <= MAX_DISK_GB:
+        raise _fail(field_path, f"must be between {MIN_DISK_GB} and {MAX_DISK_GB:,} (GB), got {disk_gb:,}.")
 
 
 def _check_tpu_group(group: WorkerGroup, where: str) -> None:
@@ -246,6 +285,8 @@ def _check_tpu_group(group: WorkerGroup, where: str) -> None:
             raise _fail(f"{where}.{name}", f"a TPU group ({tpu_type}) has no {name.replace('_', ' ')}; remove it.")
     if group.gpu_count:
         raise _fail(f"{where}.gpu_count", f"a TPU group ({tpu_type}) has no GPUs; remove it.")
+    if group.tpu_runtime_version is not None:
+        _check_form(group.tpu_runtime_version, f"{where}.tpu_runtime_version", setting_forms.resource_name)
 
 
 def _machine(name: str, field_path: str) -> MachineType:
@@ -303,13 +344,11 @@ def _machines_for(gpu_type: str, count: int) -> str:
 
 def _check_web(web: WebSettings) -> None:
     for index, member in enumerate(web.invokers):
-        where = f"web.invokers[{index}]"
-        if member in _PUBLIC_MEMBERS:
-            raise _fail(where, f"{member!r} would make the web view public; name users or groups "
-                               "('user:you@example.com', 'group:lab@example.com').")
-        if not member.startswith(_MEMBER_KINDS) or member.endswith(":"):
-            raise _fail(where, f"{member!r} is not an IAM member; write it as one of "
-                               f"{', '.join(k + '...' for k in _MEMBER_KINDS)}.")
+        _check_form(member, f"web.invokers[{index}]",
+                    lambda value: setting_forms.iam_member(value, allow_public=web.allow_public_invokers))
+    _check_form(web.image, "web.image", setting_forms.container_image)
+    _check_form(web.cpu, "web.cpu", setting_forms.cpu_limit)
+    _check_form(web.memory, "web.memory", setting_forms.memory_limit)
     if web.max_instances < 1:
         raise _fail("web.max_instances", f"must be at least 1, got {web.max_instances}.")
 

@@ -317,3 +317,75 @@ def test_a_setting_for_a_name_the_script_never_read_is_refused_before_its_steps_
     # The script's run raised before planning: its step never ran and it logged nothing after.
     assert not Path(prefix).exists()
     assert not Path(os.environ["SETTINGS_LOG"]).exists()
+
+
+LONG_INTEGER = "9" * 5000  # past Python's 4,300-digit limit on turning text into an int
+
+
+def _one_line_refusal(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("marin run:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("text, words", [
+    (f"num_train_steps: {LONG_INTEGER}\n", "line 1: an integer of 5,000 digits"),
+    (f"name: {LONG_INTEGER}\n", "line 1: an integer of 5,000 digits"),
+    ("name: a\nnum_train_steps: 0x" + "f" * 4000 + "\n", "line 2: an integer of 4,817 digits"),
+    ("name: 2024-13-45\n", "line 1: '2024-13-45' cannot be read as a date (month must be in 1..12)"),
+    ("seed: !!int 'ten'\n", "line 1: 'ten' cannot be read as an integer"),
+    ("name: [a\n", "is not valid YAML: expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
+])
+def test_a_config_file_value_yaml_cannot_read_is_one_line_with_exit_2(settings_script, tmp_path, capsys, text, words):
+    script, prefix, _ = settings_script
+    (tmp_path / "train.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="train.yaml") as error:
+        load_config(Run, str(tmp_path / "train.yaml"))
+    assert words in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert cli.main(["run", str(script), "--prefix", prefix, "--config", "train=train.yaml"]) == 2
+    assert words in _one_line_refusal(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("value, words", [
+    (LONG_INTEGER, "an integer of 5,000 digits"),
+    ("2024-13-45", "cannot be read as a date"),
+])
+def test_an_override_yaml_cannot_read_is_one_line_with_exit_2(settings_script, capsys, value, words):
+    script, prefix, _ = settings_script
+    assert cli.main(["run", str(script), "--prefix", prefix, "--set", f"train.seed={value}"]) == 2
+    line = _one_line_refusal(capsys.readouterr().err)
+    assert "Override 'seed'" in line and words in line and len(line) < 400, line
+    with pytest.raises(ConfigError, match=words):
+        apply_overrides(Run(), [f"seed={value}"])
+
+
+def _make_dangling(path: Path) -> None:
+    path.symlink_to(path.parent / "nowhere.yaml")
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda path: path.mkdir(), "is not a regular file (a folder)"),
+    (_make_dangling, "is a link to a file that does not exist"),
+    (lambda path: path.write_bytes(b"name: caf\xe9\n"), "is not UTF-8 text (byte 9)"),
+    (lambda path: path.write_text("name: " + "x" * (2 << 20)), "config files are limited to 1,048,576 bytes"),
+])
+def test_a_config_path_that_is_no_readable_settings_file_is_one_line_with_exit_2(settings_script, tmp_path, capsys,
+                                                                                  make, words):
+    script, prefix, _ = settings_script
+    make(tmp_path / "t")
+    assert cli.main(["run", str(script), "--prefix", prefix, "--config", "train=t"]) == 2
+    line = _one_line_refusal(capsys.readouterr().err)
+    assert "Config file t " in line and words in line, line
+
+
+def test_a_fifo_as_the_config_file_is_refused_without_waiting_for_a_writer(settings_script, tmp_path):
+    import subprocess
+    import sys
+
+    script, prefix, _ = settings_script
+    os.mkfifo(tmp_path / "fifo.yaml")
+    # In a child process with a timeout: reading a FIFO nobody writes to would wait forever.
+    done = subprocess.run([sys.executable, "-m", "marin.cli", "run", str(script), "--prefix", prefix,
+                           "--config", "train=fifo.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Config file fifo.yaml is not a regular file (a FIFO)" in _one_line_refusal(done.stderr)

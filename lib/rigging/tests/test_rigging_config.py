@@ -1,3 +1,4 @@
+import threading
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,51 @@ def test_unknown_setting_and_bad_yaml_are_reported(tmp_path, clean_env):
         discover_config(cwd=tmp_path)
     with pytest.raises(ConfigError, match="bogus"):
         discover_config(cwd=Path("/"), bogus=1)
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("marin.yaml", "log_level: " + "9" * 5000 + "\n", "line 1: an integer of 5,000 digits"),
+    ("marin.yaml", "cluster: 2024-13-45\n", "'2024-13-45' cannot be read as a date"),
+    ("marin.yaml", b"prefix: caf\xe9\n", "is not UTF-8 text (byte 11)"),
+    ("marin.yaml", "prefix: " + "x" * (2 << 20), "config files are limited to 1,048,576 bytes"),
+    ("marin.yaml", "prefix: [a\n", "is not valid YAML: expected ',' or ']'"),
+    ("marin.yaml", "log_level: 10\n", "'log_level' must be text, got 10 (int)"),
+    ("pyproject.toml", "[tool.marin]\nlog_level = " + "9" * 5000 + "\n", "cannot be read as TOML"),
+    ("pyproject.toml", b"[tool.marin]\nprefix = 'caf\xe9'\n", "is not UTF-8 text"),
+])
+def test_a_settings_file_that_cannot_be_read_is_a_one_line_config_error(tmp_path, clean_env, name, content, words):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError) as error:
+        discover_config(cwd=tmp_path)
+    message = str(error.value)
+    assert str(path) in message and words in message and "\n" not in message, message
+
+
+def test_a_settings_file_that_is_not_a_regular_file_is_refused_not_skipped(tmp_path, clean_env):
+    import os
+
+    fifo = tmp_path / "marin.yaml"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer
+    outcome: list[BaseException | None] = []
+
+    def discover() -> None:
+        try:
+            discover_config(cwd=tmp_path)
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=discover, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    if reader.is_alive():  # it waits for a writer: be one, so that the thread ends
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=30)
+        pytest.fail("discover_config waited on a FIFO named marin.yaml")
+    assert isinstance(outcome[0], ConfigError), outcome
+    assert "marin.yaml is not a regular file (a FIFO)" in str(outcome[0])
+    (tmp_path / "marin.yaml").unlink()
+    (tmp_path / "marin.yaml").symlink_to(tmp_path / "moved.yaml")
+    with pytest.raises(ConfigError, match=r"marin\.yaml is a link to a file that does not exist"):
+        discover_config(cwd=tmp_path)

@@ -16,11 +16,14 @@ tuples, lists, dicts and nested dataclasses (from a mapping). An unknown key is 
 closest field names; a value of the wrong type is refused naming the field and its type, and so is
 a value a nested config's own check refuses (``optimizer.learning_rate=-1``).
 
-Config files are read strictly: a key given twice in one mapping is refused (YAML would keep the
-last one silently), naming the key and both lines; aliases (``&anchor`` / ``*anchor``) are allowed
-but the document they expand to is bounded (:data:`MAX_CONFIG_VALUES`), so a few hundred bytes of
-nested aliases cannot grow into gigabytes when the settings are hashed or printed; and a file
-larger than :data:`MAX_CONFIG_BYTES` is refused before it is parsed.
+Config files and override values are read strictly, by :mod:`rigging.config.settings_file`: a key
+given twice in one mapping is refused (YAML would keep the last one silently), naming the key and
+both lines; aliases (``&anchor`` / ``*anchor``) are allowed but the document they expand to is
+bounded (:data:`MAX_CONFIG_VALUES`), so a few hundred bytes of nested aliases cannot grow into
+gigabytes when the settings are hashed or printed; a file larger than :data:`MAX_CONFIG_BYTES`, a
+path that is no regular file (a directory, a FIFO, a link to nothing) and bytes that are not UTF-8
+are refused before anything is parsed; an integer too long to print and a value YAML cannot build
+(``2024-13-45``) are refused naming the line. Every refusal is one line.
 
 :func:`script_config` is what a script calls for its settings: the defaults, then the YAML files
 and then the ``--set`` overrides given to ``marin run`` for that name (see
@@ -30,16 +33,18 @@ returned; the script's own ``sys.argv`` is left to the script.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import enum
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import yaml
-from rigging import filesystem
+from rigging.config import settings_file
+from rigging.config.errors import ConfigError as SettingsFileError
 
 from marin.execution.run_defaults import ConfigError, current_launch
 
@@ -47,10 +52,8 @@ T = TypeVar("T")
 
 _MISSING = object()
 
-# Settings files are a few kilobytes; these bounds are far above any real one and far below what
-# would cost noticeable memory or time, so only hostile or mistaken input meets them.
-MAX_CONFIG_BYTES = 1024 * 1024
-MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_BYTES = settings_file.MAX_SETTINGS_BYTES
+MAX_CONFIG_VALUES = settings_file.MAX_SETTINGS_VALUES
 
 
 def apply_overrides(config: T, overrides: Sequence[str]) -> T:
@@ -62,10 +65,7 @@ def apply_overrides(config: T, overrides: Sequence[str]) -> T:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"Override {override!r} is not of the form key=value (e.g. trainer.num_train_steps=100).")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"Override {override!r}: the value is not valid YAML ({exc}).") from exc
+        value = _parse_value(text, key) if text.strip() else ""
         config = _set_path(config, key.split("."), value, text.strip(), key)
     return config
 
@@ -97,21 +97,9 @@ def script_config(cls: type[T], name: str, default: T | None = None) -> T:
 
 
 def _read_yaml(path: str) -> Mapping[str, Any]:
-    text = _read_bounded(str(path))
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                return {}
-            _check_document(node, str(path))
-            data = loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"Config file {path} is not valid YAML: {exc}") from exc
-    except RecursionError:
-        raise ConfigError(f"Config file {path} is nested too deeply to be a settings file.") from None
+    label = f"Config file {path}"
+    with _as_marin_error():
+        data = settings_file.parse_settings_yaml(settings_file.read_settings_text(str(path), label), label)
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -119,66 +107,19 @@ def _read_yaml(path: str) -> Mapping[str, Any]:
     return data
 
 
-def _read_bounded(path: str) -> str:
-    """The file's text, refusing one over :data:`MAX_CONFIG_BYTES` without reading the rest of it."""
-    fs, stripped = filesystem.filesystem(path)
+def _parse_value(text: str, key: str) -> Any:
+    """An override's value, read as YAML with the same strictness as a file."""
+    with _as_marin_error():
+        return settings_file.parse_settings_yaml(text, f"Override {key!r}")
+
+
+@contextlib.contextmanager
+def _as_marin_error() -> Iterator[None]:
+    # rigging reads the file; callers here catch marin's ConfigError, so the refusal is re-raised as one.
     try:
-        with fs.open(stripped, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"Config file {path} does not exist.") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"Config file {path} is {fs.size(stripped):,} bytes; config files are limited to "
-                          f"{MAX_CONFIG_BYTES:,} bytes (they hold settings, not data).")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"Config file {path} is not UTF-8 text (byte {exc.start}).") from None
-
-
-def _check_document(root: yaml.Node, path: str) -> None:
-    """Refuse duplicate keys and documents whose aliases expand past :data:`MAX_CONFIG_VALUES`.
-
-    Works on the composed node graph, where an alias is a shared node: each node is visited once
-    and its expanded size remembered, so the check is linear in the file however far it would expand.
-    """
-    sizes: dict[int, int | None] = {}
-
-    def expanded(node: yaml.Node, key: str) -> int:
-        if id(node) in sizes:
-            size = sizes[id(node)]
-            if size is None:
-                where = key.rstrip(".") or "the document"
-                raise ConfigError(f"Config file {path}: {where} contains itself through an alias "
-                                  f"(line {node.start_mark.line + 1}).")
-            return size
-        sizes[id(node)] = None
-        size = 1
-        if isinstance(node, yaml.MappingNode):
-            _refuse_duplicate_keys(node, key, path)
-            for key_node, value_node in node.value:
-                size += expanded(key_node, key) + expanded(value_node, f"{key}{key_node.value}.")
-        elif isinstance(node, yaml.SequenceNode):
-            size += sum(expanded(item, key) for item in node.value)
-        if size > MAX_CONFIG_VALUES:
-            raise ConfigError(f"Config file {path}: through YAML aliases (*name) it expands to more than "
-                              f"{MAX_CONFIG_VALUES:,} values; write the settings out, or use fewer aliases.")
-        sizes[id(node)] = size
-        return size
-
-    expanded(root, "")
-
-
-def _refuse_duplicate_keys(node: yaml.MappingNode, key: str, path: str) -> None:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-            continue  # a merge key (<<) overriding merged values is YAML's own, explicit, way to override
-        line = key_node.start_mark.line + 1
-        if key_node.value in seen:
-            raise ConfigError(f"Config file {path}: the key {key + key_node.value!r} appears twice, on lines "
-                              f"{seen[key_node.value]} and {line}; keep one.")
-        seen[key_node.value] = line
+        yield
+    except SettingsFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _fields(cls: type) -> dict[str, Any]:

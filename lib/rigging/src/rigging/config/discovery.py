@@ -12,20 +12,21 @@ Precedence, highest first:
 A relative ``prefix`` in a file is resolved against that file's folder, so the same project gives
 the same prefix from whichever subfolder it is run. A prefix URL whose storage cannot be reached
 from this Python (an unknown protocol, ``gs://`` without ``gcsfs``) is refused here, naming the
-setting that chose it, rather than failing later inside fsspec.
+setting that chose it, rather than failing later inside fsspec. Both files are read as
+:mod:`rigging.config.settings_file` reads settings (bounded, strict, one-line refusals); a file by
+either name that cannot be read (a FIFO, a link to nothing) is refused rather than skipped, and
+every setting a file gives must be text.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from rigging.errors import RiggingError
+from rigging.config.errors import ConfigError, PrefixUnusableError
+from rigging.config.settings_file import parse_settings_toml, parse_settings_yaml, read_settings_text
 from rigging.filesystem import FilesystemUnavailableError, UnknownProtocolError, check_protocol
 
 DEFAULT_OUTPUT_FOLDER = "marin-outputs"
@@ -36,14 +37,6 @@ ENVIRONMENT_VARIABLES = {
     "log_level": "MARIN_LOG_LEVEL",
     "cluster": "MARIN_CLUSTER",
 }
-
-
-class ConfigError(RiggingError, ValueError):
-    """A settings file or override that cannot be used as written."""
-
-
-class PrefixUnusableError(ConfigError):
-    """The chosen output prefix names storage this Python cannot open; says which setting chose it."""
 
 
 @dataclass(frozen=True)
@@ -85,28 +78,24 @@ def _resolve_prefix(value: str, base: Path) -> str:
 
 
 def _find_upwards(start: Path, filename: str) -> Path | None:
+    # Anything by that name counts (a link to nothing, a FIFO): reading it then says why it cannot
+    # be used, where skipping it would drop the settings the person meant without a word.
     for folder in (start, *start.parents):
         candidate = folder / filename
-        if candidate.is_file():
+        if os.path.lexists(candidate):
             return candidate
     return None
 
 
 def _read_marin_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    data = parse_settings_yaml(read_settings_text(str(path), str(path)), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping such as 'prefix: gs://bucket/marin', got {type(data).__name__}.")
     return data
 
 
 def _read_pyproject(path: Path) -> dict[str, Any] | None:
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    data = parse_settings_toml(read_settings_text(str(path), str(path)), str(path))
     section = data.get("tool", {}).get("marin")
     if section is None:
         return None
@@ -119,6 +108,16 @@ def _check_keys(values: dict[str, Any], where: str) -> None:
     unknown = sorted(set(values) - set(_SETTINGS))
     if unknown:
         raise ConfigError(f"Unknown Marin setting(s) {unknown} in {where}; known settings: {list(_SETTINGS)}.")
+
+
+def _file_settings(section: dict[str, Any], where: str) -> dict[str, str]:
+    """The settings a file gives: known keys with text values; an empty value (``cluster:``) gives none."""
+    _check_keys(section, where)
+    for key, value in section.items():
+        if value is not None and not isinstance(value, str):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise ConfigError(f"Marin setting {key!r} must be text, got {shown} ({type(value).__name__}) in {where}.")
+    return {key: value for key, value in section.items() if value is not None}
 
 
 def _describe_source(source: str) -> tuple[str, str]:
@@ -170,20 +169,19 @@ def discover_config(
     if pyproject is not None:
         section = _read_pyproject(pyproject)
         if section is not None:
-            _check_keys(section, f"[tool.marin] of {pyproject}")
             project_root = pyproject.parent
-            for key, value in section.items():
+            for key, value in _file_settings(section, f"[tool.marin] of {pyproject}").items():
                 values[key] = _resolve_prefix(value, pyproject.parent) if key == "prefix" else value
                 sources[key] = str(pyproject)
 
     marin_yaml = _find_upwards(start, "marin.yaml")
     if marin_yaml is not None:
         section = _read_marin_yaml(marin_yaml)
-        _check_keys(section, str(marin_yaml))
+        settings = _file_settings(section, str(marin_yaml))
         # The nearer project file names the project root.
         if project_root is None or len(marin_yaml.parent.parts) >= len(project_root.parts):
             project_root = marin_yaml.parent
-        for key, value in section.items():
+        for key, value in settings.items():
             values[key] = _resolve_prefix(value, marin_yaml.parent) if key == "prefix" else value
             sources[key] = str(marin_yaml)
 
