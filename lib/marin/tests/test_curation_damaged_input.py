@@ -153,3 +153,41 @@ def test_deduplication_fails_on_a_damaged_file_naming_it_and_how_far_it_was_read
     message = _failure(exact_deduplicated("curated/exact", str(folder), backend="inline"), tmp_path / "p")
     assert "cut.jsonl.gz: damaged input" in message and "documents before the damage" in message, message
     assert "curation step given on_damaged_input='skip'" in message and "Traceback" not in message
+
+
+def test_a_truncated_jsonl_zst_is_reported_cut_short_and_skip_keeps_every_whole_document_before_the_cut(tmp_path):
+    import zstandard
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    lines = "".join(json.dumps({"id": str(i), "text": f"{STORY} Story number {i}, told {i * 7919 % 10007} times."}) + "\n"
+                    for i in range(3000))
+    whole = zstandard.ZstdCompressor().compress(lines.encode())
+    cut = whole[: len(whole) * 3 // 4]  # inside a frame of several blocks: the blocks before the cut can be read
+    (folder / "cut.jsonl.zst").write_bytes(cut)
+    readable = zstandard.ZstdDecompressor().decompressobj().decompress(cut).count(b"\n")
+    assert 0 < readable < 3000
+    message = _failure(quality_filtered("curated/quality", str(folder), backend="inline"), tmp_path / "p")
+    assert "cut.jsonl.zst: damaged input: is cut short: its zstd data ends early" in message, message
+    assert f"read {readable:,} documents before the damage" in message and "Traceback" not in message
+
+    result = _run(quality_filtered("curated/quality", str(folder), backend="inline", on_damaged_input="skip"), tmp_path / "q")
+    damaged = result.summary["damaged"]
+    assert damaged["files"] == 1 and damaged["documents_read"] == readable == result.summary["documents_in"]
+    assert "cut short" in damaged["by_file"][0]["problem"]
+
+
+def test_a_lone_surrogate_escape_is_damage_naming_the_file_and_line_not_an_encoding_error(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    good = [json.dumps({"id": str(i), "text": f"{STORY} Story number {i}."}) for i in range(3)]
+    broken = '{"id": "x", "text": "' + STORY + ' Half a character: \\ud800."}'
+    (folder / "docs.jsonl").write_text("\n".join([good[0], broken, good[1], good[2]]) + "\n")
+    message = _failure(quality_filtered("curated/quality", str(folder), backend="inline"), tmp_path / "p")
+    assert "docs.jsonl: damaged input: line 2: holds a lone surrogate escape (\\ud800)" in message, message
+    assert "UnicodeEncodeError" not in message and "Traceback" not in message
+
+    result = _run(quality_filtered("curated/quality", str(folder), backend="inline", on_damaged_input="skip"), tmp_path / "q")
+    damaged = result.summary["damaged"]
+    assert damaged["files"] == 1 and damaged["documents_read"] == 1 == result.summary["documents_in"]
+    assert "line 2: holds a lone surrogate" in damaged["by_file"][0]["problem"]

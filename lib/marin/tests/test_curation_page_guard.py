@@ -3,7 +3,9 @@ their own reason before extraction runs, and a page past the time limit is remov
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 from marin.curation import extract, page_guard
 from marin.curation.extract import extracted
+from marin.curation.extraction_process import extract_within
 from marin.curation.page_guard import MAX_DEPTH, MAX_NESTING, MAX_PAGE_BYTES, nesting
 from marin.curation.steps import CuratedDataset, read_curated
 from marin.execution.artifact import load_artifact
@@ -60,10 +63,53 @@ def test_a_page_of_random_bytes_is_removed_as_not_text(tmp_path):
     assert removed[0]["text"] == ""
 
 
-def test_a_page_past_the_time_limit_is_removed_as_a_timeout(tmp_path, monkeypatch):
-    monkeypatch.setattr(extract, "PAGE_TIME_LIMIT_S", -1.0)  # every page is past it: no timing in the test
-    kept, removed = _extract(tmp_path, {"good.html": PAGE.encode()})
-    assert kept == [] and _reasons(removed) == {"good.html": "extract_timeout"}
+_RUN_WITH_A_SMALL_LIMIT = """
+import json, sys
+from pathlib import Path
+from marin.curation import extract
+from marin.curation.extract import extracted
+from marin.curation.steps import CuratedDataset, read_curated
+from marin.execution.artifact import load_artifact
+from marin.execution.step_runner import StepRunner
+
+extract.PAGE_TIME_LIMIT_S = 0.2
+folder, prefix = sys.argv[1:]
+handle = extracted("curated/pages", folder, backend="inline")
+runner = StepRunner(prefix=prefix)
+runner.run([handle])
+result = load_artifact(runner.output_path_for(handle), CuratedDataset).result
+print(json.dumps({"kept": [Path(r["url"]).name for r in read_curated(result.files)],
+                  "removed": {Path(r["url"]).name: r["reason"] for r in read_curated(result.removed_files)}}))
+"""
+
+
+def test_a_page_past_the_cpu_limit_is_stopped_there_whatever_its_markup_and_the_next_page_is_extracted(tmp_path):
+    # An HTML parser opens a <div/> (the slash only closes foreign elements) and ignores a stray </x>,
+    # so both pages nest 60,000 deep while the guards' scan sees them flat: unstopped, each would take
+    # minutes of CPU (a third of this size takes about 9 s).
+    pages = {"a-self-closed.html": "<html><body>" + "<div/>" * 60_000 + "x",
+             "b-stray-ends.html": "<html><body>" + "<div></x>" * 60_000 + "x",
+             "c-good.html": PAGE}
+    (tmp_path / "in").mkdir()
+    for name, page in pages.items():
+        assert page_guard.page_problem(page.encode(), page) is None, name  # only the CPU limit can stop them
+        (tmp_path / "in" / name).write_text(page)
+    # In a process of its own with a 0.2 s limit: a page the limit does not stop fails the test at the
+    # timeout instead of keeping it busy.
+    done = subprocess.run([sys.executable, "-c", _RUN_WITH_A_SMALL_LIMIT, str(tmp_path / "in"), str(tmp_path / "p")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome == {"kept": ["c-good.html"],
+                       "removed": {"a-self-closed.html": "extract_timeout", "b-stray-ends.html": "extract_timeout"}}
+    assert "extraction stopped at its limit of 0.2 s of CPU" in done.stderr
+
+
+def test_extraction_in_its_process_gives_the_text_extraction_in_this_one_gives():
+    for extractor in ("resiliparse", "trafilatura"):
+        assert extract_within(PAGE, extractor, 5.0, "page") == extract.extract_text(PAGE, extractor) != ""
+    with pytest.raises(ValueError, match="CPU limit per page must be above 0"):
+        extract_within(PAGE, "resiliparse", 0.0, "page")
 
 
 class _DepthReference(HTMLParser):

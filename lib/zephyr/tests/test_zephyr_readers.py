@@ -1,6 +1,7 @@
 import gzip
 import json
 import os
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -227,14 +228,82 @@ def test_documents_a_curation_step_marked_not_kept_are_skipped(tmp_path):
 
 def test_jsonl_lines_read_as_the_standard_library_reads_them(tmp_path):
     # Records are Python's json values exactly, also where a faster parser would differ: orjson, for one,
-    # turns integers past 64 bits into floats and refuses NaN and lone surrogate escapes.
+    # turns integers past 64 bits into floats and refuses NaN. (A lone surrogate escape is refused: it is not text.)
     from zephyr.readers import read_jsonl
 
     lines = ['{"text": "caf\\u00e9 \\ud83d\\ude00 \\u4e2d", "score": 1.5e-7}', '{"text": "x", "score": NaN}',
-             '{"text": "big", "id": 123456789012345678901234567890}', '{"text": "lone \\ud800 surrogate"}',
+             '{"text": "big", "id": 123456789012345678901234567890}',
              '{"text": "tab\\tand quote \\" and slash \\/"}', '{"text": "Grüße aus Köln", "n": -0.0}']
     path = tmp_path / "mixed.jsonl"
     path.write_bytes("\r\n".join(lines).encode("utf-8") + b"\r\n")
     got = list(read_jsonl(str(path)))
     want = [json.loads(line) for line in lines]
     assert repr(got) == repr(want)  # repr: NaN != NaN, and -0.0 == 0.0 would hide a lost sign
+
+
+# -- compressed files cut short, and strings that are not text ---------------------------------------
+
+def _cut_zstd(tmp_path, name, data):
+    """``data`` compressed in several zstd blocks and cut inside the last-but-one: what can still be decompressed."""
+    whole = zstandard.ZstdCompressor().compress(data)
+    cut = whole[: len(whole) * 3 // 4]
+    (tmp_path / name).write_bytes(cut)
+    return zstandard.ZstdDecompressor().decompressobj().decompress(cut)  # every byte before the damage
+
+
+def test_a_zstd_file_cut_short_is_refused_as_cut_short_after_every_whole_line_before_it(tmp_path):
+    texts = [f"story {i}: " + " ".join(f"w{(i * 7919 + j) % 10007}" for j in range(30)) for i in range(3000)]
+    readable = _cut_zstd(tmp_path, "cut.jsonl.zst", _jsonl_bytes(texts))
+    whole_lines = readable.count(b"\n")
+    assert 0 < whole_lines < len(texts)  # the cut leaves whole blocks before it, and a partial line
+    path = str(tmp_path / "cut.jsonl.zst")
+    read = []
+    with pytest.raises(InputFileError) as caught:
+        for text in DocumentReader()(path):
+            read.append(text)
+    assert read == texts[:whole_lines]
+    assert caught.value.path == path and caught.value.line is None
+    whole_bytes = readable.rindex(b"\n") + 1
+    assert f"is cut short: its zstd data ends early, after {whole_bytes:,} decompressed bytes" in str(caught.value)
+
+    _cut_zstd(tmp_path, "cut.txt.zst", "\n".join(texts).encode())  # was read as a shorter document
+    with pytest.raises(InputFileError, match="cut.txt.zst: is cut short: its zstd data ends early"):
+        list(DocumentReader()(str(tmp_path / "cut.txt.zst")))
+
+
+def test_a_gzip_file_cut_short_says_so_and_how_much_was_decompressed(tmp_path):
+    data = _jsonl_bytes([f"story {i} " * 20 for i in range(2000)])
+    whole = gzip.compress(data)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    readable = zlib.decompressobj(wbits=31).decompress(whole[: len(whole) // 2])
+    whole_bytes = readable.rindex(b"\n") + 1
+    with pytest.raises(InputFileError, match=f"cut.jsonl.gz: is cut short: its gzip data ends early, after "
+                                             f"{whole_bytes:,} decompressed bytes"):
+        list(DocumentReader()(str(tmp_path / "cut.jsonl.gz")))
+
+
+def test_several_zstd_frames_are_read_whole_and_a_frame_cut_short_is_refused(tmp_path):
+    frames = [zstandard.ZstdCompressor().compress(_jsonl_bytes([text])) for text in ("one", "two", "three")]
+    (tmp_path / "frames.jsonl.zst").write_bytes(b"".join(frames))
+    assert list(DocumentReader()(str(tmp_path / "frames.jsonl.zst"))) == ["one", "two", "three"]
+    (tmp_path / "cut.jsonl.zst").write_bytes(b"".join(frames)[:-3])
+    read = []
+    with pytest.raises(InputFileError, match="is cut short"):
+        for text in DocumentReader()(str(tmp_path / "cut.jsonl.zst")):
+            read.append(text)
+    assert read == ["one", "two"]
+
+
+def test_a_lone_surrogate_escape_is_refused_naming_the_file_and_line_or_skipped_and_counted(tmp_path):
+    path = tmp_path / "surrogate.jsonl"
+    # an escaped pair is one character, and an escaped backslash before "ud800" is text: both are fine
+    path.write_bytes(b'{"text": "pair \\ud83d\\ude00"}\n{"text": "a\\ud800b"}\n{"text": "not \\\\ud800 an escape"}\n'
+                     b'{"text": "ok", "meta": {"k": ["\\uDC00"]}}\n')
+    with pytest.raises(InputFileError) as caught:
+        list(DocumentReader()(str(path)))
+    assert caught.value.path == str(path) and caught.value.line == 2
+    assert "lone surrogate" in str(caught.value) and "\\ud800" in str(caught.value)
+
+    result = execute(documents_dataset(str(path), on_error="skip"), CollectSink(), backend="inline")
+    assert result.outputs == [["pair \U0001f600", "not \\ud800 an escape"]]
+    assert result.counters == {"skipped/lone_surrogate": 2}

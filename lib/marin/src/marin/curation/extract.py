@@ -6,9 +6,10 @@ read with warcio; only ``response`` records with an HTML content type). Each pag
 navigation and footers left out), the ``<title>``, the WARC target URI (or the file's URL), the
 ``<html lang>`` attribute and the ``Content-Language`` header (or ``<meta http-equiv>``). Pages
 with no main text are removed with reason ``extract_empty``; pages extraction must not run on (too
-large, too deeply nested, not text) or that took longer than the time limit are removed with their
-own reasons (``extract_too_large``, ``extract_too_deep``, ``extract_not_text``, ``extract_timeout``;
-see :mod:`marin.curation.page_guard` for the limits and why).
+large, too deeply nested, not text) or whose extraction was stopped at its CPU limit (it runs in a
+process of its own, :mod:`marin.curation.extraction_process`) are removed with their own reasons
+(``extract_too_large``, ``extract_too_deep``, ``extract_not_text``, ``extract_timeout``; see
+:mod:`marin.curation.page_guard` for the limits and why).
 
 Two extractors are available; resiliparse is the default: on the sample in
 ``bench/curation_extractors.py`` both recover all of the article text, trafilatura lets a little
@@ -21,7 +22,6 @@ from __future__ import annotations
 import gzip
 import logging
 import re
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from rigging import filesystem as fsx
 
 from marin.curation.damaged_input import DamagedInputError
+from marin.curation.extraction_process import extract_text as extract_text  # in this process, without a limit
+from marin.curation.extraction_process import extract_within
 from marin.curation.page_guard import MAX_PAGE_BYTES, PAGE_TIME_LIMIT_S, page_problem
 from marin.curation.steps import OutputOptions, Verdict, curation_step
 from marin.curation.warc import warc_records
@@ -51,22 +53,6 @@ _CHARSET = re.compile(rb"<meta\b[^>]*charset\s*=\s*[\"']?([\w-]+)", re.IGNORECAS
 
 def is_web_input(path: str) -> bool:
     return path.lower().endswith(_HTML_SUFFIXES + _WARC_SUFFIXES)
-
-
-def extract_text(html: str, extractor: Extractor = "resiliparse") -> str:
-    """The main text of an HTML page; paragraphs separated by newlines."""
-    if extractor == "resiliparse":
-        from resiliparse.extract.html2text import extract_plain_text
-
-        text = extract_plain_text(html, main_content=True, alt_texts=False, links=False, list_bullets=True)
-    elif extractor == "trafilatura":
-        import trafilatura
-
-        text = trafilatura.extract(html, include_comments=False, include_tables=True, favor_precision=False) or ""
-    else:
-        raise ValueError(f"extractor must be 'resiliparse' or 'trafilatura', not {extractor!r}")
-    lines = [line.strip() for line in text.split("\n")]
-    return "\n".join(line for line in lines if line)
 
 
 def _decode(body: bytes, header_charset: str | None) -> str:
@@ -105,12 +91,9 @@ def _guarded_text(body: bytes, html: str, url: str, extractor: Extractor) -> tup
     problem = page_problem(body, html)
     if problem is not None:
         return "", problem
-    # CPU time of this thread: what the page costs, not how busy the machine is
-    started = time.thread_time()
-    text = extract_text(html, extractor)
-    spent = time.thread_time() - started
-    if spent > PAGE_TIME_LIMIT_S:
-        detail = f"extraction took {spent:.2f} s of CPU (limit {PAGE_TIME_LIMIT_S:g} s)"
+    text = extract_within(html, extractor, PAGE_TIME_LIMIT_S, url)
+    if text is None:
+        detail = f"extraction stopped at its limit of {PAGE_TIME_LIMIT_S:g} s of CPU"
         logger.warning("%s: %s; removed as extract_timeout (a limit on time depends on the machine)", url, detail)
         return "", ("extract_timeout", detail)
     return text, None

@@ -3,9 +3,10 @@
 Extraction cost is not linear in a page's size. resiliparse's main-content pass costs about the
 sum, over the page's elements, of each element's depth: 200,000 nested ``<div>`` (1.2 MB) kept a
 shard busy for 25 minutes, and 4,000 take about 0.5 s of CPU (``bench/extraction_guards.py``).
-A time limit alone cannot stop that: the extractor is one call into C, which no Python thread or
-signal interrupts until it returns.
-So every page first passes guards checked by one linear scan, then extraction is timed:
+The extractor is one call into C, which no Python thread or signal handler interrupts, so a time
+limit is enforced outside it: each page is extracted in a process of its own that the kernel ends
+once the page has spent its CPU budget (:mod:`marin.curation.extraction_process`). Every page first
+passes guards checked by one linear scan, which name what is wrong before any CPU is spent on it:
 
 - ``MAX_PAGE_BYTES`` (1 MiB, reason ``extract_too_large``): web crawls cut pages near this size
   (Common Crawl truncates payloads at 1 MiB), and a flat page this size (23,000 paragraphs) is
@@ -19,10 +20,11 @@ So every page first passes guards checked by one linear scan, then extraction is
   ``MAX_GARBAGE_SHARE`` replacement or control characters is binary or in an encoding it does not
   declare (a file of random bytes decodes to mostly U+FFFD); there is no text to extract.
 - ``PAGE_TIME_LIMIT_S`` (1 s, reason ``extract_timeout``), as other extraction pipelines use: a
-  page that passed the guards but still took longer (CPU time of the extracting thread, so a busy
-  machine does not count) is removed rather than kept. The guards keep every page they pass far
-  below it, so the limit only meets shapes the guards do not know; as a measure of time it can
-  differ between machines, so such a removal is also logged.
+  page that passed the guards is stopped when its extraction has spent this much CPU (CPU time, so
+  a busy machine does not count) and removed. The guards keep every page they pass far below it,
+  so the limit only meets shapes the guards do not know, such as a page of ``<div/>`` or of
+  ``<div></x>``, which the scan below reads as flat and a parser nests; as a measure of time it
+  can differ between machines, so such a removal is also logged.
 
 The depth scan counts start and end tags (void elements, self-closing tags and anything inside
 comments, scripts and styles do not nest, and elements whose end tags HTML lets a page leave out,
