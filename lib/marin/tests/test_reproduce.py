@@ -23,6 +23,7 @@ import zstandard
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 from marin import cli
 from rigging import filesystem as fsx
+from zephyr.output_checksums import write_checksums
 
 TRAIN_SCRIPT = textwrap.dedent(
     """
@@ -95,6 +96,12 @@ def _folder(prefix: str, name: str) -> Path:
     return folder
 
 
+def _as_if_the_step_wrote_it(folder: Path) -> None:
+    """Record the checksums of the folder's files as they are now: an original that really differs from
+    its rerun, rather than one changed after it was committed (which reproduce refuses)."""
+    write_checksums(str(folder))
+
+
 def test_tokenize_and_train_steps_reproduce_bit_identically_and_leave_the_original_alone(trained, capsys, tmp_path):
     script, prefix = trained
     before = _snapshot(prefix)
@@ -121,6 +128,7 @@ def test_an_altered_checkpoint_and_export_name_the_tensor_and_its_largest_differ
     model = _folder(copy, "checkpoints/tiny")
     _rewrite_checkpoint_array(model / "checkpoints" / "6", "params.embed.weight", (3, 7), 0.25)
     tensor = _flip_a_bit_of_the_first_tensor(model / "hf" / "model.safetensors")
+    _as_if_the_step_wrote_it(model)
 
     code, out, err = _reproduce(capsys, str(script), "checkpoints/tiny", "--prefix", copy, "--all")
     assert code == 1, err
@@ -142,6 +150,7 @@ def test_an_altered_token_shard_names_the_record(trained, capsys, tmp_path):
     position = int(offsets[7]) + 2  # the third token of record 7
     tokens[position] = (int(tokens[position]) + 1) % 512
     tokens.tofile(shard / "tokens.bin")
+    _as_if_the_step_wrote_it(_folder(copy, "tokenized/stories"))
 
     code, out, err = _reproduce(capsys, str(script), "tokenized/stories", "--prefix", copy)
     assert code == 1, err
@@ -216,6 +225,9 @@ def test_curation_steps_reproduce_and_an_altered_record_or_changed_code_is_caugh
     altered["text"] = altered["text"].replace("the", "a", 1)
     records[3] = json.dumps(altered)
     data.write_bytes(zstandard.compress("".join(r + "\n" for r in records).encode()))
+    code, _, err = _reproduce(capsys, str(script), "curated/quality", "--prefix", prefix)
+    assert code == 2 and f"{data}: it holds" in err and "when it committed; the output was changed after the step finished" in err
+    _as_if_the_step_wrote_it(data.parent.parent)
     code, out, _ = _reproduce(capsys, str(script), "curated/quality", "--prefix", prefix)
     assert code == 1
     assert out.startswith(f"different: curated/quality: first difference in data/{data.name}: record 3 differs: text: ")
@@ -275,6 +287,9 @@ def test_reproduce_on_object_storage_reads_and_writes_only_urls(s3_prefix, train
         tokens = bytearray(handle.read())
     tokens[0] ^= 1  # the first token of record 0
     fsx.atomic_write(tokens_url, bytes(tokens))
+    code, _, err = _reproduce(capsys, str(script), "tokenized/stories", "--prefix", s3_prefix, "--scratch", scratch)
+    assert code == 2 and f"{tokens_url}: its sha256 is" in err and "the output was changed after the step finished" in err
+    write_checksums(folder)  # as if the step had written these bytes: then the comparison names the record
     code, out, _ = _reproduce(capsys, str(script), "tokenized/stories", "--prefix", s3_prefix, "--scratch", scratch)
     assert code == 1
     assert "first difference in validation/shard-00000: record 0 (record 0 of the cache validation/) differs: its token 0" in out

@@ -29,7 +29,9 @@ from zephyr.errors import (
     InputNotFoundError,
     UnsupportedInputError,
 )
+from zephyr.output_checksums import check_recorded_checksum
 from zephyr.worker_context import count
+from zephyr.zstd_frames import ZstdFrames
 
 logger = logging.getLogger(__name__)
 
@@ -80,14 +82,12 @@ def _open_binary(path: str, compression: str) -> Iterator[IO[bytes]]:
     except FileNotFoundError:
         raise InputNotFoundError(f"input path {path!r} does not exist") from None
     with raw:
+        check_recorded_checksum(path, raw)  # a step's output, changed since it was committed, is never read
         if compression == ".gz":
             with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
                 yield stream
         elif compression == ".zst":
-            import zstandard
-
-            # The zstd stream reader has no line iteration of its own; buffering adds it.
-            with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)) as stream:
+            with io.BufferedReader(ZstdFrames(raw)) as stream:
                 yield stream
         else:
             yield raw
@@ -111,11 +111,22 @@ def _decompression_error(error: Exception) -> bool:
     return isinstance(error, (gzip.BadGzipFile, EOFError)) or type(error).__module__.startswith("zstandard")
 
 
-def _lines(handle: IO[bytes], path: str) -> Iterator[bytes]:
+def _cut_short(path: str, compression: str, decompressed: int) -> InputFileError:
+    """Compressed data that ends before its end marker (EOFError from gzip and :class:`ZstdFrames`)."""
+    kind = {".gz": "gzip", ".zst": "zstd"}.get(compression, "compressed")
+    return InputFileError(path, f"is cut short: its {kind} data ends early, after {decompressed:,} decompressed bytes")
+
+
+def _lines(handle: IO[bytes], path: str, compression: str) -> Iterator[bytes]:
     """Raw lines of a (possibly compressed) file; a corrupt compressed stream names the file."""
+    decompressed = 0  # of whole lines: a line the cut runs through is not given
     try:
-        yield from handle
-    except (OSError, EOFError) as error:
+        for line in handle:
+            yield line
+            decompressed += len(line)
+    except EOFError:
+        raise _cut_short(path, compression, decompressed) from None
+    except OSError as error:
         raise InputFileError(path, f"cannot be read or decompressed ({error})") from None
     except Exception as error:
         if _decompression_error(error):
@@ -123,12 +134,37 @@ def _lines(handle: IO[bytes], path: str) -> Iterator[bytes]:
         raise
 
 
+# JSON may escape a UTF-16 surrogate, and Python's json reads one without its other half into a str
+# that no encoder can write (it fails later, far from the file); only escapes can put one there.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(raw_line: bytes, value: Any) -> str | None:
+    """The first lone surrogate in ``value``'s strings (keys too), as its escape; None when there is none."""
+    if not _SURROGATE_ESCAPE.search(raw_line):
+        return None
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                return f"\\u{ord(found.group()):04x}"
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
 def _read_jsonl_numbered(path: str, on_error: OnError) -> Iterator[tuple[int, Any]]:
     _check_on_error(on_error)
     _, compression = input_format(path)
     empty = True
     with _open_binary(path, compression) as handle:
-        for line_number, raw_line in enumerate(_lines(handle, path), start=1):
+        for line_number, raw_line in enumerate(_lines(handle, path, compression), start=1):
             if not raw_line.strip():
                 continue
             empty = False
@@ -142,6 +178,11 @@ def _read_jsonl_numbered(path: str, on_error: OnError) -> Iterator[tuple[int, An
             except json.JSONDecodeError as error:
                 _problem(path, f"malformed JSON ({error.msg} at column {error.colno})", "malformed_json",
                          on_error, line_number)
+                continue
+            surrogate = _lone_surrogate(raw_line, value)
+            if surrogate is not None:
+                _problem(path, f"holds a lone surrogate escape ({surrogate}), half of a character: not text",
+                         "lone_surrogate", on_error, line_number)
                 continue
             yield line_number, value
     if empty:
@@ -158,13 +199,18 @@ def read_text(path: str, *, separator: str | None = None, on_error: OnError = "r
     """A text file as one document, or as several split on ``separator`` (pieces stripped, blanks dropped)."""
     _check_on_error(on_error)
     _, compression = input_format(path)
+    chunks: list[bytes] = []
     with _open_binary(path, compression) as handle:
         try:
-            data = handle.read()
+            while chunk := handle.read(1 << 20):
+                chunks.append(chunk)
+        except EOFError:
+            raise _cut_short(path, compression, sum(map(len, chunks))) from None
         except Exception as error:
-            if isinstance(error, (OSError, EOFError)) or _decompression_error(error):
+            if isinstance(error, OSError) or _decompression_error(error):
                 raise InputFileError(path, f"cannot be read or decompressed ({error})") from None
             raise
+    data = b"".join(chunks)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -200,6 +246,7 @@ def read_parquet(path: str, *, columns: Sequence[str] | None = None, optional_co
         _problem(path, "is empty", "empty_file", on_error)
         return
     with fs.open(fs_path, "rb") as handle:
+        check_recorded_checksum(path, handle)
         try:
             parquet = pq.ParquetFile(handle)
         except (pa.ArrowInvalid, OSError) as error:

@@ -53,7 +53,8 @@ def _compressed_writer(handle: IO[bytes], path: str) -> tuple[IO[bytes], Any]:
     if path.endswith(".zst"):
         import zstandard
 
-        stream = zstandard.ZstdCompressor().stream_writer(handle, closefd=False)
+        # A content checksum in the frame: a reader's decompressor then notices changed bytes itself.
+        stream = zstandard.ZstdCompressor(write_checksum=True).stream_writer(handle, closefd=False)
         return stream, stream.close
     return handle, lambda: None
 

@@ -35,7 +35,8 @@ class _ShardWriter:
         if output_format == "jsonl":
             import zstandard
 
-            self._stream = zstandard.ZstdCompressor().stream_writer(self._handle, closefd=False)
+            # A content checksum in the frame, so a decompressor notices changed bytes on its own.
+            self._stream = zstandard.ZstdCompressor(write_checksum=True).stream_writer(self._handle, closefd=False)
             self._text = io.TextIOWrapper(self._stream, encoding="utf-8", newline="\n")
         else:
             self._batch: list[dict] = []

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigging import filesystem as fsx
+from zephyr.output_checksums import MANIFEST_NAME
 
 from marin.execution.artifact import load_artifact
 from marin.execution.executor_files import ARTIFACT_FILE, INFO_FILE, LOCK_FILE, STATUS_FILE
@@ -48,7 +49,8 @@ from marin.execution.record_diff import (
 )
 from marin.execution.tensor_diff import checkpoint_difference, npz_difference, safetensors_difference
 
-CONTROL_FILES = (STATUS_FILE, LOCK_FILE, INFO_FILE)
+# The checksum manifest records the files (those left out below too); the files themselves are compared.
+CONTROL_FILES = (STATUS_FILE, LOCK_FILE, INFO_FILE, MANIFEST_NAME)
 EXCLUDED_FOLDERS = (".attempts", "tensorboard", "wandb")
 # Measurements of how fast a run went, which no two runs share: left out of every JSON record.
 MEASUREMENT_FIELDS = frozenset({"tokens_per_second", "mfu", "wall_time", "train_seconds"})

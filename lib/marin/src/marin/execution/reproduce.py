@@ -9,7 +9,8 @@
 2. finds the step by name, folder or output path, and refuses, naming both sides, when its folder
    there is not a finished output of the identity the script declares now (the script, its
    settings or its inputs changed since), or was made by other code than the step's function now
-   (unless ``changed_code``: then the rerun shows what the new code changes);
+   (unless ``changed_code``: then the rerun shows what the new code changes), or holds a file that
+   is not what the step recorded when it committed it (:mod:`zephyr.output_checksums`);
 3. reads each dependency where the step's ``.executor_info`` says it was read, after checking it
    is finished for the identity the script declares;
 4. runs the step alone with a :class:`~marin.execution.step_runner.StepRunner` on the scratch
@@ -17,13 +18,15 @@
 5. compares the two folders (:mod:`~marin.execution.output_comparison`) and removes the scratch
    output when they are identical, unless asked to keep it; a difference keeps it for inspection.
 
-Nothing under the original prefix is written. The scratch prefix defaults to a new local temporary
+Nothing under the original prefix is written: a scratch prefix inside it, or holding it, is refused,
+symbolic links followed. The scratch prefix defaults to a new local temporary
 folder; a step that runs on a cluster needs one its workers reach (``scratch=`` any URL).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from pathlib import Path
 from levanter.errors import LevanterError
 from rigging import filesystem as fsx
 from rigging.log import get_logger
+from zephyr.output_checksums import changed_files
 
 from marin.errors import MarinError
 from marin.execution.catalog import find_step_folders
@@ -103,6 +107,7 @@ def reproduce(request: ReproduceRequest) -> Reproduction:
     _check_original(request, runner, spec, original)
     inputs = _inputs(spec, original, runner)
     scratch, made_scratch = _scratch(request, runner.prefix)
+    _check_unchanged(spec, original)
     # An absolute output_path is placement, not identity: the rerun goes to the step's usual folder.
     target = dataclasses.replace(spec, output_path=None) if _is_absolute(spec.output_path) else spec
     rerun_runner = StepRunner(prefix=scratch, client=runner.client, existing_outputs=inputs, overrides=RunOverrides())
@@ -215,6 +220,16 @@ def _check_original(request: ReproduceRequest, runner: StepRunner, spec: StepSpe
         )
 
 
+def _check_unchanged(spec: StepSpec, original: str) -> None:
+    """Refuse an original whose files are not what the step recorded when it committed them: a
+    comparison would blame the rerun for a change made since. (A step committed before checksums
+    were recorded is compared as it is.)"""
+    changed = changed_files(original) or []
+    if changed:
+        more = f" ({len(changed) - 1} more files changed too)" if len(changed) > 1 else ""
+        raise ReproduceError(f"Step {spec.name!r} cannot be reproduced: {changed[0]}{more}.")
+
+
 def _inputs(spec: StepSpec, original: str, runner: StepRunner) -> dict[str, str]:
     """Each dependency's identity -> the finished folder the step read it from (recorded, else where the
     script's runner puts it)."""
@@ -238,13 +253,21 @@ def _scratch(request: ReproduceRequest, original_prefix: str) -> tuple[str, bool
     if request.scratch is None:
         return tempfile.mkdtemp(prefix="marin-reproduce-"), True
     scratch = fsx.absolute(request.scratch).rstrip("/")
-    root = original_prefix.rstrip("/")
-    if scratch == root or scratch.startswith(root + "/") or root.startswith(scratch + "/"):
+    # Compared where they really lie: a symbolic link (either side, or a folder above) may lead one into the other.
+    where_scratch, where_root = _resolved(scratch), _resolved(original_prefix)
+    if where_scratch == where_root or where_scratch.startswith(where_root + "/") or where_root.startswith(where_scratch + "/"):
+        shown = scratch if where_scratch == scratch else f"{scratch} (that is, {where_scratch})"
         raise ReproduceError(
-            f"The scratch prefix {scratch} overlaps the original prefix {root}; the rerun must not touch the original. "
-            "Choose a folder outside it."
+            f"The scratch prefix {shown} overlaps the original prefix {where_root}; the rerun must not touch the "
+            "original. Choose a folder outside it."
         )
     return scratch, False
+
+
+def _resolved(url: str) -> str:
+    """A local path with every symbolic link followed (the part that exists); any other URL as given."""
+    url = fsx.absolute(url).rstrip("/")
+    return os.path.realpath(url) if fsx.is_local(url) else url
 
 
 def describe(reproduction: Reproduction) -> list[str]:

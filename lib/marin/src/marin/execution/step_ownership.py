@@ -11,7 +11,8 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
   later status write of the execution is conditional on the record still naming it.
 * The step's function writes only into the staging folder. Two executions never share one, so
   their bytes are never mixed.
-* :meth:`Execution.commit` makes the output the step's: the artifact is written into the staging
+* :meth:`Execution.commit` makes the output the step's: the artifact and the checksums of the output
+  files (:mod:`zephyr.output_checksums`, which readers check) are written into the staging
   folder, the record is marked ``committing`` (the commit point, refused unless the record names
   this execution and says RUNNING), every entry of the staging folder is moved into the step
   folder, and SUCCESS is written last. A commit cut short is finished by whoever finds the
@@ -43,6 +44,7 @@ from rigging import filesystem as fsx
 from rigging.fencing import Fence, FencedOff, Snapshot, claim, read_snapshot, write_over
 from rigging.lease import Lease, ProcessIdentity
 from rigging.log import get_logger
+from zephyr.output_checksums import write_checksums
 
 from marin.execution.artifact import save_artifact
 from marin.execution.executor_files import INFO_FILE, LOCK_FILE, STATUS_FILE, STATUS_RUNNING, STATUS_SUCCESS, StatusRecord, status_from_dict, status_url
@@ -123,6 +125,7 @@ class Execution:
         """
         save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix, staged_in=self.work_path)
         self.check()
+        write_checksums(self.work_path)  # moved in with the output, so a committed step always has its manifest
         clear_stale_entries(self.output_path, self.staging)
         self.write(committing=True)  # the commit point: from here on anyone may finish the move
         promote(self.output_path, self.staging)

@@ -1,0 +1,101 @@
+"""The checksum manifest of a finished step's folder: every reader refuses a recorded file that changed,
+naming it; files no manifest records (hidden ones, unlisted ones, folders without one) read as before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from zephyr.output_checksums import (
+    MANIFEST_NAME,
+    OutputChangedError,
+    changed_files,
+    read_checksums,
+    recorded_checksum,
+    write_checksums,
+)
+from zephyr.readers import read_documents, read_jsonl, read_parquet, read_text
+from zephyr.writers import write_jsonl_file
+
+
+def _folder(root: Path) -> Path:
+    """A finished step's folder: a jsonl.zst, a Parquet and a text file (one nested), and hidden records."""
+    root.mkdir()
+    write_jsonl_file(str(root / "data" / "part-0.jsonl.zst"), [{"text": "a cat sat"}, {"text": "on a mat"}])
+    pq.write_table(pa.table({"text": ["first row", "second row"]}), root / "rows.parquet")
+    (root / "deep" / "er").mkdir(parents=True)
+    (root / "deep" / "er" / "notes.txt").write_text("plain words")
+    (root / ".artifact.json").write_text("{}")
+    (root / ".attempts").mkdir()
+    (root / ".attempts" / "001.log").write_text("log")
+    write_checksums(str(root))
+    return root
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+def test_the_manifest_records_each_visible_file_with_its_size_and_sha256(tmp_path):
+    root = _folder(tmp_path / "step")
+    recorded = read_checksums(str(root))
+    assert sorted(recorded) == ["data/part-0.jsonl.zst", "deep/er/notes.txt", "rows.parquet"]
+    for name, entry in recorded.items():
+        data = (root / name).read_bytes()
+        assert (entry.size, entry.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert json.loads((root / MANIFEST_NAME).read_text())["algorithm"] == "sha256"
+    assert recorded_checksum(str(root / "deep" / "er" / "notes.txt"))[0] == str(root / MANIFEST_NAME)
+    assert recorded_checksum(str(root / ".attempts" / "001.log")) is None
+
+
+@pytest.mark.parametrize(("name", "read", "at"), [
+    ("deep/er/notes.txt", lambda path: list(read_text(path)), 2),
+    ("rows.parquet", lambda path: list(read_parquet(path)), 60),
+    ("data/part-0.jsonl.zst", lambda path: list(read_jsonl(path)), 14),
+])
+def test_every_reader_refuses_a_recorded_file_that_changed_naming_it(tmp_path, name, read, at):
+    root = _folder(tmp_path / "step")
+    path = root / name
+    read(str(path))  # unchanged: reads
+    _flip(path, at)
+    with pytest.raises(OutputChangedError) as caught:
+        read(str(path))
+    assert str(caught.value).startswith(f"{path}: its sha256 is {hashlib.sha256(path.read_bytes()).hexdigest()} but the "
+                                        "step recorded ")
+    assert str(caught.value).endswith("when it committed; the output was changed after the step finished")
+    assert [error.path for error in changed_files(str(root))] == [str(path)]
+
+
+def test_a_truncated_file_is_named_by_its_size_even_where_reading_on_skips_damage(tmp_path):
+    root = _folder(tmp_path / "step")
+    path = root / "data" / "part-0.jsonl.zst"
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(OutputChangedError, match="it holds .* bytes but the step recorded .* when it committed"):
+        list(read_jsonl(str(path), on_error="skip"))
+
+
+def test_unrecorded_files_and_folders_without_a_manifest_read_as_before(tmp_path):
+    root = _folder(tmp_path / "step")
+    (root / "added.txt").write_text("written after the commit")
+    assert list(read_text(str(root / "added.txt"))) == ["written after the commit"]
+    (root / MANIFEST_NAME).unlink()
+    _flip(root / "deep" / "er" / "notes.txt", 2)
+    assert list(read_documents(str(root / "deep"))) == ["plAin words"]
+    assert changed_files(str(root)) is None
+
+
+def test_a_missing_file_and_a_damaged_manifest_are_named(tmp_path):
+    root = _folder(tmp_path / "step")
+    (root / "rows.parquet").unlink()
+    (missing,) = changed_files(str(root))
+    assert str(missing) == (f"{root / 'rows.parquet'}: it is missing, but the step recorded it when it committed; "
+                            "the output was changed after the step finished")
+    (root / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(OutputChangedError, match=r"\.output_checksums\.json: the step's record of its output files cannot be read"):
+        list(read_text(str(root / "deep" / "er" / "notes.txt")))
