@@ -1,7 +1,9 @@
 """Checkpoint files carry checksums written with the checkpoint and verified on restore: a checkpoint
 whose bytes changed after it was written (one bit is enough, and Orbax reads such bytes without
 complaint) is moved aside like an unreadable one and the previous one restored, saying so, on a local
-disk and on object storage; a checkpoint written before checksums existed still loads, with a note."""
+disk and on object storage. The manifest must cover the folder exactly (a file it does not list, or
+a name it lists without a file, fails), and a checkpoint without one is only restored when the run
+allows unverified checkpoints."""
 
 import glob
 import json
@@ -72,13 +74,13 @@ def test_every_kind_of_damage_a_manifest_sees(tmp_path, caplog):
     root = save_steps(str(tmp_path / "checkpoints"), steps=(1, 2, 3, 4))
     _flip_bit(os.path.join(root, "4", "state", "_METADATA"), byte=0)  # metadata: JSON still, or not
     os.remove(_largest_data_file(os.path.join(root, "3")))  # a file gone
-    with open(os.path.join(root, "2", "state", "stray"), "wb") as f:  # a file the save never wrote is harmless
+    with open(os.path.join(root, "2", "state", "stray"), "wb") as f:  # a file the save never wrote
         f.write(b"x")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         step, state = Checkpointer(root, keep_last=None).restore_latest(STATE)
-    assert step == 2
-    _assert_restored(state, 2)
-    assert "missing" in caplog.text
+    assert step == 1
+    _assert_restored(state, 1)
+    assert "missing" in caplog.text and f"state/stray is not listed in {MANIFEST_NAME}" in caplog.text
 
 
 def test_the_manifest_lists_every_file_with_size_and_digest(tmp_path):
@@ -93,14 +95,83 @@ def test_the_manifest_lists_every_file_with_size_and_digest(tmp_path):
         assert entry["digest"].startswith(manifest["algorithm"] + ":")
 
 
-def test_a_checkpoint_without_a_manifest_still_loads_and_says_so(tmp_path, caplog):
-    root = save_steps(str(tmp_path / "checkpoints"), steps=(1, 2))
-    os.remove(os.path.join(root, "2", MANIFEST_NAME))
-    with caplog.at_level(logging.INFO, logger=LOGGER):
+def _edit_manifest(step_dir: str, edit) -> None:
+    path = os.path.join(step_dir, MANIFEST_NAME)
+    with open(path) as f:
+        manifest = json.load(f)
+    edit(manifest)
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+
+
+def test_a_file_left_out_of_the_manifest_is_not_trusted(tmp_path, caplog):
+    # A hole in the manifest: the file's entry removed, then the file damaged.
+    root = save_steps(str(tmp_path / "checkpoints"))
+    data_file = _largest_data_file(os.path.join(root, "3"))
+    relative = os.path.relpath(data_file, os.path.join(root, "3"))
+    _edit_manifest(os.path.join(root, "3"), lambda manifest: manifest["files"].pop(relative))
+    _flip_bit(data_file)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
         step, state = Checkpointer(root, keep_last=None).restore_latest(STATE)
     assert step == 2
     _assert_restored(state, 2)
-    assert "no checksum manifest" in caplog.text and "not verified" in caplog.text
+    assert f"{relative} is not listed in {MANIFEST_NAME}" in caplog.text
+    assert len([name for name in os.listdir(root) if name.startswith("3.corrupt-")]) == 1
+
+
+def test_a_manifest_listing_no_files_is_not_trusted(tmp_path, caplog):
+    root = save_steps(str(tmp_path / "checkpoints"), steps=(1, 2))
+    _edit_manifest(os.path.join(root, "2"), lambda manifest: manifest.update(files={}))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        step, state = Checkpointer(root, keep_last=None).restore_latest(STATE)
+    assert step == 1
+    _assert_restored(state, 1)
+    # Every file is unlisted: the first few are named, and how many more there are.
+    assert f"state/_METADATA is not listed in {MANIFEST_NAME}" in caplog.text and "more" in caplog.text
+
+
+def test_a_listed_file_that_is_not_there_is_not_trusted(tmp_path, caplog):
+    root = save_steps(str(tmp_path / "checkpoints"), steps=(1, 2))
+    ghost = {"size": 1, "digest": "xxh3_128:00000000000000000000000000000000"}
+    _edit_manifest(os.path.join(root, "2"), lambda manifest: manifest["files"].update({"state/ghost": ghost}))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        step, state = Checkpointer(root, keep_last=None).restore_latest(STATE)
+    assert step == 1
+    _assert_restored(state, 1)
+    assert "state/ghost is missing" in caplog.text
+
+
+def test_a_checkpoint_without_a_manifest_is_set_aside_unless_allowed(tmp_path, caplog):
+    root = save_steps(str(tmp_path / "checkpoints"), steps=(1, 2))
+    os.remove(os.path.join(root, "2", MANIFEST_NAME))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        checkpointer = Checkpointer(root, keep_last=None)
+        step, state = checkpointer.restore_latest(STATE)
+    assert step == 1 and checkpointer.restored_unverified is None
+    _assert_restored(state, 1)
+    aside = [name for name in os.listdir(root) if name.startswith("2.corrupt-")]
+    assert len(aside) == 1
+    # The warning says why, where the folder went, and which setting would restore it.
+    assert f"no {MANIFEST_NAME}" in caplog.text and aside[0] in caplog.text
+    assert "allow_unverified_checkpoints" in caplog.text
+
+
+def test_a_checkpoint_without_a_manifest_loads_when_allowed_and_says_so(tmp_path, caplog):
+    root = save_steps(str(tmp_path / "checkpoints"), steps=(1, 2))
+    os.remove(os.path.join(root, "2", MANIFEST_NAME))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        checkpointer = Checkpointer(root, keep_last=None, allow_unverified=True)
+        step, state = checkpointer.restore_latest(STATE)
+    assert step == 2 and checkpointer.restored_unverified == os.path.join(root, "2")
+    _assert_restored(state, 2)
+    assert f"no {MANIFEST_NAME}" in caplog.text and "unverified" in caplog.text
+    assert sorted(os.listdir(root)) == ["1", "2"]
+
+
+def test_a_verified_restore_is_not_reported_as_unverified(tmp_path):
+    root = save_steps(str(tmp_path / "checkpoints"), steps=(1,))
+    checkpointer = Checkpointer(root, keep_last=None, allow_unverified=True)
+    assert checkpointer.restore_latest(STATE)[0] == 1 and checkpointer.restored_unverified is None
 
 
 def test_asynchronous_saves_write_their_manifest_once_committed(tmp_path):
@@ -127,3 +198,15 @@ def test_a_flipped_bit_on_object_storage_falls_back_too(s3_prefix, caplog):
     _assert_restored(state, 2)
     assert name in caplog.text and "checksum" in caplog.text
     assert Checkpointer(root, keep_last=None).all_steps() == [1, 2]
+
+
+def test_a_file_the_manifest_does_not_list_on_object_storage_is_not_trusted(s3_prefix, caplog):
+    root = fsx.join(s3_prefix, "checkpoints")
+    save_steps(root, steps=(1, 2))
+    fs, path = fsx.filesystem(fsx.join(root, "2"))
+    fs.pipe_file(f"{path}/state/stray", b"x")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        step, state = Checkpointer(root, keep_last=None).restore_latest(STATE)
+    assert step == 1
+    _assert_restored(state, 1)
+    assert f"state/stray is not listed in {MANIFEST_NAME}" in caplog.text

@@ -1,10 +1,11 @@
 """Damaged checkpoints and full disks: an unreadable newest checkpoint (or one whose files no longer
-match their checksums) is moved aside with a WARNING
+match their checksums, or that has no checksums unless the run allows it) is moved aside with a WARNING
 and the one before it resumed (or training starts afresh, saying so); a checkpoint of another model
 is still refused and never moved; a full disk during a save is reported as such."""
 
 import errno
 import glob
+import json
 import logging
 import os
 import shutil
@@ -16,12 +17,14 @@ import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.path import async_path
 
+from levanter.main.train_lm import TrainLmConfig, train_lm
 from levanter.models.llama import LlamaConfig
 from levanter.optim import AdamConfig
 from levanter.trainer import CheckpointError, Checkpointer, MeshConfig, Trainer, TrainerConfig
 from levanter.trainer.checkpoint_errors import CheckpointDiskFullError
+from levanter.trainer.checkpoint_manifest import MANIFEST_NAME
 from levanter.trainer.sources import InMemoryWindows
-from levanter.trainer.tracker import read_metrics
+from levanter.trainer.tracker import CompositeTracker, read_metrics
 
 LOGGER = "levanter.trainer.checkpoint"
 STATE = {"w": jnp.arange(64.0).reshape(8, 8), "opt": {"mu": jnp.ones((8,))}, "step": jnp.asarray(0, jnp.int32)}
@@ -197,14 +200,20 @@ VOCAB, SEQ, N = 64, 16, 2
 MODEL = dict(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=SEQ)
 
 
-def _train(output_dir):
-    config = TrainerConfig(
+def _trainer_config(**settings):
+    return TrainerConfig(
         num_train_steps=2 * N, batch_size=8, steps_per_checkpoint=N, keep_last_checkpoints=None, log_every=2,
-        mesh=MeshConfig(data=1),
+        mesh=MeshConfig(data=1), **settings,
     )
-    source = InMemoryWindows(np.tile(np.arange(VOCAB), 64), seq_len=SEQ, batch_size=8, seed=3)
-    trainer = Trainer(config, AdamConfig(3e-3, 0.1, warmup=1), output_dir=str(output_dir))
-    return trainer.train(lambda key: LlamaConfig(**MODEL).build(VOCAB, key=key), source)
+
+
+def _source():
+    return InMemoryWindows(np.tile(np.arange(VOCAB), 64), seq_len=SEQ, batch_size=8, seed=3)
+
+
+def _train(output_dir, **settings):
+    trainer = Trainer(_trainer_config(**settings), AdamConfig(3e-3, 0.1, warmup=1), output_dir=str(output_dir))
+    return trainer.train(lambda key: LlamaConfig(**MODEL).build(VOCAB, key=key), _source())
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +258,43 @@ def test_the_trainer_starts_afresh_when_no_checkpoint_can_be_read(finished_run, 
     assert result.resumed_from is None and result.final_step == 2 * N
     assert "starts from scratch" in caplog.text
     assert [r["step"] for r in read_metrics(result.metrics_path)] == list(range(1, 2 * N + 1))
+
+
+def test_the_trainer_does_not_resume_from_a_checkpoint_without_a_manifest(finished_run, tmp_path, caplog):
+    output = shutil.copytree(finished_run, tmp_path / "run")
+    os.remove(os.path.join(output, "checkpoints", str(2 * N), MANIFEST_NAME))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        result = _train(output)
+    assert result.resumed_from == N and result.final_step == 2 * N and result.unverified_checkpoint is None
+    assert any(name.startswith(f"{2 * N}.corrupt-") for name in os.listdir(os.path.join(output, "checkpoints")))
+    assert f"no {MANIFEST_NAME}" in caplog.text and "allow_unverified_checkpoints" in caplog.text
+
+
+def test_an_allowed_unverified_resume_is_logged_and_recorded_in_the_summary(finished_run, tmp_path, caplog, monkeypatch):
+    output = shutil.copytree(finished_run, tmp_path / "run")
+    step_dir = os.path.join(output, "checkpoints", str(2 * N))
+    os.remove(os.path.join(step_dir, MANIFEST_NAME))
+    summaries = []
+    monkeypatch.setattr(CompositeTracker, "log_summary", lambda self, metrics: summaries.append(dict(metrics)))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        result = _train(output, allow_unverified_checkpoints=True)
+    assert result.resumed_from == 2 * N and result.unverified_checkpoint == step_dir
+    assert f"no {MANIFEST_NAME}" in caplog.text and "unverified" in caplog.text
+    assert summaries[-1]["unverified_checkpoint"] == step_dir
+
+
+def test_train_lm_records_an_unverified_resume_in_eval_json(finished_run, tmp_path):
+    output = shutil.copytree(finished_run, tmp_path / "run")
+    step_dir = os.path.join(output, "checkpoints", str(2 * N))
+    os.remove(os.path.join(step_dir, MANIFEST_NAME))
+    config = TrainLmConfig(
+        model=LlamaConfig(**MODEL), optimizer=AdamConfig(3e-3, 0.1, warmup=1),
+        trainer=_trainer_config(allow_unverified_checkpoints=True), vocab_size=VOCAB, output_path=str(output),
+        export_hf=False,
+    )
+    result = train_lm(config, _source())
+    with open(result.eval_path) as f:
+        assert json.load(f)["unverified_checkpoint"] == step_dir
 
 
 def test_the_trainer_reports_a_full_disk(tmp_path, monkeypatch):

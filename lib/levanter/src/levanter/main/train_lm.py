@@ -5,7 +5,8 @@ Output folder (a local path or any fsspec URL, e.g. ``s3://bucket/run``)::
     <output_path>/
       checkpoints/<step>/   Orbax checkpoints (resume from the newest automatically)
       metrics.jsonl         one line per step, plus eval lines at eval steps
-      eval.json             final step, train loss and validation losses
+      eval.json             final step, train loss and validation losses (and the checkpoint resumed
+                            from unverified, when allow_unverified_checkpoints let it)
       hf/                   the final model in Hugging Face format (Llama or Mixtral); under LoRA the
                             merged model (base + adapters), loadable without PEFT
       hf-adapter/           under LoRA only: the adapters as a PEFT adapter folder
@@ -247,10 +248,10 @@ def train_lm(
 
     eval_path = fsx.join(out, "eval.json")
     trainer.raise_if_abandoned(result.final_step)
-    _write_json_atomically(
-        eval_path,
-        {"step": result.final_step, "train_loss": result.final_train_loss, "eval": result.eval_losses},
-    )
+    record = {"step": result.final_step, "train_loss": result.final_train_loss, "eval": result.eval_losses}
+    if result.unverified_checkpoint is not None:  # only then: a verified run's record is unchanged
+        record["unverified_checkpoint"] = result.unverified_checkpoint
+    _write_json_atomically(eval_path, record)
     trainer.raise_if_abandoned(result.final_step)
     hf_path = adapter_path = None
     if config.export_hf:

@@ -23,7 +23,9 @@ before the step is restored; :meth:`Checkpointer.restore_latest` moves a committ
 files no longer read back (truncated, deleted, garbled) or no longer match their checksums (a
 flipped bit, which Orbax would read as different numbers) aside to ``<step>.corrupt-<UTC time>``
 with a WARNING and resumes from the one before it (a name Orbax never lists, so it is kept for
-inspection but never picked again); a full disk during a save is reported as
+inspection but never picked again). A step without a manifest is treated the same way, since nothing
+vouches for its files, unless the run allows unverified checkpoints: then it is restored with a
+WARNING and named in :attr:`Checkpointer.restored_unverified`. A full disk during a save is reported as
 :class:`CheckpointDiskFullError` instead of Orbax's error from its writer thread.
 
 What a storage error means is decided in :mod:`levanter.trainer.checkpoint_errors`; the names the
@@ -54,7 +56,7 @@ from levanter.trainer.checkpoint_errors import (
     root_cause,
 )
 from levanter.trainer.checkpoint_keys import flatten_state, unflatten_state
-from levanter.trainer.checkpoint_manifest import verify_manifest, write_manifest
+from levanter.trainer.checkpoint_manifest import MANIFEST_NAME, verify_manifest, write_manifest
 from levanter.trainer.checkpoint_staging import COMMIT_MARKER, CheckpointStaging, UploadError, orbax_writes_natively
 from rigging import filesystem as fsx
 
@@ -90,7 +92,12 @@ class Checkpointer:
     ``keep_last`` (None: all) plus every step divisible by ``keep_every``.
 
     ``checksums``: write each step's checksum manifest and verify it on restore (False: neither,
-    which only the benchmark of their cost wants).
+    which only the benchmark of their cost wants). ``allow_unverified``: restore a step that has no
+    manifest (written before manifests existed, or cut off between its commit and its manifest)
+    instead of setting it aside as damaged.
+
+    ``restored_unverified``: the step folder the last successful restore read without verifying its
+    files (None when they were verified).
     """
 
     def __init__(
@@ -103,9 +110,12 @@ class Checkpointer:
         keep_every: int | None = None,
         asynchronous: bool = True,
         checksums: bool = True,
+        allow_unverified: bool = False,
     ):
         self.directory = fsx.absolute(directory)
         self._checksums = checksums
+        self._allow_unverified = allow_unverified
+        self.restored_unverified: str | None = None
         # Native saves write their manifest here once committed (staged ones in the upload thread).
         self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-checksums")
         self._sealing: Future | None = None
@@ -212,16 +222,21 @@ class Checkpointer:
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
             for k, v in flat_template.items()
         }
+        self.restored_unverified = None
         if self._staging is None:
-            self._verify(step, self.path_of(step))
-            return unflatten_state(self._restore_flat(step, abstract), template)
-        self._download(step)
-        try:
-            self._verify(step, self._staging.local_path_of(step))  # what was downloaded, so the copy is checked too
-            return unflatten_state(self._restore_flat(step, abstract), template)
-        finally:
-            self._staging.discard_local(step)
-            self._manager.reload()
+            verified = self._verify(step, self.path_of(step))
+            restored = unflatten_state(self._restore_flat(step, abstract), template)
+        else:
+            self._download(step)
+            try:
+                verified = self._verify(step, self._staging.local_path_of(step))  # the download, so the copy is checked too
+                restored = unflatten_state(self._restore_flat(step, abstract), template)
+            finally:
+                self._staging.discard_local(step)
+                self._manager.reload()
+        if not verified:
+            self.restored_unverified = self.path_of(step)
+        return restored
 
     def _restore_flat(self, step: int, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:
         with self._reading(step):
@@ -232,18 +247,24 @@ class Checkpointer:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         return restored["state"]
 
-    def _verify(self, step: int, folder: str) -> None:
-        """Raise :class:`UnreadableCheckpointError` when the step's files differ from its manifest."""
+    def _verify(self, step: int, folder: str) -> bool:
+        """Whether the step's files were verified; raise :class:`UnreadableCheckpointError` when they
+        differ from its manifest, or when it has none and unverified checkpoints are not allowed."""
         if not self._checksums:
-            return
+            return False
         with self._reading(step):
-            verification = verify_manifest(folder)
+            verification = verify_manifest(folder, exclude=(COMMIT_MARKER,))
         if not verification.has_manifest:
-            logger.warning(
-                "Checkpoint %s has no checksum manifest (it was written before checkpoints carried one, or the run "
-                "stopped between its commit and the manifest): its files are not verified.", self.path_of(step),
-            )
-            return
+            why = (f"it has no {MANIFEST_NAME} (written before checkpoints carried one, or the run stopped between "
+                   "its commit and the manifest), so nothing shows its files are the ones written")
+            if not self._allow_unverified:
+                raise UnreadableCheckpointError(
+                    f"Checkpoint {self.path_of(step)} cannot be read: {why} (set allow_unverified_checkpoints=True "
+                    "in the trainer config to resume from it anyway)."
+                )
+            logger.warning("Checkpoint %s is restored unverified: %s; allow_unverified_checkpoints is set.",
+                           self.path_of(step), why)
+            return False
         if verification.problems:
             problems = verification.problems
             shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
@@ -255,6 +276,7 @@ class Checkpointer:
             "Checkpoint %s verified: %d files, %s in %.2fs.",
             self.path_of(step), verification.files, _size(verification.num_bytes), verification.seconds,
         )
+        return True
 
     def _download(self, step: int) -> None:
         # Failing to copy a listed step says nothing about its files: it is left in place, not set aside.

@@ -5,9 +5,11 @@ different numbers (or NaN) without an error. So every committed step folder gets
 ``<step>/checksums.json``, listing each of its files (relative path) with its size and xxh3-128
 digest, written after Orbax has committed the step and before anything else sees it as finished
 (the upload of a staged checkpoint; see :mod:`levanter.trainer.checkpoint_staging`). Restoring
-first compares the files with it; a file missing, of another size or with another digest makes the
-checkpoint unreadable, and :class:`~levanter.trainer.checkpoint.Checkpointer` moves it aside and
-falls back to the one before, as it does for files Orbax cannot parse.
+first compares the files with it, and the manifest must cover the folder exactly: a file missing,
+of another size or with another digest, and a file on disk that it does not list (a hole in the
+manifest would let that file change unseen) make the checkpoint unreadable, and
+:class:`~levanter.trainer.checkpoint.Checkpointer` moves it aside and falls back to the one before,
+as it does for files Orbax cannot parse.
 
 Why a manifest of our own rather than Orbax's: Orbax has no checksum of its own for the files it
 writes (TensorStore's zarr3 driver has a ``crc32c`` codec, but Orbax builds the array specs itself
@@ -25,8 +27,9 @@ train state of ``llama_150m``: manifest written in 1.8 s and verified in 1.2 s, 
 22-28 s and restores of 16-25 s; the nano model's 7 MB: 0.015 s and 0.028 s.
 
 What it does not cover: a run stopped between Orbax's commit and the manifest leaves a committed
-step without one, like a checkpoint written before manifests existed; such a step is restored
-unverified, with a log line saying so.
+step without one, like a checkpoint written before manifests existed. Nothing vouches for such a
+step's files, so a resume treats it as damaged unless the run allows unverified checkpoints
+(``TrainerConfig.allow_unverified_checkpoints``), and then restores it saying so.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ _THREADS = 8
 class Verification:
     """The outcome of comparing a step folder with its manifest.
 
-    ``problems`` is empty when every listed file matches; ``has_manifest`` is False for a step
-    written without one (nothing could be checked).
+    ``problems`` (one line per file, naming it) is empty when the folder holds exactly the listed
+    files and each matches; ``has_manifest`` is False for a step written without one (nothing could
+    be checked).
     """
 
     has_manifest: bool
@@ -105,11 +109,13 @@ def write_manifest(step_url: str, exclude: Iterable[str] = ()) -> None:
     fsx.atomic_write(fsx.join(step_url, MANIFEST_NAME), json.dumps(record, indent=1, sort_keys=True))
 
 
-def verify_manifest(step_url: str) -> Verification:
+def verify_manifest(step_url: str, exclude: Iterable[str] = ()) -> Verification:
     """Compare the files of ``step_url`` with its manifest (see :class:`Verification`).
 
-    Storage that cannot be reached raises (that says nothing about the files); a damaged manifest
-    is a problem like a damaged file.
+    Every file of the folder (recursively; but the manifest and ``exclude``, which
+    :func:`write_manifest` was given) must be listed, and every listed name must be a file of the
+    folder. Storage that cannot be reached raises (that says nothing about the files); a damaged
+    manifest is a problem like a damaged file.
     """
     fs, path = fsx.filesystem(fsx.join(step_url, MANIFEST_NAME))
     try:
@@ -125,17 +131,20 @@ def verify_manifest(step_url: str) -> Verification:
             raise ValueError(f"unknown algorithm {record['algorithm']!r}")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return Verification(has_manifest=True, problems=(f"{MANIFEST_NAME} is damaged ({type(e).__name__}: {e})",))
-    problems = []
+    on_disk = set(fsx.find_files(step_url)) - {MANIFEST_NAME}
+    problems = {name: f"{name} is not listed in {MANIFEST_NAME}" for name in on_disk - expected.keys() - set(exclude)}
+    # Only names found in the folder are read: a listed name never reaches outside it.
+    problems.update({name: f"{name} is missing" for name in expected.keys() - on_disk})
     total = 0
-    for name, found in sorted(_digests(step_url, expected).items()):
+    for name, found in _digests(step_url, sorted(expected.keys() & on_disk)).items():
         size, digest = expected[name]
         if isinstance(found, BaseException):
-            problems.append(f"{name} is missing")
+            problems[name] = f"{name} is missing"
             continue
         total += found[0]
         if found[0] != size:
-            problems.append(f"{name} holds {found[0]} bytes, {size} when written")
+            problems[name] = f"{name} holds {found[0]} bytes, {size} when written"
         elif found[1] != digest:
-            problems.append(f"{name} does not match its checksum (written {digest}, found {found[1]})")
-    return Verification(has_manifest=True, problems=tuple(problems), files=len(expected), num_bytes=total,
-                        seconds=time.perf_counter() - started)
+            problems[name] = f"{name} does not match its checksum (written {digest}, found {found[1]})"
+    return Verification(has_manifest=True, problems=tuple(problems[name] for name in sorted(problems)),
+                        files=len(expected), num_bytes=total, seconds=time.perf_counter() - started)

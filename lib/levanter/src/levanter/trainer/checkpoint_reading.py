@@ -74,7 +74,7 @@ def read_state_fields(step_url: str, template: Any, fields: Sequence[str]) -> An
         if take
     }
     with readable_copy(step_url) as local_step:
-        verification = verify_manifest(local_step)
+        verification = verify_manifest(local_step, exclude=(COMMIT_MARKER,))
         if verification.problems:
             raise CheckpointError(f"Checkpoint {step_url} cannot be read: {'; '.join(verification.problems[:3])}.")
         if not verification.has_manifest:

@@ -78,6 +78,9 @@ class TrainerConfig:
     keep_last_checkpoints: int | None = 2
     keep_every: int | None = None
     checkpoint_at_end: bool = True
+    # Resume from a checkpoint without its checksums.json (written before checkpoints carried one),
+    # saying so in the log and the run's summary; by default such a checkpoint is set aside as damaged.
+    allow_unverified_checkpoints: bool = False
     # Progress lines and TensorBoard/W&B writes every N steps; metrics.jsonl gets every step.
     log_every: int = 10
     mesh: MeshConfig = field(default_factory=MeshConfig)
