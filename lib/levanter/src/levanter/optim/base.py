@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from levanter.models.transformer import fields_to_record
 from levanter.optim.errors import OptimizerConfigError, ScheduleError
 from levanter.optim.schedule import SCHEDULE_NAMES, build_lr_schedule
 
@@ -128,6 +129,9 @@ class OptimizerConfig:
 
     _registry: ClassVar[dict[str, type["OptimizerConfig"]]] = {}
     type_name: ClassVar[str] = ""
+    # True when the transformation's ``update`` needs ``obj_fn=`` (the parameters -> this batch's
+    # loss), as Sophia's Hessian estimate does; the trainer's step then passes it.
+    needs_objective: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         require(self, "learning_rate", lambda v: v > 0, "a finite number > 0, e.g. 3e-4")
@@ -160,7 +164,10 @@ class OptimizerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable record, ``{"type": name, **fields}``, readable by :meth:`from_dict`."""
-        return {"type": self.type_name, **dataclasses.asdict(self)}
+        # Options added after configs of a class were hashed into step identities carry
+        # OMIT_WHEN_DEFAULT: left at their default they are not recorded, so old hashes stay.
+        values = dataclasses.asdict(self)
+        return {"type": self.type_name, **{f.name: values[f.name] for f in fields_to_record(self)}}
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> "OptimizerConfig":
@@ -196,6 +203,12 @@ class OptimizerConfig:
         them on): the rate of this step, given from outside instead of read from the schedule.
         """
         raise NotImplementedError
+
+    def evaluation_params(self, params: Any, opt_state: Any) -> Any:
+        """The parameters to evaluate and export after the steps that led to ``params`` and
+        ``opt_state``: the training iterate itself, except for optimizers (schedule-free) that
+        train at one point and evaluate at another."""
+        return params
 
     def _learning_rate(self, num_train_steps: int) -> optax.GradientTransformationExtraArgs:
         """The last link of every chain: scale by ``-learning_rate``, see :func:`scale_by_learning_rate`."""

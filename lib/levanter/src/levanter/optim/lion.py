@@ -3,11 +3,13 @@ correspondingly larger weight decay than AdamW."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optax
 
+from levanter.models.transformer import OMIT_WHEN_DEFAULT
 from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
+from levanter.optim.cautious import with_cautious_mask
 
 
 @OptimizerConfig.register("lion")
@@ -15,6 +17,8 @@ from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
 class LionConfig(OptimizerConfig):
     beta1: float = 0.9
     beta2: float = 0.99
+    # Cautious Lion (levanter.optim.cautious); omitted from the record while False.
+    cautious: bool = field(default=False, metadata=OMIT_WHEN_DEFAULT)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -24,9 +28,10 @@ class LionConfig(OptimizerConfig):
     def build(
         self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None, param_axes: ParamAxes | None = None
     ) -> optax.GradientTransformation:
+        scale = optax.scale_by_lion(b1=self.beta1, b2=self.beta2)
         return optax.chain(
             self._clipping(),
-            optax.scale_by_lion(b1=self.beta1, b2=self.beta2),
+            with_cautious_mask(scale, param_axes) if self.cautious else scale,
             self._decay(weight_decay_mask),
             self._learning_rate(num_train_steps),
         )

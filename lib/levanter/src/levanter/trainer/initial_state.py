@@ -53,13 +53,7 @@ def init_train_state(
     optimizer = optimizer_config.build(config.num_train_steps, weight_decay_mask=decay_mask, param_axes=param_axes)
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(optimizer.init, params)
-    opt_shardings = optax.tree_map_params(
-        optimizer,
-        lambda _, sharding: sharding,
-        abstract_opt,
-        param_shardings,
-        transform_non_params=lambda _: replicated,
-    )
+    opt_shardings = optimizer_state_shardings(abstract_opt, params, param_shardings, replicated)
     opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
     state = TrainState(
         step=jax.device_put(jnp.asarray(0, jnp.int32), replicated),
@@ -72,6 +66,28 @@ def init_train_state(
         state = with_reference(state, keep_reference)
     _log_parameter_counts(state)
     return state, static, optimizer
+
+
+def optimizer_state_shardings(abstract_opt: Any, params: Any, param_shardings: Any, replicated: NamedSharding) -> Any:
+    """A state array shaped like its parameter and kept under that parameter's path (Adam's
+    moments: ``[1].mu.<the parameter's path>``) is laid out like it; one of another shape (Adam-mini's
+    per-block second moment, SOAP's and Kron's per-matrix preconditioners) and the rest (step
+    counts) are replicated. Found by key paths, not ``optax.tree_map_params``, whose placeholder
+    parameters cannot pass through ``optax.partition``'s masked slots (Muon) or a state built from
+    the parameters' shapes (SOAP, Kron)."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    by_path = {tuple(path): (param.shape, sharding) for (path, param), sharding in zip(leaves, jax.tree.leaves(param_shardings))}
+
+    def sharding_of(path, leaf):
+        path = tuple(path)
+        for start in range(len(path)):  # the parameter's path is a contiguous run of the leaf's
+            for end in range(len(path), start, -1):
+                shape, sharding = by_path.get(path[start:end], (None, None))
+                if shape is not None and shape == leaf.shape:
+                    return sharding
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(sharding_of, abstract_opt)
 
 
 def with_reference(state: TrainState, keep_reference: bool) -> TrainState:

@@ -209,6 +209,7 @@ def build_step_functions(
     learning_rate_input: bool = False,
     objective: Objective | None = None,
     train_model_transform: Callable[[Any, jax.Array], Any] | None = None,
+    optimizer_needs_objective: bool = False,
 ) -> StepFunctions:
     """``static_model`` is the model's part that is neither trained nor frozen arrays
     (``eqx.partition``'s second half); the step builds the model from it, the state's ``params``
@@ -234,6 +235,11 @@ def build_step_functions(
     holds no number of the schedule, so runs that differ only in length or learning rate share one
     program (and JAX's persistent compilation cache finds it). Otherwise the step computes
     ``lr_schedule(step)`` itself, for any optax optimizer.
+
+    ``optimizer_needs_objective``: also hand ``optimizer.update`` this step's loss as a function of
+    the parameters (``obj_fn=``, see ``OptimizerConfig.needs_objective``): the whole batch's, or on
+    microbatched steps the first microbatch's times their number, so that a Hessian-vector product
+    of it holds no more activations than one microbatch's gradient.
     """
     num_devices = 1 if batch_sharding is None else len(batch_sharding.device_set)
     if objective is None:
@@ -253,6 +259,13 @@ def build_step_functions(
         return objective.loss(model, batch, context, normaliser, num_microbatches)
 
     grad_fn = jax.grad(objective_value, has_aux=True)
+
+    def loss_of_params(frozen, batch: DeviceBatch, context, normaliser, transform_key):
+        extra = (transform_key,) if train_model_transform is not None else ()
+        if num_microbatches > 1:
+            batch, context = jax.tree.map(lambda x: x[0], objective.split(batch, context, num_microbatches))
+            extra = tuple(jax.random.split(k, num_microbatches)[0] for k in extra)
+        return lambda params: num_microbatches * objective_value(params, frozen, batch, context, normaliser, *extra)[0]
 
     def step_with_rate(state: TrainState, batch: DeviceBatch, learning_rate: jax.Array | None):
         normaliser = objective.normaliser(batch)
@@ -286,8 +299,10 @@ def build_step_functions(
             (grads, sums), _ = jax.lax.scan(accumulate, init, micro)
 
         grad_norm = optax.tree.norm(grads)
-        given_rate = {} if learning_rate is None else {"learning_rate": learning_rate}
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **given_rate)
+        extra_args = {} if learning_rate is None else {"learning_rate": learning_rate}
+        if optimizer_needs_objective:
+            extra_args["obj_fn"] = loss_of_params(state.frozen, batch, context, normaliser, transform_key)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra_args)
         params = optax.apply_updates(state.params, updates)
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key, frozen=state.frozen)
         metrics = dict(objective.metrics(sums, normaliser, num_microbatches))

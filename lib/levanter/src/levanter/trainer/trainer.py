@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import jax
@@ -79,6 +79,8 @@ class TrainResult:
     metrics_path: str
     resumed_from: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    # The checkpoint resumed from without verifying its files (allow_unverified_checkpoints); None when verified.
+    unverified_checkpoint: str | None = None
 
 
 class Trainer:
@@ -144,6 +146,7 @@ class Trainer:
             keep_last=config.keep_last_checkpoints,
             keep_every=config.keep_every,
             asynchronous=asynchronous_checkpoints,
+            allow_unverified=config.allow_unverified_checkpoints,
         )
         self.batch_sharding = self._batch_sharding()
         self._peak_flops = peak_flops_per_device()
@@ -215,7 +218,8 @@ class Trainer:
         state, static, optimizer = self.init_state(init_model)
         resumed_from, state = self.checkpointer.restore_latest(state) or (None, state)
         if resumed_from is not None:
-            logger.info("Resumed from checkpoint step %d in %s.", resumed_from, self.checkpointer.directory)
+            unverified = "" if self.checkpointer.restored_unverified is None else " (unverified: it has no checksums)"
+            logger.info("Resumed from checkpoint step %d in %s%s.", resumed_from, self.checkpointer.directory, unverified)
         elif initialize is not None:
             fresh = state
             state = initialize(fresh)
@@ -237,6 +241,7 @@ class Trainer:
         cfg = self.config
         eval_sources = dict(eval_sources or {})
         state, static, optimizer, resumed_from = self.starting_state(init_model, initialize)
+        unverified_checkpoint = self.checkpointer.restored_unverified if resumed_from is not None else None
         start_step = int(state.step)
 
         lr_schedule = self.optimizer_config.lr_scheduler(cfg.num_train_steps)
@@ -255,6 +260,7 @@ class Trainer:
             learning_rate_input=True,
             objective=self.objective,
             train_model_transform=self.train_model_transform,
+            optimizer_needs_objective=self.optimizer_config.needs_objective,
         )
         self._steps = steps
         self._static = static
@@ -283,13 +289,16 @@ class Trainer:
             else:
                 logger.info("Nothing to train: checkpoint step %d already reaches num_train_steps.", start_step)
                 last_loss = _last_logged_loss(self.metrics_path)
-                eval_losses = self.evaluate(state.params, eval_sources, state.frozen)
+                eval_losses = self.evaluate(self.evaluation_params(state), eval_sources, state.frozen)
             self.raise_if_abandoned(int(state.step))
             if cfg.checkpoint_at_end:
                 trackers.flush()
                 self.checkpointer.save(int(state.step), state)
             self.checkpointer.wait()
-            trackers.log_summary({"final/train_loss": last_loss, **{f"final/eval/{k}/loss": v for k, v in eval_losses.items()}})
+            summary = {"final/train_loss": last_loss, **{f"final/eval/{k}/loss": v for k, v in eval_losses.items()}}
+            if unverified_checkpoint is not None:
+                summary["unverified_checkpoint"] = unverified_checkpoint
+            trackers.log_summary(summary)
         finally:
             trackers.close()
             if previous_handler is not None:
@@ -297,7 +306,7 @@ class Trainer:
 
         return TrainResult(
             state=state,
-            model=whole_model(state, static),
+            model=whole_model(replace(state, params=self.evaluation_params(state)), static),
             final_step=int(state.step),
             final_train_loss=last_loss,
             eval_losses=eval_losses,
@@ -306,6 +315,7 @@ class Trainer:
             metrics_path=self.metrics_path,
             resumed_from=resumed_from,
             history=history,
+            unverified_checkpoint=unverified_checkpoint,
         )
 
     def _install_sigterm_handler(self):
@@ -443,11 +453,16 @@ class Trainer:
     def _eval_hook(self, eval_sources: EvalSources, trackers, history, results: dict[str, float]) -> Hook:
         """Every ``eval_every`` steps and after the last; ``results`` keeps the latest losses."""
         return eval_hook(
-            lambda state: self.evaluate(state.params, eval_sources, state.frozen),
+            lambda state: self.evaluate(self.evaluation_params(state), eval_sources, state.frozen),
             trackers, history, results, every=self.config.eval_every,
         )
 
     # -- evaluation ------------------------------------------------------------------------------
+
+    def evaluation_params(self, state: TrainState) -> Any:
+        """The parameters evaluations, the returned model and exports use: the state's, unless the
+        optimizer trains at one point and evaluates at another (schedule-free)."""
+        return self.optimizer_config.evaluation_params(state.params, state.opt_state)
 
     def evaluate(self, params, eval_sources: EvalSources, frozen: FrozenArrays | None = None) -> dict[str, float]:
         """Mean next-token loss over the masked-in positions of each eval set."""
