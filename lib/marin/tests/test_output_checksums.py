@@ -178,3 +178,26 @@ def test_moved_prefix_keeps_reading_its_checked_outputs(tmp_path):
     moved = StepRunner(prefix=str(tmp_path / "moved"))
     again = quality_filtered("curated/again", curated, gopher=None, backend="inline")
     assert not moved.run([again]).failed
+
+
+def test_the_engine_leaves_checkpoints_and_token_cache_shards_to_their_own_checksums(tmp_path):
+    from levanter.trainer.checkpoint_manifest import MANIFEST_NAME as CHECKPOINT_MANIFEST
+    from marin.execution.step_ownership import SELF_CHECKED_MARKERS
+    from marin.execution.step_spec import StepSpec
+    from zephyr.token_cache.layout import SHARD_SUMMARY_NAME
+
+    assert set(SELF_CHECKED_MARKERS) == {CHECKPOINT_MANIFEST, SHARD_SUMMARY_NAME}
+
+    def writes_a_checkpoint(ctx):
+        step = Path(ctx.output_path) / "checkpoints" / "step-3"
+        step.mkdir(parents=True)
+        (step / "arrays").write_bytes(b"\1" * 32)
+        (step / CHECKPOINT_MANIFEST).write_text("{}")
+        (Path(ctx.output_path) / "eval.json").write_text("{}")
+        return {}
+
+    runner = StepRunner(prefix=str(tmp_path / "prefix"))
+    spec = StepSpec("trains", writes_a_checkpoint)
+    assert not runner.run([spec]).failed
+    manifest = json.loads((Path(runner.output_path_for(spec)) / MANIFEST_NAME).read_text())
+    assert sorted(manifest["files"]) == ["eval.json"]

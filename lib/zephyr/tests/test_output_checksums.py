@@ -99,3 +99,24 @@ def test_a_missing_file_and_a_damaged_manifest_are_named(tmp_path):
     (root / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(OutputChangedError, match=r"\.output_checksums\.json: the step's record of its output files cannot be read"):
         list(read_text(str(root / "deep" / "er" / "notes.txt")))
+
+
+def test_folders_that_carry_their_own_checksums_are_left_out_of_the_manifest(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "part-0.jsonl").write_text('{"text": "a"}\n')
+    shard = tmp_path / "cache" / "train" / "shard-00000"
+    shard.mkdir(parents=True)
+    (shard / "tokens.bin").write_bytes(b"\0" * 64)
+    (shard / "shard.json").write_text("{}")
+    checkpoint = tmp_path / "checkpoints" / "step-10"
+    (checkpoint / "state").mkdir(parents=True)
+    (checkpoint / "state" / "params").write_bytes(b"\1" * 64)
+    (checkpoint / "checksums.json").write_text("{}")
+    (tmp_path / "checkpoints" / "metrics.jsonl").write_text("{}\n")  # beside the marked folder: still recorded
+
+    recorded = write_checksums(str(tmp_path), self_checked=("checksums.json", "shard.json"))
+
+    assert sorted(recorded) == ["checkpoints/metrics.jsonl", "data/part-0.jsonl"]
+    assert sorted(write_checksums(str(tmp_path))) == [
+        "cache/train/shard-00000/shard.json", "cache/train/shard-00000/tokens.bin", "checkpoints/metrics.jsonl",
+        "checkpoints/step-10/checksums.json", "checkpoints/step-10/state/params", "data/part-0.jsonl"]

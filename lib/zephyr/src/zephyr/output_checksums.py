@@ -24,7 +24,8 @@ step does not hash the others. ``bench/output_checksums.py`` measures the cost.
 
 Folders without a manifest (outputs of steps committed before manifests were written, and every
 input that is no step's output) read as before, unchecked and silently. A file the manifest does not
-list is not checked either.
+list is not checked either; nor are folders whose files carry checksums of their own (checkpoints,
+token-cache shards), which the engine names when it commits (``self_checked``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import json
 import posixpath
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import IO
 
@@ -94,9 +96,35 @@ def _checksums(folder: str, names: list[str]) -> list[RecordedFile]:
         return list(pool.map(file_checksum, urls))
 
 
-def write_checksums(folder: str) -> dict[str, RecordedFile]:
-    """Hash every recorded file under ``folder`` into ``<folder>/.output_checksums.json`` (atomically)."""
+def _under_self_checked(names: list[str], markers: Collection[str]) -> set[str]:
+    """The names that lie in a folder holding one of ``markers`` (at any depth below it)."""
+    marked = {posixpath.dirname(name) for name in names if posixpath.basename(name) in markers}
+    if not marked:
+        return set()
+
+    def covered(name: str) -> bool:
+        folder = posixpath.dirname(name)
+        while True:
+            if folder in marked:
+                return True
+            if not folder:
+                return False
+            folder = posixpath.dirname(folder)
+
+    return {name for name in names if covered(name)}
+
+
+def write_checksums(folder: str, *, self_checked: Collection[str] = ()) -> dict[str, RecordedFile]:
+    """Hash every recorded file under ``folder`` into ``<folder>/.output_checksums.json`` (atomically).
+
+    ``self_checked``: names of the files that mark a folder whose files carry checksums of their own,
+    which their own reader verifies (a checkpoint's manifest, a token-cache shard's summary). Such a
+    folder is left out: hashing it again would read gigabytes at every commit (a second download on an
+    object store) for no check that is not already made.
+    """
     names = [name for name in fsx.find_files(folder) if is_recorded_name(name)]
+    covered = _under_self_checked(names, self_checked)
+    names = [name for name in names if name not in covered]
     files = dict(zip(names, _checksums(folder, names)))
     record = {"algorithm": ALGORITHM,
               "files": {name: {"size": entry.size, "sha256": entry.sha256} for name, entry in files.items()}}

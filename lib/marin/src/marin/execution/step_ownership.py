@@ -45,6 +45,7 @@ from rigging.fencing import Fence, FencedOff, Snapshot, claim, read_snapshot, wr
 from rigging.lease import Lease, ProcessIdentity
 from rigging.log import get_logger
 from zephyr.output_checksums import write_checksums
+from zephyr.token_cache.layout import SHARD_SUMMARY_NAME
 
 from marin.execution.artifact import save_artifact
 from marin.execution.executor_files import INFO_FILE, LOCK_FILE, STATUS_FILE, STATUS_RUNNING, STATUS_SUCCESS, StatusRecord, status_from_dict, status_url
@@ -52,6 +53,11 @@ from marin.execution.executor_files import INFO_FILE, LOCK_FILE, STATUS_FILE, ST
 logger = get_logger("marin.execution.step_runner")
 
 STAGING_FOLDER = ".staging"
+# Files that mark a folder of an output whose files carry checksums of their own, verified by their own
+# reader: a levanter checkpoint's manifest (levanter.trainer.checkpoint_manifest.MANIFEST_NAME, named
+# here rather than imported: the engine does not load JAX) and a token-cache shard's summary. The
+# commit's manifest leaves them out (zephyr.output_checksums.write_checksums).
+SELF_CHECKED_MARKERS = ("checksums.json", SHARD_SUMMARY_NAME)
 EXECUTIONS_FOLDER = ".executions"
 
 
@@ -125,7 +131,8 @@ class Execution:
         """
         save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix, staged_in=self.work_path)
         self.check()
-        write_checksums(self.work_path)  # moved in with the output, so a committed step always has its manifest
+        # Moved in with the output, so a committed step always has its manifest.
+        write_checksums(self.work_path, self_checked=SELF_CHECKED_MARKERS)
         clear_stale_entries(self.output_path, self.staging)
         self.write(committing=True)  # the commit point: from here on anyone may finish the move
         promote(self.output_path, self.staging)
