@@ -277,3 +277,44 @@ def test_logs_refuses_a_fifo_replica_log_and_prints_the_other_replicas(tmp_path,
     assert answered(lambda: main(["logs", "train/x", "--prefix", prefix])) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:] == [f"--- replica 0: {log} is refused: not a regular file (a FIFO)", "--- replica 1", "replica one"]
+
+
+def test_a_fifo_metrics_file_is_shown_refused_and_the_other_runs_are_charted(tmp_path, fifos):
+    prefix = str(tmp_path / "prefix")
+    good = _step(prefix, "checkpoints/good-00000000")
+    fsx.atomic_write(fsx.join(good, "metrics.jsonl"), json.dumps({"step": 1, "loss": 2.5}) + "\n")
+    bad = _step(prefix)
+    fifos(os.path.join(bad, "metrics.jsonl"))
+    client = _client(prefix)
+    page = answered(lambda: client.get("/runs", params={"run": ["checkpoints/good-00000000", STEP]}))
+    assert page.status_code == 200
+    assert f"{bad}/metrics.jsonl is refused: not a regular file (a FIFO)" in page.text
+    assert "Not charted: " in page.text and "good" in page.text and "2.5" in page.text
+
+
+def test_comparing_versions_follows_no_record_out_of_the_prefix(tmp_path):
+    prefix, outside = tmp_path / "prefix", tmp_path / "outside"
+
+    def record(folder, identity: str, attrs: dict, deps: list) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".executor_info").write_text(json.dumps({"name": folder.name.rsplit("-", 1)[0], "identity": identity,
+                                                           "version": "v1", "hash_attrs": attrs, "deps": deps}))
+        (folder / ".executor_status").write_text(json.dumps({"status": "SUCCESS", "time": time.time()}))
+
+    record(outside / "data-aaaaaaaa", "a" * 64, {"secret_setting": "outside-a"}, [])
+    record(outside / "data-bbbbbbbb", "b" * 64, {"secret_setting": "outside-b"}, [])
+    for short, dep in (("11111111", "data-aaaaaaaa"), ("22222222", "data-bbbbbbbb")):
+        record(prefix / "train" / f"run-{short}", short * 8, {"lr": short},
+               [{"name": "data", "identity": dep[-8:] * 8, "output_path": str(outside / dep)}])
+    client = _client(str(prefix))
+
+    answer = answered(lambda: client.get("/api/step", params={"path": "train/run-11111111", "compare": "train/run-22222222"}))
+    differences = answer.json()["differences"]
+    assert any("hash_attrs.lr changed" in line for line in differences)
+    assert any("-> data: identity changed aaaaaaaa -> bbbbbbbb" in line for line in differences)
+    assert not any("outside-" in line for line in differences), differences
+
+    os.symlink(outside / "data-bbbbbbbb", prefix / "train" / "run-33333333")
+    linked = answered(lambda: client.get("/api/step", params={"path": "train/run-11111111", "compare": "train/run-33333333"}))
+    assert linked.status_code in (400, 422) and "outside" in linked.json()["message"], linked.json()
+    assert "outside-b" not in linked.text

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rigging.regular_files import stays_within
+
 from marin.execution.executor_files import read_info, recorded_dependency_paths
 
 MAX_DEPTH = 32
@@ -83,9 +85,14 @@ def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[
     return lines
 
 
-def identity_differences(path_a: str, path_b: str, *, depth: int = 0, where: str = "") -> list[str]:
-    """Human-readable differences between two steps' identities, following changed dependencies."""
-    info_a, info_b = read_info(path_a, strict=True), read_info(path_b, strict=True)
+def identity_differences(path_a: str, path_b: str, *, depth: int = 0, where: str = "",
+                         within: str | None = None) -> list[str]:
+    """Human-readable differences between two steps' identities, following changed dependencies.
+
+    ``within``: a folder every record read must lie in once links are followed (the web view's
+    prefix); a changed dependency outside it is reported by its identity, not followed.
+    """
+    info_a, info_b = read_info(path_a, strict=True, within=within), read_info(path_b, strict=True, within=within)
     if info_a is None or info_b is None:
         missing = path_a if info_a is None else path_b
         return [f"{where or 'step'}: no .executor_info at {missing}"]
@@ -114,8 +121,9 @@ def identity_differences(path_a: str, path_b: str, *, depth: int = 0, where: str
         elif deps_a[name].get("identity") != deps_b[name].get("identity"):
             a, b = deps_a[name], deps_b[name]
             header = f"{label} -> {name}"
-            if depth < MAX_DEPTH and a.get("output_path") and b.get("output_path"):
-                nested = identity_differences(a["output_path"], b["output_path"], depth=depth + 1, where=header)
+            followed = [a.get("output_path"), b.get("output_path")]
+            if depth < MAX_DEPTH and all(followed) and (within is None or all(stays_within(within, p) for p in followed)):
+                nested = identity_differences(*followed, depth=depth + 1, where=header, within=within)
             else:
                 nested = []
             differences.extend(nested or [f"{header}: identity changed {str(a.get('identity'))[:8]} -> {str(b.get('identity'))[:8]}"])

@@ -145,8 +145,14 @@ def create_app(prefix: str) -> FastAPI:
              y: str = "linear", xmin: float | None = None, xmax: float | None = None) -> str:
         training = newest_first([row for row in list_rows(prefix) if is_training_run(prefix, row)])
         selected = [clean_relative(r) for r in run] or [row.path for row in training[:DEFAULT_RUNS]]
-        series = {path: run_metrics(prefix, path) for path in selected}
-        extras = {path: run_extras(prefix, path) for path in selected}
+        series, extras = {}, {}
+        for path in selected:
+            extras[path] = run_extras(prefix, path)
+            try:
+                series[path] = run_metrics(prefix, path)
+            except UnreadableError as exc:  # one run's refused metrics file: shown, the others still charted
+                series[path] = {}
+                extras[path]["problem"] = str(exc)
         zoom = (min(xmin, xmax), max(xmin, xmax)) if xmin is not None and xmax is not None else None
         view = pages.ChartView(smoothing=min(max(smooth, 0.0), 0.99), x_axis="tokens" if x == "tokens" else "step",
                                log_y=y == "log", x_range=zoom)

@@ -275,6 +275,8 @@ def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str,
     parts.append(f'<div class="charts">{"".join(charts)}</div><script>{CHART_SCRIPT}</script>')
     for path in selected:
         extra = extras.get(path) or {}
+        if extra.get("problem"):
+            parts.append(f"<h3>Not charted: {escape(names.get(path, path))}</h3>{_problems_html((extra['problem'],))}")
         if extra.get("samples"):
             parts.append(f"<h3>Samples: {escape(names.get(path, path))}</h3>"
                          + "".join(f'<pre class="sample">{escape(s)}</pre>' for s in extra["samples"]))

@@ -212,6 +212,6 @@ def list_files(folder: str) -> list[dict[str, Any]]:
 def version_differences(prefix: str, path_a: str, path_b: str) -> list[str]:
     """``marin explain``-style differences between two outputs (identity records) under the prefix."""
     try:
-        return identity_differences(step_folder(prefix, path_a), step_folder(prefix, path_b))
+        return identity_differences(step_folder(prefix, path_a), step_folder(prefix, path_b), within=prefix)
     except CorruptRecordError as exc:
         raise UnreadableError(str(exc)) from exc
