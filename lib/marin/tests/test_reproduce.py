@@ -96,10 +96,37 @@ def _folder(prefix: str, name: str) -> Path:
     return folder
 
 
-def _as_if_the_step_wrote_it(folder: Path) -> None:
+def _as_if_the_step_wrote_it(folder: Path | str) -> None:
     """Record the checksums of the folder's files as they are now: an original that really differs from
-    its rerun, rather than one changed after it was committed (which reproduce refuses)."""
-    write_checksums(str(folder))
+    its rerun, rather than one changed after it was committed (which reproduce refuses). Three records:
+    each checkpoint's manifest, each token cache's checksums (shard summaries and ledger), and the
+    step's own manifest of the rest."""
+    from levanter.trainer.checkpoint_manifest import MANIFEST_NAME as CHECKPOINT_MANIFEST
+    from levanter.trainer.checkpoint_manifest import write_manifest
+    from levanter.trainer.checkpoint_staging import COMMIT_MARKER
+    from marin.execution.step_ownership import SELF_CHECKED_MARKERS
+    from zephyr.token_cache.layout import CHECKSUM_ALGORITHM, LEDGER_NAME, SHARD_SUMMARY_NAME, new_hasher
+
+    def digest(url: str) -> str:
+        with fsx.open_url(url, "rb") as handle:
+            return f"{CHECKSUM_ALGORITHM}:{new_hasher(handle.read()).hexdigest()}"
+
+    folder = str(folder)
+    names = fsx.find_files(folder)
+    for name in names:
+        parent, base = name.rsplit("/", 1) if "/" in name else ("", name)
+        if base == CHECKPOINT_MANIFEST:
+            write_manifest(fsx.join(folder, parent), exclude=(COMMIT_MARKER,))
+        elif base == LEDGER_NAME:
+            cache = fsx.join(folder, parent)
+            ledger = json.loads(fsx.read_text(fsx.join(cache, LEDGER_NAME)))
+            for shard in ledger["shards"]:
+                shard["checksums"] = {file: digest(fsx.join(cache, shard["path"], file)) for file in shard["checksums"]}
+                summary_url = fsx.join(cache, shard["path"], SHARD_SUMMARY_NAME)
+                summary = json.loads(fsx.read_text(summary_url))
+                fsx.atomic_write(summary_url, json.dumps({**summary, "checksums": shard["checksums"]}))
+            fsx.atomic_write(fsx.join(cache, LEDGER_NAME), json.dumps(ledger))
+    write_checksums(folder, self_checked=SELF_CHECKED_MARKERS)
 
 
 def test_tokenize_and_train_steps_reproduce_bit_identically_and_leave_the_original_alone(trained, capsys, tmp_path):
@@ -288,8 +315,9 @@ def test_reproduce_on_object_storage_reads_and_writes_only_urls(s3_prefix, train
     tokens[0] ^= 1  # the first token of record 0
     fsx.atomic_write(tokens_url, bytes(tokens))
     code, _, err = _reproduce(capsys, str(script), "tokenized/stories", "--prefix", s3_prefix, "--scratch", scratch)
-    assert code == 2 and f"{tokens_url}: its sha256 is" in err and "the output was changed after the step finished" in err
-    write_checksums(folder)  # as if the step had written these bytes: then the comparison names the record
+    # The cache is left out of the step's manifest (it carries checksums of its own): its own check names the file.
+    assert code == 2 and "tokens.bin" in err and "the output was changed after the step finished" in err, err
+    _as_if_the_step_wrote_it(folder)  # as if the step had written these bytes: then the comparison names the record
     code, out, _ = _reproduce(capsys, str(script), "tokenized/stories", "--prefix", s3_prefix, "--scratch", scratch)
     assert code == 1
     assert "first difference in validation/shard-00000: record 0 (record 0 of the cache validation/) differs: its token 0" in out

@@ -35,6 +35,7 @@ from typing import Any
 
 from rigging import filesystem as fsx
 from zephyr.output_checksums import MANIFEST_NAME
+from zephyr.token_cache.layout import LEDGER_NAME
 
 from marin.execution.artifact import load_artifact
 from marin.execution.executor_files import ARTIFACT_FILE, INFO_FILE, LOCK_FILE, STATUS_FILE
@@ -163,7 +164,7 @@ def compare_outputs(placement: Placement, *, stop_at_first: bool = True) -> Outp
     normalize = placement.normalizer()
     units = _units(compared)
     newest = _newest_checkpoints(units, original_names, rerun_names)
-    for unit, (kind, members) in sorted(units.items()):
+    for unit, (kind, members) in sorted(units.items(), key=_comparison_order):
         unit_a, unit_b = fsx.join(original, unit), fsx.join(rerun, unit)
         in_a = {m for m in members if (f"{unit}/{m}" if kind != "file" else m) in original_names}
         in_b = {m for m in members if (f"{unit}/{m}" if kind != "file" else m) in rerun_names}
@@ -182,6 +183,13 @@ def compare_outputs(placement: Placement, *, stop_at_first: bool = True) -> Outp
             if stop_at_first:
                 break
     return comparison
+
+
+def _comparison_order(item: tuple[str, tuple[str, set[str]]]) -> tuple[bool, str]:
+    """By path, but a token cache's ledger after its shards: it summarises them (their sizes and
+    checksums), so a changed record changes it too, and the record is the difference worth naming."""
+    unit = item[0]
+    return unit.rsplit("/", 1)[-1] == LEDGER_NAME, unit
 
 
 def _newest_checkpoints(units: dict[str, tuple[str, set[str]]], original: set[str], rerun: set[str]) -> set[str]:

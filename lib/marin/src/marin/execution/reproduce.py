@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -224,10 +225,37 @@ def _check_unchanged(spec: StepSpec, original: str) -> None:
     """Refuse an original whose files are not what the step recorded when it committed them: a
     comparison would blame the rerun for a change made since. (A step committed before checksums
     were recorded is compared as it is.)"""
-    changed = changed_files(original) or []
+    changed = [str(error) for error in changed_files(original) or []] + _self_checked_problems(original)
     if changed:
         more = f" ({len(changed) - 1} more files changed too)" if len(changed) > 1 else ""
         raise ReproduceError(f"Step {spec.name!r} cannot be reproduced: {changed[0]}{more}.")
+
+
+def _self_checked_problems(original: str) -> list[str]:
+    """What the output's token caches and checkpoints, which carry checksums of their own (and are
+    left out of the step's manifest), say of their files: each checked by its own reader."""
+    from levanter.trainer.checkpoint_manifest import MANIFEST_NAME as CHECKPOINT_MANIFEST
+    from levanter.trainer.checkpoint_manifest import verify_manifest
+    from levanter.trainer.checkpoint_staging import COMMIT_MARKER
+    from zephyr.token_cache.errors import CorruptTokenCacheError
+    from zephyr.token_cache.layout import LEDGER_NAME
+    from zephyr.token_cache.reader import TokenCache
+
+    problems: list[str] = []
+    for name in sorted(fsx.find_files(original)):
+        if any(part.startswith(".") for part in name.split("/")):
+            continue
+        folder, base = posixpath.split(name)
+        if base == LEDGER_NAME:
+            try:
+                TokenCache.open(fsx.join(original, folder))  # checks every file against the cache's checksums
+            except CorruptTokenCacheError as exc:
+                problems.append(f"{exc}; the output was changed after the step finished")
+        elif base == CHECKPOINT_MANIFEST:
+            step = fsx.join(original, folder)
+            problems.extend(f"{fsx.join(step, problem)}; the output was changed after the step finished"
+                            for problem in verify_manifest(step, exclude=(COMMIT_MARKER,)).problems)
+    return problems
 
 
 def _inputs(spec: StepSpec, original: str, runner: StepRunner) -> dict[str, str]:
