@@ -3,6 +3,7 @@
     source .venv/bin/activate   # once per shell, from the repository root
     marin run experiments/tutorials/train_tiny_model.py
     marin run experiments/tutorials/train_tiny_model.py --set train.optimizer.learning_rate=6e-3
+    marin run experiments/tutorials/train_tiny_model.py --set train.optimizer.type=lion
 
 The training settings are read with ``script_config``, so ``marin run --set train.KEY=VALUE`` (or
 ``--config train=FILE.yaml``) changes them from the command line; the defaults are the tutorial's.
@@ -11,7 +12,7 @@ The training settings are read with ``script_config``, so ``marin run --set trai
 from dataclasses import dataclass, field
 
 from fray.cluster import ResourceConfig
-from levanter.optim import AdamConfig
+from levanter.optim import AdamConfig, OptimizerConfig
 from marin.execution.lazy import lower
 from marin.execution.step_runner import StepRunner
 from marin.experiment.config import script_config
@@ -24,7 +25,8 @@ from experiments.marin_tokenizer import marin_tokenizer
 
 @dataclass(frozen=True)
 class TrainSettings:
-    optimizer: AdamConfig = field(default_factory=lambda: AdamConfig(learning_rate=6e-4, weight_decay=0.1))
+    # Any registered optimizer: a settings file picks one with `optimizer: {type: muon, ...}`.
+    optimizer: OptimizerConfig = field(default_factory=lambda: AdamConfig(learning_rate=6e-4, weight_decay=0.1))
     batch_size: int = 4
     seq_len: int = 2048
     num_train_steps: int = 100

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import pytest
 
 from marin import cli
+from levanter.optim import AdamConfig, LionConfig, MuonConfig, OptimizerConfig
 from marin.experiment.config import ConfigError, apply_overrides, dump_config, load_config, script_config
 
 
@@ -389,3 +390,65 @@ def test_a_fifo_as_the_config_file_is_refused_without_waiting_for_a_writer(setti
                            "--config", "train=fifo.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "Config file fifo.yaml is not a regular file (a FIFO)" in _one_line_refusal(done.stderr)
+
+
+# -- a family of configs chosen by name (optimizers) ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithOptimizer:
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=lambda: AdamConfig(learning_rate=6e-4, weight_decay=0.1))
+
+
+def test_a_type_key_chooses_the_optimizer_and_dumped_settings_read_back(tmp_path):
+    path = tmp_path / "muon.yaml"
+    path.write_text("optimizer:\n  type: muon\n  learning_rate: 0.02\n  adam_learning_rate: 3e-3\n")
+    settings = load_config(_WithOptimizer, str(path))
+    assert settings.optimizer == MuonConfig(learning_rate=0.02, adam_learning_rate=3e-3)
+    assert "type: muon" in dump_config(settings)
+    (tmp_path / "dumped.yaml").write_text(dump_config(settings))
+    assert load_config(_WithOptimizer, str(tmp_path / "dumped.yaml")) == settings
+
+
+OPTIMIZER_SCRIPT = """
+import os
+from marin.experiment.config import dump_config, script_config
+from test_experiment_config import _WithOptimizer
+
+with open(os.environ["SETTINGS_OUT"], "w") as out:
+    out.write(dump_config(script_config(_WithOptimizer, "opt")))
+"""
+
+
+def test_a_config_file_with_another_type_replaces_the_default_and_one_without_updates_it(tmp_path, monkeypatch):
+    script = tmp_path / "opt_script.py"
+    script.write_text(OPTIMIZER_SCRIPT)
+    monkeypatch.setenv("SETTINGS_OUT", str(tmp_path / "out.yaml"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    (tmp_path / "lion.yaml").write_text("optimizer:\n  type: lion\n  learning_rate: 1e-4\n")
+    (tmp_path / "adam.yaml").write_text("optimizer:\n  beta2: 0.99\n")
+
+    def settings_after(config_file: str) -> _WithOptimizer:
+        assert cli.main(["run", str(script), "--prefix", str(tmp_path / "prefix"), "--config", f"opt={config_file}"]) == 0
+        return load_config(_WithOptimizer, str(tmp_path / "out.yaml"))
+
+    # Another member is built anew from the file: AdamConfig's weight decay is not carried over.
+    assert settings_after(str(tmp_path / "lion.yaml")).optimizer == LionConfig(learning_rate=1e-4)
+    assert settings_after(str(tmp_path / "adam.yaml")).optimizer == AdamConfig(6e-4, 0.1, beta2=0.99)
+
+
+def test_set_type_switches_the_optimizer_keeping_the_shared_settings():
+    switched = apply_overrides(_WithOptimizer(), ["optimizer.type=lion", "optimizer.beta2=0.98"])
+    assert switched.optimizer == LionConfig(learning_rate=6e-4, weight_decay=0.1, beta2=0.98)
+
+
+def test_an_unknown_or_missing_optimizer_type_is_refused_naming_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match=r"'optimizer.type': 'sgd' is not a OptimizerConfig; choose one of .*adam.*muon"):
+        apply_overrides(_WithOptimizer(), ["optimizer.type=sgd"])
+    untyped = tmp_path / "untyped.yaml"
+    untyped.write_text("optimizer:\n  learning_rate: 0.02\n")
+    with pytest.raises(ConfigError, match=r"optimizer needs a 'type' key naming which OptimizerConfig \(one of .*adam"):
+        load_config(_WithOptimizer, str(untyped))
+    narrow = dataclasses.make_dataclass("Narrow", [("optimizer", AdamConfig)], frozen=True)
+    with pytest.raises(ConfigError, match=r"'muon' is not a AdamConfig; choose one of adam"):
+        apply_overrides(narrow(AdamConfig(1e-3)), ["optimizer.type=muon"])

@@ -12,7 +12,11 @@ its fields as usual, so only the values that changed move a step's identity.
 Values are parsed as YAML (``3``, ``0.01``, ``true``, ``null``, ``[a, b]``, ``{x: 1}``) and then
 converted to the field's type: ``int``, ``float`` (an int or ``1e-3`` is accepted), ``bool``,
 ``str`` (the text as written), ``Optional``/unions, enums (by value or name), ``Literal``,
-tuples, lists, dicts and nested dataclasses (from a mapping). An unknown key is refused naming the
+tuples, lists, dicts and nested dataclasses (from a mapping). A field whose type is a family of
+configs with a registry (``OptimizerConfig``: a base with ``registered()``, each member naming
+itself by ``type_name``) takes a ``type:`` key choosing the member (``optimizer: {type: muon,
+learning_rate: 0.02}``; ``--set optimizer.type=lion`` switches the member and keeps the fields they
+share), and :func:`dump_config` writes that key. An unknown key is refused naming the
 closest field names; a value of the wrong type is refused naming the field and its type, and so is
 a value a nested config's own check refuses (``optimizer.learning_rate=-1``).
 
@@ -146,7 +150,9 @@ def _set_path(config: Any, path: list[str], value: Any, text: str | None, key: s
         raise ConfigError(f"Cannot set {key!r}: {done!r} is {config!r}, not a config with fields.")
     name, rest = path[0], path[1:]
     tp = _field_type(type(config), name, key)
-    if rest:
+    if rest == [TYPE_KEY] and _registry_of(_dataclass_in(tp)) is not None:  # another member of the family
+        new = _switched(getattr(config, name), _parse_type(_dataclass_in(tp), value, key), key)
+    elif rest:
         new = _set_path(getattr(config, name), rest, value, text, key)
     else:
         new = _convert(tp, value, key, text)
@@ -160,8 +166,11 @@ def _merge(config: Any, mapping: Mapping[str, Any], where: str, path: str = "") 
         key = f"{path}{name}"
         tp = _field_type(type(config), str(name), f"{where}: {key}")
         current = getattr(config, name)
-        if isinstance(value, Mapping) and dataclasses.is_dataclass(current):
-            changes[name] = _merge(current, value, where, f"{key}.")
+        member = _member_named(tp, value, f"{where}: {key}")
+        if member is not None and not isinstance(current, member):  # another member: built anew from the mapping
+            changes[name] = _from_mapping(member, _without_type(value), where, f"{key}.")
+        elif isinstance(value, Mapping) and dataclasses.is_dataclass(current):
+            changes[name] = _merge(current, _without_type(value), where, f"{key}.")
         else:
             changes[name] = _convert(tp, value, f"{where}: {key}")
     return _checked(lambda: dataclasses.replace(config, **changes), [f"{where}: {path}{name}" for name in changes])
@@ -179,13 +188,19 @@ def _checked(build: Any, keys: Sequence[str]) -> Any:
 
 
 def _from_mapping(cls: type, mapping: Mapping[str, Any], where: str, path: str = "") -> Any:
+    members = _registry_of(cls)
+    if members is not None and not getattr(cls, "type_name", ""):
+        at = path.rstrip(".") or cls.__name__
+        raise ConfigError(f"{where}: {at} needs a {TYPE_KEY!r} key naming which {cls.__name__} "
+                          f"(one of {', '.join(sorted(members))}).")
     fields = _fields(cls)
     kwargs = {}
     for name, value in mapping.items():
         key = f"{path}{name}"
         tp = _field_type(cls, str(name), f"{where}: {key}")
         if isinstance(value, Mapping) and _dataclass_in(tp) is not None:
-            kwargs[name] = _from_mapping(_dataclass_in(tp), value, where, f"{key}.")
+            member = _member_named(_dataclass_in(tp), value, f"{where}: {key}") or _dataclass_in(tp)
+            kwargs[name] = _from_mapping(member, _without_type(value), where, f"{key}.")
         else:
             kwargs[name] = _convert(tp, value, f"{where}: {key}")
     try:
@@ -194,6 +209,55 @@ def _from_mapping(cls: type, mapping: Mapping[str, Any], where: str, path: str =
         missing = [name for name in fields if name not in kwargs]
         raise ConfigError(f"{where}: cannot build {cls.__name__}{' at ' + path.rstrip('.') if path else ''} "
                           f"({exc}); fields not given: {', '.join(missing) or 'none'}.") from exc
+
+
+# -- families of configs chosen by name (``type:``) ---------------------------------------------------
+
+TYPE_KEY = "type"
+
+
+def _registry_of(cls: Any) -> dict[str, type] | None:
+    """``{name: member}`` when ``cls`` belongs to a family of configs with a registry, else None."""
+    registered = getattr(cls, "registered", None)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and callable(registered)):
+        return None
+    members = registered()
+    return members if isinstance(members, dict) else None
+
+
+def _parse_type(declared: type, name: Any, key: str) -> type:
+    """The member of ``declared``'s family named ``name``; a ConfigError listing the choices otherwise."""
+    members = {n: m for n, m in (_registry_of(declared) or {}).items() if issubclass(m, declared)}
+    if name not in members:
+        raise ConfigError(f"Bad value for {key!r}: {name!r} is not a {declared.__name__}; "
+                          f"choose one of {', '.join(sorted(members))}.")
+    return members[name]
+
+
+def _member_named(declared: Any, value: Any, key: str) -> type | None:
+    """The member a mapping's ``type:`` names, for a field declared as a family of configs; None when the
+    field is no such family or the mapping names none."""
+    if not isinstance(value, Mapping) or TYPE_KEY not in value or _registry_of(declared) is None:
+        return None
+    return _parse_type(declared, value[TYPE_KEY], f"{key}.{TYPE_KEY}")
+
+
+def _without_type(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return {k: v for k, v in value.items() if k != TYPE_KEY}
+
+
+def _switched(config: Any, member: type, key: str) -> Any:
+    """``config`` as ``member``: the fields both have keep their values, the others take their defaults."""
+    if type(config) is member:
+        return config
+    shared = {f.name for f in dataclasses.fields(member) if f.init}
+    kept = {} if config is None else {
+        f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name in shared}
+    try:
+        return _checked(lambda: member(**kept), [key])
+    except TypeError as exc:
+        raise ConfigError(f"Cannot set {key!r}: {member.__name__} needs fields the setting does not carry ({exc}); "
+                          f"give them in a config file with {TYPE_KEY!r}.") from None
 
 
 def _dataclass_in(tp: Any) -> type | None:
@@ -282,7 +346,9 @@ def _try_convert(tp: Any, value: Any, key: str, text: str | None) -> Any:
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if isinstance(value, tp):
             return value
-        return _from_mapping(tp, value, key) if isinstance(value, Mapping) else _MISSING
+        if not isinstance(value, Mapping):
+            return _MISSING
+        return _from_mapping(_member_named(tp, value, key) or tp, _without_type(value), key)
     if isinstance(tp, type):
         return value if isinstance(value, tp) else _MISSING
     raise ConfigError(f"Cannot set {key!r}: its type {_type_name(tp)} is not one settings support.")
@@ -290,7 +356,9 @@ def _try_convert(tp: Any, value: Any, key: str, text: str | None) -> Any:
 
 def _to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        plain = {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        named = getattr(type(value), "type_name", "") if _registry_of(type(value)) is not None else ""
+        return {TYPE_KEY: named, **plain} if named else plain
     if isinstance(value, enum.Enum):
         return _to_plain(value.value)
     if isinstance(value, (list, tuple)):
