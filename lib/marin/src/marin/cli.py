@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "marin.generate",  # generate
     "marin.reports.cli",  # report
     "marin.serve.cli",  # serve
+    "marin.model_server.cli",  # serve-model
     "marin.slurm_command",  # slurm start, stop, status
 ]
 

@@ -143,27 +143,12 @@ def locate_model(checkpoint_or_step: str, prefix: str | None = None) -> ModelLoc
     raise ModelNotFoundError(_no_model_message(folders[0]))
 
 
-def generate(
-    checkpoint_or_step: str,
-    prompts: Sequence[str],
-    sampling: Any = None,
-    *,
-    prefix: str | None = None,
-    tokenizer: str | None = None,
-    chat: bool = False,
-    chat_template: str | None = None,
-) -> list[str]:
-    """Each prompt followed by its sampled continuation, from the model CHECKPOINT-OR-STEP names.
-
-    ``sampling`` is a :class:`levanter.inference.SamplingConfig` (default: its defaults).
-    ``chat``: each prompt is a user's message; it is rendered with the chat template (the
-    tokenizer's own, else ``chat_template``'s, else ChatML, as ``chat_dataset`` chose when the
-    model was fine-tuned) with the assistant's turn opened, and the result is the reply alone, up
-    to the template's end of turn.
-    """
+def load_model_and_tokenizer(checkpoint_or_step: str, *, prefix: str | None = None,
+                             tokenizer: str | None = None) -> tuple[Any, Any, ModelLocation]:
+    """The model CHECKPOINT-OR-STEP names, its tokenizer (``tokenizer``, else the one saved beside
+    it) and where it was found; :class:`ModelNotFoundError` or :class:`TokenizerMismatchError` if unusable."""
     # Imported here so that `marin status` and friends do not pay for JAX at start-up.
     from levanter.compat.hf_checkpoints import import_from_hf
-    from levanter.inference import SamplingConfig, generate_text
     from levanter.tokenization import load_tokenizer
     from levanter.tokenization.loading import TokenizerNotFoundError
 
@@ -182,6 +167,30 @@ def generate(
             f"The tokenizer at {tokenizer_location} has {loaded_tokenizer.vocab_size:,} tokens but the model only "
             f"{model.vocab_size:,}: it is not the tokenizer this model was trained with."
         )
+    return model, loaded_tokenizer, location
+
+
+def generate(
+    checkpoint_or_step: str,
+    prompts: Sequence[str],
+    sampling: Any = None,
+    *,
+    prefix: str | None = None,
+    tokenizer: str | None = None,
+    chat: bool = False,
+    chat_template: str | None = None,
+) -> list[str]:
+    """Each prompt followed by its sampled continuation, from the model CHECKPOINT-OR-STEP names.
+
+    ``sampling`` is a :class:`levanter.inference.SamplingConfig` (default: its defaults).
+    ``chat``: each prompt is a user's message; it is rendered with the chat template (the
+    tokenizer's own, else ``chat_template``'s, else ChatML, as ``chat_dataset`` chose when the
+    model was fine-tuned) with the assistant's turn opened, and the result is the reply alone, up
+    to the template's end of turn.
+    """
+    from levanter.inference import SamplingConfig, generate_text
+
+    model, loaded_tokenizer, _ = load_model_and_tokenizer(checkpoint_or_step, prefix=prefix, tokenizer=tokenizer)
     if not chat:
         return generate_text(model, loaded_tokenizer, list(prompts), sampling or SamplingConfig())
     from levanter.tokenization.chat import ChatRenderer, reply_end_marker, resolve_chat_template
@@ -282,4 +291,5 @@ def generate_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-__all__ = ["ModelLocation", "ModelNotFoundError", "TokenizerMismatchError", "generate", "generate_command", "locate_model", "register", "sampling_from_args"]
+__all__ = ["ModelLocation", "ModelNotFoundError", "TokenizerMismatchError", "generate", "generate_command", "load_model_and_tokenizer",
+           "locate_model", "register", "sampling_from_args"]
