@@ -138,7 +138,8 @@ def test_muon_matches_torch_optim_muon(float32_newton_schulz, update_scale, torc
     which Newton-Schulz's normalisation removes. No bias correction on either side (optax.contrib's
     ``scale_by_muon`` bias-corrects its Nesterov average, which changes the direction in early
     steps; torch and Keller Jordan's original do not, and we follow them). Weight decay: both
-    ``p * (1 - lr * wd)`` with the unscaled rate. ``update_scale`` is torch's ``adjust_lr_fn``.
+    ``p * (1 - lr * wd)`` with the unscaled rate, on the hidden matrices only (our default mask
+    leaves the embedding, the head and vectors alone). ``update_scale`` is torch's ``adjust_lr_fn``.
 
     Amplification: five Newton-Schulz steps multiply a small singular value by at most
     ``3.4445**5 ~ 500``, so a relative error of the momentum can grow 500-fold: ``A = 500``.
@@ -154,7 +155,7 @@ def test_muon_matches_torch_optim_muon(float32_newton_schulz, update_scale, torc
         return [
             torch.optim.Muon([p["w_in"], p["w_out"]], lr=lr, weight_decay=wd, momentum=0.95, nesterov=True, adjust_lr_fn=torch_rule),
             torch.optim.AdamW(
-                [{"params": [p["embedding"], p["head"]], "weight_decay": wd}, {"params": [p["bias"]], "weight_decay": 0.0}],
+                [{"params": [p["embedding"], p["head"], p["bias"]], "weight_decay": 0.0}],  # as our default mask
                 lr=adam_lr, betas=(0.9, 0.99), eps=1e-8,
             ),
         ]
@@ -169,7 +170,7 @@ def test_scion_matches_pytorch_optimizer_scion(monkeypatch):
     paper's GPT recipe as parameter groups: spectral LMO for hidden matrices, column norm for the
     embedding (``Col(transpose=True)`` on PyTorch's ``[vocab, embed]`` table), sign for the head,
     RMS for the bias. Same momentum (weight of the new gradient), radii and decoupled weight decay
-    (``p * (1 - lr * wd)`` before the step; the bias's group has none, as our mask decides).
+    (``p * (1 - lr * wd)`` before the step; on the hidden matrices only, as our default mask decides).
     pytorch-optimizer runs Newton-Schulz in bfloat16 by default; its function takes ``dtype=``,
     set to float32 here.
 
@@ -194,8 +195,9 @@ def test_scion_matches_pytorch_optimizer_scion(monkeypatch):
         norm = reference.LMONorm
         groups = [
             {"params": [p["w_in"], p["w_out"]], "norm_type": norm.SPECTRAL, "scale": radius},
-            {"params": [p["embedding"]], "norm_type": norm.COL, "norm_kwargs": {"transpose": True}, "scale": radius},
-            {"params": [p["head"]], "norm_type": norm.SIGN, "scale": head_radius},
+            {"params": [p["embedding"]], "norm_type": norm.COL, "norm_kwargs": {"transpose": True}, "scale": radius,
+             "weight_decay": 0.0},
+            {"params": [p["head"]], "norm_type": norm.SIGN, "scale": head_radius, "weight_decay": 0.0},
             {"params": [p["bias"]], "norm_type": norm.BIAS, "scale": radius, "weight_decay": 0.0},
         ]
         return [reference.SCION(groups, lr=lr, momentum=0.1, weight_decay=wd, foreach=False)]
@@ -253,8 +255,9 @@ def test_soap_matches_pytorch_optimizer_soap():
 def test_kron_matches_pytorch_optimizer_kron(monkeypatch):
     """Reference: pytorch-optimizer 4.1.0's ``Kron``, configured as ours: momentum 0.9, a
     preconditioner update every step (``pre_conditioner_update_probability=1``), its fixed
-    preconditioner step 0.1 and initial scale 1, decoupled weight decay on 2-D parameters (our
-    mask: the same ones).
+    preconditioner step 0.1 and initial scale 1, decoupled weight decay on 2-D parameters (ours
+    told to do the same with ``weight_decay_exclude=("vector",)``: by default it would leave the
+    embedding and the head alone).
 
     Made deterministic on both sides: the reference draws its probes with ``torch.randn_like``,
     replaced here by ours (:func:`levanter.optim.kron.kron_probe`, transposed to PyTorch's
@@ -274,7 +277,8 @@ def test_kron_matches_pytorch_optimizer_kron(monkeypatch):
 
     lr, wd, seed = 0.01, 0.1, 3
     config = KronConfig(
-        lr, wd, max_grad_norm=None, lr_schedule="constant", beta1=0.9, preconditioner_update_probability=1.0, seed=seed
+        lr, wd, max_grad_norm=None, lr_schedule="constant", beta1=0.9, preconditioner_update_probability=1.0, seed=seed,
+        weight_decay_exclude=("vector",),
     )
     ours = run_ours(config)
 

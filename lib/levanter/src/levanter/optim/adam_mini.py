@@ -124,6 +124,6 @@ class AdamMiniConfig(OptimizerConfig):
         return optax.chain(
             self._clipping(),
             scale_by_adam_mini(b1=self.beta1, b2=self.beta2, eps=self.epsilon, param_axes=param_axes),
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             self._learning_rate(num_train_steps),
         )

@@ -44,6 +44,6 @@ class AdoptConfig(OptimizerConfig):
                 # number (2**0.25 on the first step that moves the parameters): their bound.
                 clip_value_fn=lambda count: (count + 1) ** 0.25,
             ),
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             self._learning_rate(num_train_steps),
         )

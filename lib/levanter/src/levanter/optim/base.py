@@ -11,62 +11,29 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from levanter.models.transformer import fields_to_record
+from levanter.models.transformer import OMIT_WHEN_DEFAULT, fields_to_record
 from levanter.optim.errors import OptimizerConfigError, ScheduleError
+from levanter.optim.param_axes import DEFAULT_WEIGHT_DECAY_EXCLUDE, STACKING_AXES, DecayMask, ParamAxes
+from levanter.optim.weight_decay import check_patterns, weight_decay_mask
 from levanter.optim.schedule import SCHEDULE_NAMES, build_lr_schedule
 
-# A pytree of bools shaped like the parameters (True = apply weight decay), or a function of the
-# parameters returning one, as optax's ``mask=`` arguments accept.
-DecayMask = Any
-
-# A pytree shaped like the parameters whose leaves are ``haliax.module.Axes`` (the logical axis names
-# of each parameter, stacking axes such as ``layers`` first), as ``haliax.module.logical_axes``
-# returns. Optimizers that treat matrices as matrices (Muon, SOAP, ...) read which dimensions stack
-# copies and which are the matrix's own from it; ``None`` when ``build`` is called without a model.
-ParamAxes = Any
-
-
 def default_weight_decay_mask(params) -> Any:
-    """Decay matrices (and stacked matrices), not vectors.
-
-    1-D parameters are norm scales and biases: decaying them pulls norms towards zero and biases
-    towards an arbitrary origin, which only hurts. Embeddings are 2-D and *are* decayed: with tied
-    embeddings the same matrix is the output projection, and treating every matrix alike keeps the
-    rule a plain, checkable statement about ranks. Stacked (scanned) layers add a leading axis;
-    callers that know the logical axes should pass a mask built with
-    :func:`weight_decay_mask_from_axes` instead.
-    """
-    return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
-
-
-# Logical axes that stack copies of a parameter rather than being part of its shape.
-STACKING_AXES = frozenset({"layers", "experts"})
+    """The default mask without axis names: 2-D arrays are decayed, anything else is not."""
+    return weight_decay_mask(params)
 
 
 def weight_decay_mask_from_axes(axes_tree, params) -> Any:
-    """Decay a parameter iff it has at least two axes besides the stacking ones (layers, experts).
-
-    ``axes_tree`` holds, per parameter, a tuple of logical axis names (as
-    ``haliax.partitioning.logical_axes`` returns); a stacked norm ``("layers", "embed")`` is then
-    recognised as a vector and not decayed.
-    """
-
-    def decide(p, names):
-        if p is None:
-            return None
-        if names is None:
-            return p.ndim >= 2
-        core = [n for n in names if n not in STACKING_AXES]
-        return len(core) >= 2
-
-    return jax.tree.map(decide, params, axes_tree, is_leaf=lambda x: x is None)
+    """The default mask from each parameter's logical axes (``haliax.module.logical_axes``):
+    hidden matrices are decayed; vectors (also stacked ones, ``("layers", "embed")``), the
+    embedding and the output head are not."""
+    return weight_decay_mask(params, axes_tree)
 
 
 def require(
@@ -126,6 +93,18 @@ class OptimizerConfig:
     decay: float | None = None
     min_lr_ratio: float = 0.0
     lr_schedule: str = "cosine"
+    # Cycles of the schedule (levanter.optim.schedule): `cycles` equal ones, or new ones starting at
+    # the steps (or shares of the run) in `restarts`; later cycles warm up over `rewarmup` (None: as
+    # `warmup`). Options added after configs were hashed into step identities are omitted from the
+    # record while at their defaults (see to_dict), so those identities stay.
+    cycles: int = field(default=1, metadata=OMIT_WHEN_DEFAULT)
+    restarts: tuple[float, ...] = field(default=(), metadata=OMIT_WHEN_DEFAULT)
+    rewarmup: float | None = field(default=None, metadata=OMIT_WHEN_DEFAULT)
+    # What decoupled weight decay leaves alone, and exceptions to that: roles ("vector", "embedding",
+    # "head", "matrix") or globs over dotted parameter paths ("*.lm_head.weight"); see
+    # levanter.optim.weight_decay.
+    weight_decay_exclude: tuple[str, ...] = field(default=DEFAULT_WEIGHT_DECAY_EXCLUDE, metadata=OMIT_WHEN_DEFAULT)
+    weight_decay_include: tuple[str, ...] = field(default=(), metadata=OMIT_WHEN_DEFAULT)
 
     _registry: ClassVar[dict[str, type["OptimizerConfig"]]] = {}
     type_name: ClassVar[str] = ""
@@ -146,6 +125,26 @@ class OptimizerConfig:
             raise ScheduleError(
                 f"{type(self).__name__}.lr_schedule must be one of {', '.join(SCHEDULE_NAMES)}; got {self.lr_schedule!r}."
             )
+        self._check_cycles(steps)
+        for name in ("weight_decay_exclude", "weight_decay_include"):
+            object.__setattr__(self, name, check_patterns(type(self).__name__, name, getattr(self, name)))
+
+    def _check_cycles(self, steps: str) -> None:
+        owner = type(self).__name__
+        if isinstance(self.cycles, bool) or not isinstance(self.cycles, int) or self.cycles < 1:
+            raise ScheduleError(f"{owner}.cycles must be a whole number >= 1 (1: no restarts); got {self.cycles!r}.")
+        if isinstance(self.restarts, str | numbers.Real):
+            raise ScheduleError(f"{owner}.restarts must be a list of steps; got {self.restarts!r}.")
+        object.__setattr__(self, "restarts", tuple(self.restarts))  # JSON and YAML give lists
+        for i, value in enumerate(self.restarts):
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > 0 and _steps_or_fraction(value)):
+                raise ScheduleError(f"{owner}.restarts[{i}] must be {steps} and > 0; got {value!r}.")
+        if list(self.restarts) != sorted(set(self.restarts)):
+            raise ScheduleError(f"{owner}.restarts must be increasing; got {self.restarts!r}.")
+        if self.cycles > 1 and self.restarts:
+            raise ScheduleError(f"{owner}: give cycles (equal cycles) or restarts (where cycles start), not both.")
+        require(self, "rewarmup", _steps_or_fraction, f"None (as warmup) or {steps}", optional=True, error=ScheduleError)
 
     @classmethod
     def register(cls, name: str) -> Callable[[type["OptimizerConfig"]], type["OptimizerConfig"]]:
@@ -187,6 +186,9 @@ class OptimizerConfig:
             warmup=self.warmup,
             decay=self.decay,
             min_lr_ratio=self.min_lr_ratio,
+            cycles=self.cycles,
+            restarts=self.restarts,
+            rewarmup=self.rewarmup,
         )
 
     def build(
@@ -219,8 +221,17 @@ class OptimizerConfig:
             return optax.identity()
         return optax.clip_by_global_norm(self.max_grad_norm)
 
-    def _decay(self, weight_decay_mask: DecayMask | None) -> optax.GradientTransformation:
+    def weight_decay_mask(self, params: Any, param_axes: ParamAxes | None = None) -> Any:
+        """True for each parameter this config's weight decay applies to (``weight_decay_exclude``,
+        ``weight_decay_include``; see :mod:`levanter.optim.weight_decay`)."""
+        return weight_decay_mask(params, param_axes, self.weight_decay_exclude, self.weight_decay_include)
+
+    def _decay(self, weight_decay_mask: DecayMask | None, param_axes: ParamAxes | None = None) -> optax.GradientTransformation:
+        """Decoupled weight decay on the parameters of ``weight_decay_mask`` when given, else on
+        those :meth:`weight_decay_mask` chooses from ``param_axes``."""
         if not self.weight_decay:
             return optax.identity()
-        mask = default_weight_decay_mask if weight_decay_mask is None else weight_decay_mask
+        mask = weight_decay_mask
+        if mask is None:
+            mask = lambda params: self.weight_decay_mask(params, param_axes)  # noqa: E731
         return optax.add_decayed_weights(self.weight_decay, mask=mask)

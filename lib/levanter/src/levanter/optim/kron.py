@@ -260,4 +260,4 @@ class KronConfig(OptimizerConfig):
             ),
             seed=int(self.seed),
         )
-        return optax.chain(self._clipping(), kron, self._decay(weight_decay_mask), self._learning_rate(num_train_steps))
+        return optax.chain(self._clipping(), kron, self._decay(weight_decay_mask, param_axes), self._learning_rate(num_train_steps))

@@ -32,6 +32,6 @@ class LionConfig(OptimizerConfig):
         return optax.chain(
             self._clipping(),
             with_cautious_mask(scale, param_axes) if self.cautious else scale,
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             self._learning_rate(num_train_steps),
         )

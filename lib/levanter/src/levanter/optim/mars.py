@@ -92,6 +92,6 @@ class MarsConfig(OptimizerConfig):
                 b1=self.beta1, b2=self.beta2, gamma=self.gamma, eps=self.epsilon,
                 vector_b1=self.vector_beta1, vector_b2=self.vector_beta2, param_axes=param_axes,
             ),
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             self._learning_rate(num_train_steps),
         )

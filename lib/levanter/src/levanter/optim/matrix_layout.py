@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from levanter.optim.base import STACKING_AXES, ParamAxes
+from levanter.optim.param_axes import STACKING_AXES, ParamAxes
 
 ROLES = ("matrix", "embedding", "head", "vector")
 

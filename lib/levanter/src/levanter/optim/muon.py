@@ -119,7 +119,7 @@ class MuonConfig(OptimizerConfig):
         return optax.chain(
             self._clipping(),
             optax.partition({"muon": muon, "adam": adam}, labels),
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             # AdamW's group runs at its own rate: its update and its decay, as in AdamW.
             optax.masked(optax.scale(adam_ratio), lambda tree: jax.tree.map(lambda h: not h, is_hidden(tree))),
             self._learning_rate(num_train_steps),

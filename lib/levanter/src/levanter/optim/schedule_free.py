@@ -55,7 +55,7 @@ class ScheduleFreeAdamConfig(OptimizerConfig):
         z_step = optax.chain(
             # Adam without momentum, without storing a first moment.
             optax.scale_by_rms(decay=self.beta2, eps=self.epsilon, eps_in_sqrt=False, bias_correction=True),
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             self._learning_rate(num_train_steps),  # takes the trainer's learning_rate= of the step
         )
         return optax.chain(

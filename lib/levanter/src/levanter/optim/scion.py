@@ -85,6 +85,6 @@ class ScionConfig(OptimizerConfig):
             self._clipping(),
             optax.ema(decay=1.0 - self.momentum, debias=False),
             scale_by_lmo(lambda tree: matrix_layouts(tree, param_axes), radii, ns_steps=int(self.ns_steps)),
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             self._learning_rate(num_train_steps),
         )

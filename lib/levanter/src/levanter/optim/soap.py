@@ -178,4 +178,4 @@ class SOAPConfig(OptimizerConfig):
             precondition_frequency=int(self.precondition_frequency),
             max_precond_dim=int(self.max_precond_dim),
         )
-        return optax.chain(self._clipping(), soap, self._decay(weight_decay_mask), self._learning_rate(num_train_steps))
+        return optax.chain(self._clipping(), soap, self._decay(weight_decay_mask, param_axes), self._learning_rate(num_train_steps))

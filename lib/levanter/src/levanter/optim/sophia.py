@@ -106,7 +106,7 @@ class SophiaConfig(OptimizerConfig):
                 b1=self.beta1, b2=self.beta2, gamma=self.gamma, eps=self.epsilon,
                 update_interval=self.update_interval, seed=self.seed,
             ),
-            self._decay(weight_decay_mask),
+            self._decay(weight_decay_mask, param_axes),
             self._learning_rate(num_train_steps),
         )
 

@@ -10,6 +10,7 @@ once, where it is declared.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,18 +25,24 @@ class TrainerConfigError(LevanterError, ValueError):
 
 # Field metadata of the settings that decide the trained weights (see the module's docstring).
 HASHED = {"hashed": True}
+# The same, for settings added after runs were identified by these hashes: left out of
+# hashed_settings() while they hold their default, so those runs keep their identities.
+HASHED_WHEN_SET = {"hashed": True, "omit_when_default": True}
 
 
 @dataclass(frozen=True)
 class MeshConfig:
     """Device-mesh shape. ``data``: replicas holding whole parameters; ``fsdp``: data parallelism
-    with parameters and optimizer state sharded; ``model``: tensor parallelism. One axis may be -1
-    to take the remaining devices. The default, ``data=-1``, is plain data parallelism over every
-    local device (one CPU device on a laptop)."""
+    with parameters and optimizer state sharded; ``model``: tensor parallelism; ``experts``: data
+    parallelism whose devices each hold ``num_experts / experts`` of every MoE layer's experts,
+    tokens travelling to their experts by all-to-all (dense models treat it as ``data``). One axis
+    may be -1 to take the remaining devices. The default, ``data=-1``, is plain data parallelism
+    over every local device (one CPU device on a laptop)."""
 
     data: int = -1
     fsdp: int = 1
     model: int = 1
+    experts: int = 1
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,17 @@ class TrainerConfig:
     # "auto": bf16 compute on GPU/TPU, f32 on CPU. Parameters and optimizer state are always f32.
     compute_dtype: str = field(default="auto", metadata=HASHED)
     seed: int = field(default=0, metadata=HASHED)
+    # Skip a step whose loss or gradient norm is not finite, or (with skip_loss_spike_factor) whose
+    # loss exceeds that factor times the mean of the last skip_loss_window finite losses: the
+    # parameters and optimizer state stay as they were, the step and the data move on
+    # (levanter.trainer.bad_steps). Off: a non-finite loss stops the run.
+    skip_bad_steps: bool = field(default=False, metadata=HASHED_WHEN_SET)
+    skip_loss_spike_factor: float | None = field(default=None, metadata=HASHED_WHEN_SET)
+    skip_loss_window: int = field(default=32, metadata=HASHED_WHEN_SET)
+    # Keep an exponential moving average of the weights, ema <- d * ema + (1 - d) * weights after
+    # each step, from the initial weights; evaluations report it beside the weights, and it is the
+    # model a run returns and exports. None: no average.
+    ema_decay: float | None = field(default=None, metadata=HASHED_WHEN_SET)
     # Evaluate every N steps (and after the last step); None = only after the last step.
     eval_every: int | None = None
     steps_per_checkpoint: int | None = None
@@ -111,6 +129,18 @@ class TrainerConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise TrainerConfigError(f"{name} must be positive or None, got {value}.")
+        if self.skip_loss_spike_factor is not None:
+            if not self.skip_bad_steps:
+                raise TrainerConfigError("skip_loss_spike_factor is set but skip_bad_steps is off; set skip_bad_steps=True.")
+            if not (math.isfinite(self.skip_loss_spike_factor) and self.skip_loss_spike_factor > 1):
+                raise TrainerConfigError(
+                    f"skip_loss_spike_factor must be a number > 1 (e.g. 2.0: skip a loss twice the recent mean), "
+                    f"got {self.skip_loss_spike_factor!r}."
+                )
+        if isinstance(self.skip_loss_window, bool) or not isinstance(self.skip_loss_window, int) or self.skip_loss_window < 1:
+            raise TrainerConfigError(f"skip_loss_window must be a positive integer, got {self.skip_loss_window!r}.")
+        if self.ema_decay is not None and not (isinstance(self.ema_decay, int | float) and 0 < self.ema_decay < 1):
+            raise TrainerConfigError(f"ema_decay must be a number in (0, 1), e.g. 0.999, or None; got {self.ema_decay!r}.")
         # Tuples survive JSON as lists; normalise so a config read back compares equal.
         object.__setattr__(self, "trackers", tuple(self.trackers))
 
@@ -120,7 +150,10 @@ class TrainerConfig:
 
     def hashed_settings(self) -> dict[str, Any]:
         """The settings marked :data:`HASHED`, by name, as given: what a run's identity covers."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("hashed")}
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.metadata.get("hashed") and not (f.metadata.get("omit_when_default") and getattr(self, f.name) == f.default)
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -53,16 +53,24 @@ def evaluate_sets(
 
 
 def eval_hook(
-    evaluate: Callable[[TrainState], dict[str, float]], trackers, history: list[dict[str, Any]], results: dict[str, float], every: int | None
+    evaluate: Callable[[TrainState], dict[str, float]], trackers, history: list[dict[str, Any]], results: dict[str, float], every: int | None,
+    *, evaluate_average: Callable[[TrainState], dict[str, float]] | None = None, average_results: dict[str, float] | None = None,
 ) -> Hook:
-    """Every ``every`` steps and after the last; ``results`` keeps the latest losses."""
+    """Every ``every`` steps and after the last; ``results`` keeps the latest losses. With
+    ``evaluate_average`` (the weight average's losses) also ``eval_ema/<set>/loss``, kept in
+    ``average_results``."""
 
     def run(info: StepInfo) -> None:
         results.clear()
         results.update(evaluate(info.state))
         eval_line = {f"eval/{name}/loss": loss for name, loss in results.items()}
+        if evaluate_average is not None:
+            average_results.clear()
+            average_results.update(evaluate_average(info.state))
+            eval_line.update({f"eval_ema/{name}/loss": loss for name, loss in average_results.items()})
         trackers.log(info.step, eval_line)
         history.append({"step": info.step, **eval_line})
-        logger.info("step %d eval: %s", info.step, ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        shown = {**results, **{f"{name} (ema)": loss for name, loss in (average_results or {}).items()}}
+        logger.info("step %d eval: %s", info.step, ", ".join(f"{k} {v:.4f}" for k, v in shown.items()))
 
     return Hook("eval", run, every=every, at_last=AtLastStep.ALWAYS)

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from levanter.optim import OptimizerConfig, weight_decay_mask_from_axes
+from levanter.optim import OptimizerConfig
+from levanter.trainer.bad_steps import BadStepHistory
 from levanter.trainer.config import TrainerConfig
 from levanter.trainer.mixed_precision import cast_floating
 from levanter.trainer.state import FrozenArrays, TrainState
@@ -49,7 +50,7 @@ def init_train_state(
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
 
     param_axes = logical_axes(params)
-    decay_mask = weight_decay_mask_from_axes(param_axes, params)
+    decay_mask = optimizer_config.weight_decay_mask(params, param_axes)
     optimizer = optimizer_config.build(config.num_train_steps, weight_decay_mask=decay_mask, param_axes=param_axes)
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(optimizer.init, params)
@@ -60,7 +61,9 @@ def init_train_state(
         params=params,
         opt_state=opt_state,
         key=jax.device_put(train_key, replicated),
+        bad_steps=jax.device_put(BadStepHistory.fresh(config.skip_loss_window), replicated) if config.skip_bad_steps else None,
     )
+    state = with_fresh_average(state, config.ema_decay is not None)
     if frozen_model is not None or keep_reference:
         state = dataclasses.replace(state, frozen=FrozenArrays(model=frozen_model))
         state = with_reference(state, keep_reference)
@@ -100,6 +103,14 @@ def with_reference(state: TrainState, keep_reference: bool) -> TrainState:
         return state
     reference = jax.tree.map(lambda x: x.copy(), state.params)  # own buffers: params are donated each step
     return dataclasses.replace(state, frozen=FrozenArrays(model=None, reference=reference))
+
+
+def with_fresh_average(state: TrainState, keep_average: bool) -> TrainState:
+    """``state`` whose weight average (``TrainerConfig.ema_decay``) starts from its parameters now:
+    at a fresh start, and again after ``initialize`` has replaced them."""
+    if not keep_average:
+        return state
+    return dataclasses.replace(state, ema=jax.tree.map(lambda x: x.copy(), state.params))  # own buffers, as the reference's
 
 
 def whole_model(state: TrainState, static: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Everything a run needs to continue exactly: parameters, optimizer state, step, RNG key and frozen arrays."""
+"""Everything a run needs to continue exactly: parameters, optimizer state, step, RNG key, frozen
+arrays, and the weight average and bad-step history when the run keeps them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ class TrainState(eqx.Module):
     argument of the jitted step, not constants compiled into it, have no optimizer state, and are
     checkpointed with the rest so a run resumes without the weights it started from. ``None`` (the
     default) adds no leaf: a plain run's state, compiled step and checkpoints are unchanged.
+
+    ``ema``: the exponential moving average of the weights (``TrainerConfig.ema_decay``), shaped and
+    sharded like ``params``. ``bad_steps``: the recent losses and the count of skipped steps
+    (``TrainerConfig.skip_bad_steps``, :class:`levanter.trainer.bad_steps.BadStepHistory`). Both
+    ``None`` unless asked for, adding no leaf, like ``frozen``.
     """
 
     step: jax.Array  # int32 scalar: optimizer updates applied so far
@@ -26,6 +32,8 @@ class TrainState(eqx.Module):
     opt_state: object
     key: jax.Array
     frozen: Any = None
+    ema: Any = None
+    bad_steps: Any = None
 
 
 class FrozenArrays(eqx.Module):

@@ -1,7 +1,7 @@
 """Each training step's metrics: read from the device, checked, and handed to the logging hooks.
 
 :func:`record_step` waits for a step's scalars, refuses a non-finite loss (before that state can
-be checkpointed) and builds the step's line: loss, learning rate, gradient norm and the rates of
+be checkpointed; unless the step skipped it, see ``TrainerConfig.skip_bad_steps``) and builds the step's line: loss, learning rate, gradient norm and the rates of
 :mod:`levanter.trainer.throughput`, then an objective's own scalars. :func:`logging_hooks` are what
 receives each line: ``metrics.jsonl`` always, the other trackers and the console every
 ``log_every`` steps (or a terminal's progress bar instead of the console), the run's history, and
@@ -37,7 +37,8 @@ def record_step(
     """Read a step's scalars (waiting for the step), refuse a non-finite loss, run the logging hooks."""
     values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     now = time.monotonic()
-    if not math.isfinite(values["loss"]) or not math.isfinite(values["total_loss"]):
+    skipped = values.get("train/skipped_steps", 0) > 0  # a skipped step left the state as it was
+    if not skipped and (not math.isfinite(values["loss"]) or not math.isfinite(values["total_loss"])):
         raise NonFiniteLossError(
             f"Training loss is {values['loss']} (total objective {values['total_loss']}) at step {step}. "
             "Lower the learning rate, raise warmup, add z_loss_weight or check the data; "
@@ -58,6 +59,9 @@ def record_step(
     }
     # An objective's own scalars (a preference objective's rewards and accuracy) follow.
     line.update({k: v for k, v in values.items() if k not in line and k != "total_loss"})
+    for count in ("train/skipped_steps", "train/skipped_steps_total"):
+        if count in line:
+            line[count] = int(line[count])
     run_hooks(due_hooks(log_hooks, step, last_step), StepInfo(step, line))
     return line
 
