@@ -158,7 +158,7 @@ def _write_config(tmp_path, **fields):
         ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16}, "use_sliding_window=True"),
         ({"model_type": "qwen3", "layer_types": ["sliding_attention"]}, "layer_types=['sliding_attention']"),
         ({"model_type": "gemma", "use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
-        ({"model_type": "gemma2", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ({"model_type": "gemma3"}, "model_type='gemma3': Gemma 3 with a vision tower"),
         ({"model_type": "mixtral", "head_dim": 16}, "head_dim=16"),
         ({"model_type": "mixtral", "rope_parameters": LLAMA3_ROPE}, "rope_parameters.rope_type='llama3'"),
         ({"model_type": "phi3"}, "'phi3' model; supported model_types: llama, mistral, qwen2, qwen3, gemma, mixtral"),

@@ -98,6 +98,6 @@ def test_unsupported_mixtral_checkpoints_fail_clearly(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**base, "sliding_window": 1024}))
     with pytest.raises(HfFormatError, match="sliding_window=1024"):
         import_from_hf(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({**base, "model_type": "qwen3_moe"}))
-    with pytest.raises(HfFormatError, match="qwen3_moe"):
+    (tmp_path / "config.json").write_text(json.dumps({**base, "model_type": "deepseek_v3"}))
+    with pytest.raises(HfFormatError, match="deepseek_v3"):
         import_from_hf(tmp_path)

@@ -41,15 +41,16 @@ def _dense_reference(mlp: MoeMlp, x):
 def test_routed_experts_match_dense_reference(model):
     mlp = model.layers[0].moe
     x = jax.random.normal(jax.random.PRNGKey(2), (3, 7, 16))
-    y, balance = jax.jit(lambda m, x: m(x))(mlp, x)
+    y, stats = jax.jit(lambda m, x: m(x))(mlp, x)
     np.testing.assert_allclose(y, jax.jit(_dense_reference)(mlp, x), atol=1e-6)
-    assert 1.0 <= float(balance) <= mlp.num_experts
+    assert 1.0 <= float(stats.balance) <= mlp.num_experts
+    assert float(stats.dropped_fraction) == 0.0  # nothing is dropped when experts run locally
 
 
 def test_uniform_router_gives_balance_loss_of_one(model):
     mlp = eqx.tree_at(lambda m: m.router.weight, model.layers[0].moe, jnp.zeros((16, 4)))
-    _, balance = mlp(jax.random.normal(jax.random.PRNGKey(2), (4, 16)))
-    assert float(balance) == pytest.approx(1.0, abs=1e-6)
+    _, stats = mlp(jax.random.normal(jax.random.PRNGKey(2), (4, 16)))
+    assert float(stats.balance) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_forward_aux_loss_and_gradients_reach_router(model, tokens):

@@ -93,6 +93,7 @@ def test_mesh_errors_and_constrain_without_mesh():
         make_mesh(data=3, model=2)
     with pytest.raises(PartitioningError, match="At most one"):
         make_mesh(data=-1, fsdp=-1)
-    assert make_mesh(model=2).shape == {"data": 4, "fsdp": 1, "model": 2}
+    assert make_mesh(model=2).shape == {"data": 4, "fsdp": 1, "experts": 1, "model": 2}
+    assert make_mesh(data=2, experts=4).shape == {"data": 2, "fsdp": 1, "experts": 4, "model": 1}
     x = jnp.ones((2, 3))
     assert constrain(x, ("batch", "embed")) is x

@@ -1,9 +1,10 @@
 """Placing arrays on a device mesh by their logical axis names.
 
-A mesh has three named axes: ``data`` (pure data parallelism: parameters replicated), ``fsdp``
-(data parallelism with parameters and optimizer state sharded) and ``model`` (tensor
-parallelism). ``AxisRules`` maps each logical axis (``embed``, ``mlp``, ...) to mesh axes; the
-same model code then runs on one CPU or on a pod slice, and only the mesh changes.
+A mesh has four named axes: ``data`` (pure data parallelism: parameters replicated), ``fsdp``
+(data parallelism with parameters and optimizer state sharded), ``experts`` (data parallelism
+whose devices each hold a share of every MoE layer's experts: expert parallelism) and ``model``
+(tensor parallelism). ``AxisRules`` maps each logical axis (``embed``, ``mlp``, ...) to mesh axes;
+the same model code then runs on one CPU or on a pod slice, and only the mesh changes.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from haliax.module import logical_axes
 
 logger = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "model")
+# experts sits beside model: its all-to-all is the heaviest traffic after tensor parallelism's.
+MESH_AXES = ("data", "fsdp", "experts", "model")
 
 MeshAxes = str | tuple[str, ...] | None
 
 DEFAULT_RULES: dict[str, MeshAxes] = {
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "fsdp", "experts"),
     "embed": "fsdp",
     "mlp": "model",
     "heads": "model",
@@ -37,7 +39,7 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "vocab": "model",
     "head_dim": None,
     "layers": None,
-    "experts": None,
+    "experts": "experts",
     "seq": None,
 }
 
@@ -67,21 +69,26 @@ class AxisRules:
         return None if name is None else self.mapping.get(name)
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``Mesh`` with axes ``(data, fsdp, model)``; one size may be -1 to take the remaining devices."""
+def make_mesh(
+    data: int = -1, fsdp: int = 1, model: int = 1, experts: int = 1, *, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+    """A ``Mesh`` with axes ``(data, fsdp, experts, model)``; one size may be -1 to take the remaining devices."""
     devices = list(devices if devices is not None else jax.devices())
-    sizes = [data, fsdp, model]
+    sizes = [data, fsdp, experts, model]
+    described = f"data={data}, fsdp={fsdp}, experts={experts}, model={model}"
     if sizes.count(-1) > 1:
-        raise PartitioningError(f"At most one mesh axis may be -1, got data={data}, fsdp={fsdp}, model={model}.")
+        raise PartitioningError(f"At most one mesh axis may be -1, got {described}.")
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if len(devices) % known:
-            raise PartitioningError(f"{len(devices)} devices cannot be split into fsdp*model*data with fixed part {known}.")
+            raise PartitioningError(
+                f"{len(devices)} devices cannot be split into data*fsdp*experts*model with fixed part {known}."
+            )
         sizes[sizes.index(-1)] = len(devices) // known
     if int(np.prod(sizes)) != len(devices):
         raise PartitioningError(
-            f"Mesh data={sizes[0]} x fsdp={sizes[1]} x model={sizes[2]} needs {int(np.prod(sizes))} devices, "
-            f"but {len(devices)} are available. Pass -1 for one axis to use all devices."
+            f"Mesh data={sizes[0]} x fsdp={sizes[1]} x experts={sizes[2]} x model={sizes[3]} needs "
+            f"{int(np.prod(sizes))} devices, but {len(devices)} are available. Pass -1 for one axis to use all devices."
         )
     grid = np.array(devices).reshape(sizes)
     return Mesh(grid, MESH_AXES)

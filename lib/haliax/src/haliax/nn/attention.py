@@ -11,7 +11,9 @@ chooses one at trace time by platform, shape and dtype (``resolve_implementation
   ``"splash"`` (the TPU default): fused kernels, see ``haliax.nn.attention_kernels``.
 
 All of them compute the same thing up to rounding: causal attention that never crosses a document
-boundary (``segment_ids``), with grouped-query attention.
+boundary (``segment_ids``), with grouped-query attention. ``logit_softcap`` (Gemma 2) bounds the
+scores to ``(-cap, cap)`` with ``cap * tanh(scores / cap)`` before masking; cuDNN and the Pallas GPU
+kernel cannot, so they are refused for it and ``"auto"`` passes them over.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from haliax.nn.attention_kernels import KERNELS, UNSUPPORTED_CHECKS, Platform
 IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn", "pallas_gpu", "splash")
 # What "auto" tries, in order, per platform; the first that supports the shape and dtype runs.
 AUTO_PREFERENCE = {"cpu": ("blocked",), "gpu": ("cudnn", "pallas_gpu", "xla"), "tpu": ("splash", "xla")}
+
+# Kernels with no way to soft-cap the scores inside them.
+NO_SOFTCAP = frozenset({"cudnn", "pallas_gpu"})
 
 # Sequences up to this length attend in one block. bench/attention_long_context.py --sweep
 # (forward+backward on CPU, head_dim 16, same tokens per batch) found blocking faster from
@@ -82,6 +87,7 @@ def dot_product_attention(
     block_size: int | None = None,
     document_window: int | None = None,
     implementation: str = "auto",
+    logit_softcap: float | None = None,
 ) -> jax.Array:
     """Causal (and, with ``segment_ids`` [B, T], per-document) self-attention.
 
@@ -91,7 +97,8 @@ def dot_product_attention(
     ``implementation`` is ``"auto"`` (chosen by platform, shape and dtype) or one of
     ``IMPLEMENTATIONS``; a named one that cannot run here raises ``AttentionImplementationError``
     saying why. ``block_size`` and ``document_window`` tune the ``"blocked"`` implementation
-    (see ``blocked_attention``) and are refused with any other.
+    (see ``blocked_attention``) and are refused with any other. ``logit_softcap``: see the module
+    docstring; None leaves the scores as they are.
     """
     batch, seq_len, num_heads, head_dim = q.shape
     if num_heads % k.shape[2]:
@@ -103,24 +110,37 @@ def dot_product_attention(
         )
     if segment_ids is not None and segment_ids.shape != (batch, seq_len):
         raise ValueError(f"segment_ids must have shape {(batch, seq_len)}, got {segment_ids.shape}.")
+    check_softcap(logit_softcap)
     name = resolve_implementation(
-        implementation, Platform.current(), seq_len=seq_len, head_dim=head_dim, dtype=q.dtype, has_segments=segment_ids is not None
+        implementation, Platform.current(), seq_len=seq_len, head_dim=head_dim, dtype=q.dtype, has_segments=segment_ids is not None,
+        logit_softcap=logit_softcap is not None,
     )
     if name == "blocked":
-        return blocked_attention(q, k, v, segment_ids=segment_ids, block_size=block_size, document_window=document_window)
+        return blocked_attention(
+            q, k, v, segment_ids=segment_ids, block_size=block_size, document_window=document_window, logit_softcap=logit_softcap
+        )
     if block_size is not None or document_window is not None:
         raise AttentionImplementationError(
             f"block_size and document_window tune the 'blocked' attention implementation; this call uses {name!r}."
         )
     if name == "xla":
-        return attend(q, k, v, attention_mask(seq_len, segment_ids))
+        return attend(q, k, v, attention_mask(seq_len, segment_ids), logit_softcap=logit_softcap)
+    if logit_softcap is not None:  # only kernels outside NO_SOFTCAP get here with a cap
+        return KERNELS[name](q, k, v, segment_ids, logit_softcap=logit_softcap)
     return KERNELS[name](q, k, v, segment_ids)
 
 
+def check_softcap(logit_softcap: float | None) -> None:
+    is_number = isinstance(logit_softcap, (int, float)) and not isinstance(logit_softcap, bool)
+    if logit_softcap is not None and not (is_number and logit_softcap > 0):
+        raise ValueError(f"logit_softcap must be a positive number or None, got {logit_softcap!r}.")
+
+
 def resolve_implementation(
-    requested: str, platform: Platform, *, seq_len: int, head_dim: int, dtype, has_segments: bool
+    requested: str, platform: Platform, *, seq_len: int, head_dim: int, dtype, has_segments: bool, logit_softcap: bool = False
 ) -> str:
-    """The implementation ``dot_product_attention`` runs for ``requested`` on ``platform``.
+    """The implementation ``dot_product_attention`` runs for ``requested`` on ``platform``
+    (``logit_softcap``: whether the scores are soft-capped).
 
     ``"auto"`` takes the first of ``AUTO_PREFERENCE[platform.name]`` that supports the shape and
     dtype (``"xla"`` on platforms not listed). A named implementation is returned as is if it can
@@ -130,6 +150,8 @@ def resolve_implementation(
         raise AttentionImplementationError(f"Unknown attention implementation {requested!r}; expected one of {IMPLEMENTATIONS}.")
     shape = {"seq_len": seq_len, "head_dim": head_dim, "dtype": dtype, "has_segments": has_segments}
     reasons = {name: check(platform, **shape) for name, check in UNSUPPORTED_CHECKS.items()}
+    if logit_softcap:
+        reasons.update({name: "it cannot soft-cap attention scores (logit_softcap)" for name in NO_SOFTCAP if reasons[name] is None})
     if requested == "auto":
         return next(name for name in (*AUTO_PREFERENCE.get(platform.name, ()), "xla") if reasons.get(name) is None)
     if reasons.get(requested) is not None:
@@ -149,6 +171,7 @@ def blocked_attention(
     segment_ids: jax.Array | None = None,
     block_size: int | None = None,
     document_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> jax.Array:
     """The ``"blocked"`` implementation of ``dot_product_attention`` (same arguments; scores are
     float32 too).
@@ -185,7 +208,7 @@ def blocked_attention(
     def block_over_keys(start: int, stop: int, key_start: int):
         def run():
             mask = _causal_block_mask(start, stop, key_start, stop, segment_ids)
-            return attend(q[:, start:stop], k[:, key_start:stop], v[:, key_start:stop], mask)
+            return attend(q[:, start:stop], k[:, key_start:stop], v[:, key_start:stop], mask, logit_softcap=logit_softcap)
 
         return run
 
@@ -225,13 +248,14 @@ def _causal_block_mask(
     return mask
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, logit_softcap: float | None = None) -> jax.Array:
     """Attention of ``q`` [B, T, H, D] over ``k``, ``v`` [B, S, KV, D] where ``mask`` (broadcastable
     to [B, KV, H // KV, T, S]) is True.
 
     Grouped-query attention is done by viewing the query heads as ``[KV, H // KV]`` rather than
     repeating keys and values, so no [B, S, H, D] copy of ``k``/``v`` is made. Scores and softmax
     are float32; the output has ``q``'s dtype. Every query must see at least one key.
+    ``logit_softcap``: scores become ``cap * tanh(scores / cap)`` before the mask (Gemma 2).
     """
     batch, seq_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -241,6 +265,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     q = q.reshape(batch, seq_len, num_kv_heads, group, head_dim)
     scale = 1.0 / math.sqrt(head_dim)
     scores = jnp.einsum("btkgd,bskd->bkgts", q * jnp.asarray(scale, q.dtype), k, preferred_element_type=jnp.float32)
+    if logit_softcap is not None:
+        scores = logit_softcap * jnp.tanh(scores / logit_softcap)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", weights, v)

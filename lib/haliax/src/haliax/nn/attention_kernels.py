@@ -184,7 +184,7 @@ def splash_unsupported(platform: Platform, *, seq_len: int, head_dim: int, dtype
 
 
 @functools.lru_cache(maxsize=32)
-def _splash_kernel(seq_len: int, num_heads: int, block: int, interpret: bool):
+def _splash_kernel(seq_len: int, num_heads: int, block: int, interpret: bool, logit_softcap: float | None = None):
     """The kernel for one shape: its block-sparsity tables are computed from the causal mask with
     numpy when it is made, so it is made once per shape, as concrete arrays (not values of the
     trace that first asked for it) so that later traces can share it."""
@@ -196,7 +196,7 @@ def _splash_kernel(seq_len: int, num_heads: int, block: int, interpret: bool):
         block_q_dq=block, block_kv_dq=block,
     )  # fmt: skip
     with jax.ensure_compile_time_eval():
-        return splash.make_splash_mha_single_device(causal, block_sizes=sizes, interpret=interpret)
+        return splash.make_splash_mha_single_device(causal, block_sizes=sizes, interpret=interpret, attn_logits_soft_cap=logit_softcap)
 
 
 def splash_attention(
@@ -207,9 +207,11 @@ def splash_attention(
     *,
     block_size: int | None = None,
     interpret: bool = False,
+    logit_softcap: float | None = None,
 ) -> jax.Array:
     """``block_size`` (a multiple of 128 dividing T) defaults to the largest of 512, 256, 128 that
-    divides T. ``interpret=True`` runs the kernel's Python semantics on any platform: for tests."""
+    divides T. ``interpret=True`` runs the kernel's Python semantics on any platform: for tests.
+    ``logit_softcap``: the kernel's own soft-capping of the (scaled) scores."""
     splash, _ = _splash_modules()
     seq_len, head_dim = q.shape[1], q.shape[3]
     block = block_size or _dividing_block(seq_len, SPLASH_BLOCKS)
@@ -218,7 +220,7 @@ def splash_attention(
     def kernel(q, k, v, segment_ids):
         # The kernel is per example, heads first ([H, T, D] over [KV, T, D]; query head h reads kv
         # head h // group), and leaves the scaling of the scores to its caller.
-        run = _splash_kernel(seq_len, q.shape[2], block, interpret)
+        run = _splash_kernel(seq_len, q.shape[2], block, interpret, logit_softcap)
         q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         if segment_ids is None:

@@ -110,6 +110,32 @@ def attention_bias_weights(config: Any) -> list[LayerWeight]:
     ]
 
 
+def layer_norm_weights(config: Any, norm_offset: float = 0.0) -> list[LayerWeight]:
+    """A decoder layer's RMSNorms by where they sit (``norm_placement``; MoE layers: inputs only).
+
+    transformers' names follow the position: ``post_attention_layernorm`` is the MLP's input norm
+    in Llama but the attention output's norm when outputs are normed (OLMo 2, Gemma 2), where the
+    MLP's output norm is ``post_feedforward_layernorm`` and its input norm ``pre_feedforward_layernorm``.
+    """
+    placement = getattr(config, "norm_placement", "pre")
+    if placement == "pre":
+        return [
+            norm_weight("input_norm.weight", "input_layernorm.weight", norm_offset),
+            norm_weight("post_attention_norm.weight", "post_attention_layernorm.weight", norm_offset),
+        ]
+    outputs = [
+        norm_weight("attention_output_norm.weight", "post_attention_layernorm.weight", norm_offset),
+        norm_weight("mlp_output_norm.weight", "post_feedforward_layernorm.weight", norm_offset),
+    ]
+    if placement == "post":
+        return outputs
+    return [
+        norm_weight("input_norm.weight", "input_layernorm.weight", norm_offset),
+        norm_weight("post_attention_norm.weight", "pre_feedforward_layernorm.weight", norm_offset),
+        *outputs,
+    ]
+
+
 def attention_weights(config: Any, norm_offset: float = 0.0) -> list[LayerWeight]:
     """The norms and attention weights every decoder layer of ours has (Llama and MoE alike)."""
     h, d = config.hidden_dim, config.head_dim
@@ -118,8 +144,7 @@ def attention_weights(config: Any, norm_offset: float = 0.0) -> list[LayerWeight
         return renamed(ours, theirs, lambda w: w.reshape(h, num_heads * d).T, lambda t: t.T.reshape(h, num_heads, d))
 
     return [
-        norm_weight("input_norm.weight", "input_layernorm.weight", norm_offset),
-        norm_weight("post_attention_norm.weight", "post_attention_layernorm.weight", norm_offset),
+        *layer_norm_weights(config, norm_offset),
         heads_in("attention.q_proj.weight", "self_attn.q_proj.weight", config.num_heads),
         heads_in("attention.k_proj.weight", "self_attn.k_proj.weight", config.num_kv_heads),
         heads_in("attention.v_proj.weight", "self_attn.v_proj.weight", config.num_kv_heads),
@@ -293,6 +318,23 @@ class HfFamily:
     cannot_write: Callable[[Any], str | None] = _writes_any
     # HF stores every RMSNorm scale minus this (Gemma: 1.0); see norm_weight.
     norm_offset: float = 0.0
+    # Where layer i's tensors are: "{layer_prefix}.{i}.<name>" (GPT-2: transformer.h).
+    layer_prefix: str = "model.layers"
+    # The weights outside the layers, paths relative to the model; None: the embedding and the
+    # final RMSNorm under Llama's names. (The untied output projection is lm_head.weight for all.)
+    outer_weights: Callable[[Any], list[LayerWeight]] | None = None
+    # One layer's tensors as the checkpoint stores them, from the names layer_weights writes: the
+    # inverse of canonical_names, for formats that fuse several of our weights into one tensor.
+    stored_layer_tensors: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = _no_renaming
+    # config.json with the shape fields under the names most families use (hidden_size, ...), for
+    # a format that spells them its own way (GPT-2: n_embd, n_layer, n_head, n_inner).
+    standard_config_names: Callable[[dict], dict] | None = None
+
+    def model_weights(self, config: Any) -> list[LayerWeight]:
+        if self.outer_weights is not None:
+            return self.outer_weights(config)
+        return [renamed("embed.weight", "model.embed_tokens.weight"),
+                norm_weight("final_norm.weight", "model.norm.weight", self.norm_offset)]
 
 
 def _layers_of(model: Any) -> list[Any]:
@@ -302,12 +344,13 @@ def _layers_of(model: Any) -> list[Any]:
 def iter_family_tensors(family: HfFamily, model: Any) -> Iterator[tuple[str, np.ndarray]]:
     """Every weight under its HF state-dict name, one at a time (host numpy)."""
     weights = family.layer_weights(model.config)
-    yield "model.embed_tokens.weight", np.asarray(model.embed.weight)
+    for weight in family.model_weights(model.config):
+        for name, tensor in weight.to_hf(np.asarray(attrgetter(weight.ours)(model))):
+            yield name, np.ascontiguousarray(tensor)
     for i, layer in enumerate(_layers_of(model)):
-        for weight in weights:
-            for suffix, tensor in weight.to_hf(np.asarray(attrgetter(weight.ours)(layer))):
-                yield f"model.layers.{i}.{suffix}", np.ascontiguousarray(tensor)
-    yield from norm_weight("final_norm.weight", "model.norm.weight", family.norm_offset).to_hf(np.asarray(model.final_norm.weight))
+        tensors = {suffix: tensor for weight in weights for suffix, tensor in weight.to_hf(np.asarray(attrgetter(weight.ours)(layer)))}
+        for suffix, tensor in family.stored_layer_tensors(tensors).items():
+            yield f"{family.layer_prefix}.{i}.{suffix}", np.ascontiguousarray(tensor)
     if model.lm_head is not None:
         yield "lm_head.weight", np.ascontiguousarray(np.asarray(model.lm_head.weight).T)
 
@@ -357,21 +400,22 @@ def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool
     # Shapes only: no random initialisation of weights we are about to overwrite.
     skeleton = eqx.filter_eval_shape(lambda: family.model_class(config, vocab_size, key=jax.random.PRNGKey(0)))
     layer_skeleton = eqx.filter_eval_shape(lambda: family.layer_class(config, key=jax.random.PRNGKey(0)))
+    # Unrolled layers may differ in static options (each its own attention window): fill each one's own.
+    layer_skeletons = skeleton.layers if isinstance(skeleton.layers, tuple) else [layer_skeleton] * config.num_layers
     weights = family.layer_weights(config)
     try:
         layers = []
         for i in range(config.num_layers):
-            prefix = f"model.layers.{i}."
+            prefix = f"{family.layer_prefix}.{i}."
             values = [as_array(w.from_hf(lambda suffix: take(prefix + suffix))) for w in weights]
-            layers.append(eqx.tree_at(lambda l: [attrgetter(w.ours)(l) for w in weights], layer_skeleton, values))
+            layers.append(eqx.tree_at(lambda l: [attrgetter(w.ours)(l) for w in weights], layer_skeletons[i], values))
         if use_scan:
             stacked_layers: Any = Stacked(jax.tree.map(lambda *xs: jnp.stack(xs), *layers), config.num_layers)
         else:
             stacked_layers = tuple(layers)
 
-        model = eqx.tree_at(lambda m: m.embed.weight, skeleton, as_array(take("model.embed_tokens.weight")))
-        final_norm = norm_weight("final_norm.weight", "model.norm.weight", family.norm_offset).from_hf(take)
-        model = eqx.tree_at(lambda m: m.final_norm.weight, model, as_array(final_norm))
+        outer = family.model_weights(config)
+        model = eqx.tree_at(lambda m: [attrgetter(w.ours)(m) for w in outer], skeleton, [as_array(w.from_hf(take)) for w in outer])
         model = eqx.tree_at(lambda m: m.layers, model, stacked_layers)
         if model.lm_head is not None:
             # Some tied checkpoints still store lm_head.weight; untied ones must.
@@ -390,7 +434,7 @@ def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool
 
 def _config_of_family(family: HfFamily, path: str) -> tuple[Any, int]:
     """Our config from the folder's ``config.json``; a missing or ill-typed field names the file."""
-    hf = read_model_config(path)
+    hf = read_model_config(path, family.standard_config_names)
     try:
         return family.config_from_hf(hf)
     except HfFormatError:

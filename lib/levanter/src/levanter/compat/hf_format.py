@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -156,10 +156,12 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     return read_json_object(config_path)
 
 
-def read_model_config(path: str) -> dict:
-    """``config.json`` with the fields every family needs present and positive integers."""
+def read_model_config(path: str, standard_names: Callable[[dict], dict] | None = None) -> dict:
+    """``config.json`` with the fields every family needs present and positive integers;
+    ``standard_names`` first adds them under these names where a family spells them its own way."""
     config_path = fsx.join(path, CONFIG_FILE)
     hf = read_hf_config(path)
+    hf = hf if standard_names is None else standard_names(hf)
     missing = [name for name in REQUIRED_CONFIG_FIELDS if name not in hf]
     if missing:
         raise CorruptCheckpointError(

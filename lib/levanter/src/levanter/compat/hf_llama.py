@@ -48,7 +48,13 @@ def llama_layer_weights(config: LlamaConfig, norm_offset: float = 0.0) -> list[L
         weights += attention_bias_weights(config)
     if config.o_bias:
         weights.append(renamed("attention.o_bias.weight", "self_attn.o_proj.bias"))
-    if config.qk_norm:
+    if config.qk_norm and config.qk_norm_scope == "projection":  # ours [heads, d] <-> theirs [heads * d]
+        d = config.head_dim
+        weights += [
+            renamed(f"attention.{p}_norm.weight", f"self_attn.{p}_norm.weight", lambda w: w.reshape(-1), lambda t, n=n: t.reshape(n, d))
+            for p, n in (("q", config.num_heads), ("k", config.num_kv_heads))
+        ]
+    elif config.qk_norm:
         weights += [
             norm_weight("attention.q_norm.weight", "self_attn.q_norm.weight", norm_offset),
             norm_weight("attention.k_norm.weight", "self_attn.k_norm.weight", norm_offset),
@@ -105,6 +111,13 @@ def features_beyond(config: LlamaConfig, allowed: set[str]) -> str | None:
         "sliding_window": config.sliding_window is not None,
         "activation": config.activation != "silu",
         "scale_embeddings": config.scale_embeddings,
+        "norm_placement": config.norm_placement != "pre",
+        "qk_norm_scope": config.qk_norm_scope != "head",
+        "layer_types": config.layer_types is not None,
+        "attention_logit_softcap": config.attention_logit_softcap is not None,
+        "final_logit_softcap": config.final_logit_softcap is not None,
+        "attention_scale_dim": config.attention_scale_dim is not None,
+        "sliding_rope_theta": config.sliding_rope_theta is not None,
     }
     beyond = [name for name, on in used.items() if on and name not in allowed]
     return f"it has no place for {', '.join(beyond)}" if beyond else None

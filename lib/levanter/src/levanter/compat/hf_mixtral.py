@@ -44,7 +44,7 @@ MOE_BLOCK = "block_sparse_moe"
 MIXTRAL_DEFAULT_ROPE_THETA = 1_000_000.0
 
 
-def _per_expert(ours: str, theirs: str, num_experts: int) -> LayerWeight:
+def per_expert(ours: str, theirs: str, num_experts: int) -> LayerWeight:
     """Ours ``[experts, in, out]`` <-> one HF ``[out, in]`` tensor per expert (``theirs`` has ``{j}``)."""
 
     def to_hf(w: np.ndarray):
@@ -60,9 +60,9 @@ def _mixtral_layer_weights(config: MoeConfig) -> list[LayerWeight]:
     experts = f"{MOE_BLOCK}.experts.{{j}}"
     return attention_weights(config) + [
         transposed("moe.router.weight", f"{MOE_BLOCK}.gate.weight"),  # ours [h, experts], theirs [experts, h]
-        _per_expert("moe.gate_proj", f"{experts}.w1.weight", config.num_experts),
-        _per_expert("moe.up_proj", f"{experts}.w3.weight", config.num_experts),
-        _per_expert("moe.down_proj", f"{experts}.w2.weight", config.num_experts),
+        per_expert("moe.gate_proj", f"{experts}.w1.weight", config.num_experts),
+        per_expert("moe.up_proj", f"{experts}.w3.weight", config.num_experts),
+        per_expert("moe.down_proj", f"{experts}.w2.weight", config.num_experts),
     ]
 
 
@@ -130,9 +130,20 @@ def canonical_mixtral_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
     return out
 
 
+def _mixtral_cannot_write(config: MoeConfig) -> str | None:
+    """Mixtral's attention is Llama's and its router always renormalises the top-k weights."""
+    used = {
+        "head_dim_override": config.head_dim_override is not None, "qkv_bias": config.qkv_bias, "o_bias": config.o_bias,
+        "qk_norm": config.qk_norm, "renormalize_top_k=False": not config.renormalize_top_k,
+        "shared_expert_dim": bool(config.shared_expert_dim),
+    }
+    extra = [name for name, on in used.items() if on]
+    return f"it has no place for {', '.join(extra)}" if extra else None
+
+
 MIXTRAL = HfFamily(
     "mixtral", MoeLMHeadModel, MoeDecoderLayer, _mixtral_layer_weights, mixtral_config_dict, moe_config_from_hf,
-    canonical_names=canonical_mixtral_names,
+    canonical_names=canonical_mixtral_names, cannot_write=_mixtral_cannot_write,
 )
 
 

@@ -16,19 +16,22 @@ import jax.numpy as jnp
 
 from levanter.compat.hf_family import HfFamily, UnsupportedConfigError, read_checkpoint, write_checkpoint
 from levanter.compat.hf_format import DEFAULT_MAX_SHARD_BYTES, HfFormatError, read_hf_config
-from levanter.compat.hf_gemma import GEMMA, GEMMA2_REFUSAL
+from levanter.compat.hf_gemma import GEMMA, GEMMA2, GEMMA3, GEMMA3_MULTIMODAL_REFUSAL
+from levanter.compat.hf_gpt2 import GPT2
 from levanter.compat.hf_llama import LLAMA
 from levanter.compat.hf_mistral import MISTRAL
 from levanter.compat.hf_mixtral import MIXTRAL
+from levanter.compat.hf_olmo import OLMO2, OLMO3
 from levanter.compat.hf_qwen import QWEN2, QWEN3
+from levanter.compat.hf_qwen_moe import QWEN2_MOE, QWEN3_MOE
 
 # The first is what a config.json without a model_type is read as. For export, the first family
 # of the model's class whose config.json can express the model's config is used: plain Llama
 # configs are written as llama, a sliding window makes them mistral, and so on.
-FAMILIES: tuple[HfFamily, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, MIXTRAL)
+FAMILIES: tuple[HfFamily, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, MIXTRAL, OLMO2, OLMO3, GEMMA2, GEMMA3, QWEN3_MOE, QWEN2_MOE, GPT2)
 
 # model_types we know and deliberately do not read, and why (the message names the config fields).
-REFUSED_MODEL_TYPES: dict[str, str] = {"gemma2": GEMMA2_REFUSAL}
+REFUSED_MODEL_TYPES: dict[str, str] = {"gemma3": GEMMA3_MULTIMODAL_REFUSAL}
 
 
 def supported_families() -> tuple[HfFamily, ...]:
@@ -53,10 +56,11 @@ def export_to_hf(model: Any, out_dir: str | os.PathLike, *, tokenizer_dir_or_obj
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
     """Write ``model`` (Llama or MoE) as a Hugging Face checkpoint folder; returns the folder.
 
-    ``MoeLMHeadModel`` becomes ``MixtralForCausalLM``; ``LlamaLMHeadModel`` becomes
+    ``MoeLMHeadModel`` becomes ``MixtralForCausalLM`` (``Qwen3MoeForCausalLM`` with query/key norms, ``Qwen2MoeForCausalLM`` with a shared expert); ``LlamaLMHeadModel`` becomes
     ``LlamaForCausalLM``, or the family its config's options belong to (``MistralForCausalLM`` with
     a sliding window, ``Qwen2ForCausalLM`` with q/k/v biases only, ``Qwen3ForCausalLM`` with
-    query/key norms, ``GemmaForCausalLM`` with scaled embeddings).
+    query/key norms, ``GemmaForCausalLM`` with scaled embeddings, ``Olmo2ForCausalLM`` /
+    ``Olmo3ForCausalLM`` with OLMo's output norms); ``Gpt2LMHeadModel`` becomes ``GPT2LMHeadModel``.
     ``tokenizer_dir_or_obj``: a ``tokenizers.Tokenizer`` (saved as ``tokenizer.json``) or a folder
     whose tokenizer files are copied. Weights are written in the model's (float32) parameter
     dtype: one ``model.safetensors``, or shards plus ``model.safetensors.index.json`` when they
@@ -81,8 +85,8 @@ def _holds_adapters(model: Any) -> bool:
 def import_from_hf(path: str | os.PathLike, *, use_scan: bool = False, gradient_checkpointing: bool = False, dtype: Any = jnp.float32) -> Any:
     """Load a checkpoint folder (a local path or any URL) as our model of the family its ``config.json`` names.
 
-    ``model_type`` ``llama`` (or none), ``mistral``, ``qwen2``, ``qwen3`` and ``gemma`` give a
-    ``LlamaLMHeadModel``, ``mixtral`` a ``MoeLMHeadModel``.
+    ``model_type`` ``llama`` (or none), ``mistral``, ``qwen2``, ``qwen3``, ``gemma``, ``gemma2`` and ``gemma3_text`` give a
+    ``LlamaLMHeadModel``, ``mixtral``, ``qwen3_moe`` and ``qwen2_moe`` a ``MoeLMHeadModel``.
     """
     model_type = read_hf_config(path).get("model_type") or FAMILIES[0].model_type
     families = {f.model_type: f for f in FAMILIES}

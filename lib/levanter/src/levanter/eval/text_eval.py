@@ -27,6 +27,7 @@ import numpy as np
 from levanter.errors import LevanterError
 from levanter.eval.byte_counts import check_tokenizer_matches, document_byte_counts, token_bytes
 from levanter.eval.scoring_windows import ScoringWindows
+from levanter.models.lm import final_logit_softcap
 from levanter.models.loss import fused_next_token_loss, next_token_loss
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from rigging.progress import terminal_bar
@@ -101,6 +102,7 @@ class LmEvaluator:
         )
         # Rows are scored side by side (vmap), so one block holds block_size tokens of every row.
         block_size = max(BLOCK_LOGITS // (self.vocab_size * batch_size), 16)
+        softcap = final_logit_softcap(model)
         dtype = self.compute_dtype
 
         def loss_sums(params, tokens, mask, segment_ids):
@@ -110,8 +112,9 @@ class LmEvaluator:
             if blocked:
                 hidden, _ = net.hidden_states(tokens, segment_ids=segment_ids)
                 unembedding = net.unembedding()
-                sums = jax.vmap(lambda h, t, m: fused_next_token_loss(h[None], unembedding, t[None], m[None], block_size=block_size))(
-                    hidden, tokens, mask)
+                sums = jax.vmap(lambda h, t, m: fused_next_token_loss(
+                    h[None], unembedding, t[None], m[None], block_size=block_size, logit_softcap=softcap
+                ))(hidden, tokens, mask)
             else:
                 logits = net.forward(tokens, segment_ids=segment_ids).logits
                 sums = jax.vmap(lambda x, t, m: next_token_loss(x[None], t[None], m[None]))(logits, tokens, mask)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from haliax import Stacked
 
 from levanter.errors import LevanterError
+from levanter.models.lm import final_logit_softcap, soft_cap
 
 
 class SamplingError(LevanterError, ValueError):
@@ -47,11 +48,17 @@ def init_cache(model: Any, batch_size: int, max_len: int, dtype: Any = None) -> 
 def decode(model: Any, tokens: jax.Array, cache: KvCache, start: jax.Array | int) -> tuple[jax.Array, KvCache]:
     """Logits [B, T, vocab] for ``tokens`` [B, T] at positions ``start .. start + T``, and the
     cache with their keys and values added. Works for every model built from the shared decoder
-    layers (Llama, MoE)."""
+    layers (Llama, MoE, GPT-2)."""
     config = model.config
     start = jnp.asarray(start, jnp.int32)
     x = model.embed(tokens)
-    cos, sin = config.rope_tables(start + jnp.arange(tokens.shape[1]))
+    positions = start + jnp.arange(tokens.shape[1])
+    if getattr(model, "position_embed", None) is not None:  # learned absolute positions (GPT-2)
+        x = x + model.position_embed(positions)
+    cos, sin = config.rope_tables(positions)
+    layer_tables = config.layer_rope_tables(positions)
+    if layer_tables is not None and isinstance(model.layers, Stacked):  # stacked layers are all of one kind
+        (cos, sin), layer_tables = layer_tables[0], None
 
     if isinstance(model.layers, Stacked):
 
@@ -64,13 +71,14 @@ def decode(model: Any, tokens: jax.Array, cache: KvCache, start: jax.Array | int
     else:
         new_keys, new_values = [], []
         for i, layer in enumerate(model.layers):
-            x, k, v = layer.decode(x, cos, sin, cache.keys[i], cache.values[i], start)
+            layer_cos, layer_sin = (cos, sin) if layer_tables is None else layer_tables[i]
+            x, k, v = layer.decode(x, layer_cos, layer_sin, cache.keys[i], cache.values[i], start)
             new_keys.append(k)
             new_values.append(v)
         keys, values = jnp.stack(new_keys), jnp.stack(new_values)
     x = model.final_norm(x)
     logits = jnp.einsum("bte,ev->btv", x, model.unembedding().astype(x.dtype))
-    return logits, KvCache(keys, values)
+    return soft_cap(logits, final_logit_softcap(model)), KvCache(keys, values)
 
 
 def _choose(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, *, greedy: bool, top_k: int | None, use_top_p: bool) -> jax.Array:

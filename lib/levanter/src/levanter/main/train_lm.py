@@ -251,6 +251,8 @@ def train_lm(
     record = {"step": result.final_step, "train_loss": result.final_train_loss, "eval": result.eval_losses}
     if result.unverified_checkpoint is not None:  # only then: a verified run's record is unchanged
         record["unverified_checkpoint"] = result.unverified_checkpoint
+    if result.ema_eval_losses:  # the weight average's losses: it is the model exported below
+        record["eval_ema"] = result.ema_eval_losses
     _write_json_atomically(eval_path, record)
     trainer.raise_if_abandoned(result.final_step)
     hf_path = adapter_path = None

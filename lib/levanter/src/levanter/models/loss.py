@@ -8,6 +8,7 @@ however the batch was split.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -46,6 +47,7 @@ def fused_next_token_loss(
     *,
     z_loss_weight: float = 0.0,
     block_size: int | None = None,
+    logit_softcap: float | None = None,
 ) -> LossSums:
     """``next_token_loss(hidden @ unembedding, ...)`` without materialising the [B, T, V] logits.
 
@@ -61,6 +63,9 @@ def fused_next_token_loss(
     (``llama_nano``), the logits' memory traffic and not the matmul FLOPs sets the speed, and
     cache-sized blocks win (~30% per step on CPU); from hidden ~128 up it is a memory saving, for
     about a third more output-layer FLOPs. See ``docs/models.md`` for figures.
+
+    ``logit_softcap``: the logits are ``cap * tanh(hidden @ unembedding / cap)``, as the model's
+    own forward computes them (``levanter.models.lm.final_logit_softcap``).
     """
     batch, seq_len, _ = hidden.shape
     if block_size is None:
@@ -86,7 +91,7 @@ def fused_next_token_loss(
 
     # Within a block the rows' positions are flattened: 2-D matmuls run ~10% faster on CPU than
     # the same work with a separate batch axis, and a split over rows stays a split of that axis.
-    lse, target_logits = _blocked_lse_and_target(to_blocks(x), unembedding, to_blocks(targets))
+    lse, target_logits = _blocked_lse_and_target(to_blocks(x), unembedding, to_blocks(targets), logit_softcap)
     lse, target_logits = from_blocks(lse), from_blocks(target_logits)
     loss_sum = jnp.sum((lse - target_logits) * mask)
     z_loss_sum = z_loss_weight * jnp.sum(jnp.square(lse) * mask)
@@ -110,37 +115,40 @@ def default_block_size(vocab_size: int, num_devices: int = 1) -> int:
     return max(per_device * num_devices // vocab_size, 16)
 
 
-def _block_logits(x: jax.Array, w: jax.Array) -> jax.Array:
-    return jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+def _block_logits(x: jax.Array, w: jax.Array, cap: float | None) -> jax.Array:
+    logits = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-@jax.custom_vjp
-def _blocked_lse_and_target(x: jax.Array, w: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _blocked_lse_and_target(x: jax.Array, w: jax.Array, targets: jax.Array, cap: float | None) -> tuple[jax.Array, jax.Array]:
     """Per token: log-sum-exp of its logits and its target's logit. x: [blocks, block, E]."""
 
     def one_block(args):
         xb, tb = args
-        logits = _block_logits(xb, w)
+        logits = _block_logits(xb, w, cap)
         return jax.nn.logsumexp(logits, axis=-1), jnp.take_along_axis(logits, tb[:, None], axis=-1)[:, 0]
 
     return jax.lax.map(one_block, (x, targets))
 
 
-def _blocked_forward(x, w, targets):
-    lse, target_logits = _blocked_lse_and_target(x, w, targets)
+def _blocked_forward(x, w, targets, cap):
+    lse, target_logits = _blocked_lse_and_target(x, w, targets, cap)
     return (lse, target_logits), (x, w, targets, lse)
 
 
-def _blocked_backward(residuals, cotangents):
+def _blocked_backward(cap, residuals, cotangents):
     x, w, targets, lse = residuals
     g_lse, g_target = cotangents
 
     def one_block(dw, args):
         xb, tb, lse_b, g_lse_b, g_target_b = args
-        logits = _block_logits(xb, w)
+        logits = _block_logits(xb, w, cap)
         # d lse / d logits = softmax; d target_logit / d logits = one-hot(target).
         dlogits = jnp.exp(logits - lse_b[:, None]) * g_lse_b[:, None]
         dlogits = dlogits + (jnp.arange(logits.shape[-1])[None, :] == tb[:, None]) * g_target_b[:, None]
+        if cap is not None:  # through cap * tanh(z / cap), whose derivative is 1 - (capped / cap)^2
+            dlogits = dlogits * (1 - jnp.square(logits / cap))
         # Both products in the compute dtype (bfloat16 runs on the matrix units) with float32 sums,
         # as the plain loss's backward does.
         dlogits = dlogits.astype(xb.dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
 
 from typing import Any, Callable, Sequence
@@ -62,6 +63,13 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
 }
 
+# Where a query/key norm takes its statistics (``qk_norm_scope``): over each head (Qwen3) or over
+# the whole projection, every head together (OLMo 2).
+QK_NORM_SCOPES = ("head", "projection")
+
+# The attention kinds a layer can have, by the names of transformers' ``layer_types``.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
 # Field metadata for options added to a config after configs of its class were already in use
 # (hashed into step identities, written to records). Such a field is left out of ``to_dict`` while
 # it holds its default, and marin.execution.identity leaves it out of a step's identity the same
@@ -89,6 +97,8 @@ class DecoderShape:
 
     head_dim_override: int | None = None
     rope_scaling: Any = None  # a haliax.nn.RopeScaling, or None for plain RoPE
+    sliding_rope_theta: float | None = None  # see layer_rope_tables
+    final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2)
 
     def check_shape(self, positive_fields: tuple[str, ...]) -> None:
         for name in positive_fields:
@@ -125,6 +135,18 @@ class DecoderShape:
     def rope_tables(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
         """RoPE's cos and sin tables for ``positions`` (see ``haliax.nn.rotary_cos_sin``)."""
         return rotary_cos_sin(positions, self.head_dim, self.rope_theta, self.rope_scaling)
+
+    def layer_rope_tables(self, positions: jax.Array) -> list[tuple[jax.Array, jax.Array]] | None:
+        """Each layer's RoPE tables where sliding-window layers have a RoPE of their own, else None.
+
+        With ``sliding_rope_theta`` set (Gemma 3), layers with a window (``window_of``) rotate by
+        plain RoPE of that base, the others by ``rope_tables`` (``rope_theta``, ``rope_scaling``).
+        """
+        if self.sliding_rope_theta is None:
+            return None
+        full = self.rope_tables(positions)
+        local = rotary_cos_sin(positions, self.head_dim, self.sliding_rope_theta)
+        return [local if self.window_of(i) is not None else full for i in range(self.num_layers)]
 
     def to_dict(self) -> dict:
         """The fields as plain data; options marked OMIT_WHEN_DEFAULT appear only when set."""
@@ -169,6 +191,32 @@ class HeadNorm(RMSNorm):
         return {"weight": (HEAD_DIM,)}
 
 
+class ProjectionNorm(NamedModule):
+    """RMSNorm over a whole query or key projection, every head together (OLMo 2's query/key norm).
+
+    The statistics span ``heads x head_dim`` and the weight is ``[heads, head_dim]``: one scale per
+    output unit of the projection, as in a norm applied before the heads are split apart.
+    """
+
+    weight: jax.Array
+    eps: float = eqx.field(static=True)
+    heads_axis: str = eqx.field(static=True)
+
+    def __init__(self, num_heads: int, head_dim: int, *, heads_axis: str, eps: float = 1e-5, dtype=jnp.float32):
+        self.weight = jnp.ones((num_heads, head_dim), dtype=dtype)
+        self.eps = eps
+        self.heads_axis = heads_axis
+
+    def param_axes(self):
+        return {"weight": (self.heads_axis, HEAD_DIM)}
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)  # statistics in float32, as RMSNorm's
+        variance = jnp.mean(jnp.square(x32), axis=(-2, -1), keepdims=True)
+        normed = (x32 * jax.lax.rsqrt(variance + self.eps)).astype(x.dtype)
+        return normed * self.weight.astype(x.dtype)
+
+
 class ScaledEmbedding(Embedding):
     """An embedding whose looked-up vectors are multiplied by ``scale`` (Gemma: sqrt(hidden_dim)).
 
@@ -196,8 +244,14 @@ class Attention(eqx.Module):
 
     Options, all off by default (plain Llama): ``head_dim`` other than ``hidden_dim / num_heads``;
     biases on the q/k/v projections (Qwen2) and on the output projection; ``qk_norm``, an RMSNorm
-    of each query and key head before RoPE (Qwen3); ``sliding_window``, each position attending
-    only to itself and the ``sliding_window - 1`` positions before it (Mistral).
+    of each query and key head before RoPE (Qwen3), or with ``qk_norm_scope="projection"`` of the
+    whole query and key projections (OLMo 2); ``sliding_window``, each position attending only to
+    itself and the ``sliding_window - 1`` positions before it (Mistral). Without ``cos``/``sin``
+    (None) positions are not rotated: a model with learned absolute positions (GPT-2).
+    ``logit_softcap`` bounds the scores with ``cap * tanh(scores / cap)`` and ``scale_dim`` divides
+    them by ``sqrt(scale_dim)`` instead of ``sqrt(head_dim)`` (Gemma 2's ``attn_logit_softcapping``
+    and ``query_pre_attn_scalar``); the scale is applied to the queries, so every attention
+    implementation keeps its own ``1 / sqrt(head_dim)``.
     """
 
     q_proj: Linear  # embed -> (heads, head_dim)
@@ -209,14 +263,17 @@ class Attention(eqx.Module):
     k_bias: Bias | None = None
     v_bias: Bias | None = None
     o_bias: Bias | None = None
-    q_norm: HeadNorm | None = None
-    k_norm: HeadNorm | None = None
+    q_norm: HeadNorm | ProjectionNorm | None = None
+    k_norm: HeadNorm | ProjectionNorm | None = None
     sliding_window: int | None = eqx.field(static=True, default=None)
+    logit_softcap: float | None = eqx.field(static=True, default=None)
+    query_scale: float | None = eqx.field(static=True, default=None)  # sqrt(head_dim / scale_dim); None: 1
 
     def __init__(
         self, hidden_dim: int, num_heads: int, num_kv_heads: int, *, init_std: float, key: jax.Array, implementation: str = "auto",
         head_dim: int | None = None, qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False, norm_eps: float = 1e-5,
-        sliding_window: int | None = None,
+        sliding_window: int | None = None, qk_norm_scope: str = "head", logit_softcap: float | None = None,
+        scale_dim: float | None = None,
     ):
         head_dim = head_dim or hidden_dim // num_heads
         kq, kk, kv, ko = jax.random.split(key, 4)
@@ -231,17 +288,31 @@ class Attention(eqx.Module):
         self.k_bias = Bias((num_kv_heads, head_dim), (KV_HEADS, HEAD_DIM)) if qkv_bias else None
         self.v_bias = Bias((num_kv_heads, head_dim), (KV_HEADS, HEAD_DIM)) if qkv_bias else None
         self.o_bias = Bias((hidden_dim,), (EMBED,)) if o_bias else None
-        self.q_norm = HeadNorm(head_dim, eps=norm_eps) if qk_norm else None
-        self.k_norm = HeadNorm(head_dim, eps=norm_eps) if qk_norm else None
+        if qk_norm_scope not in QK_NORM_SCOPES:
+            raise ConfigError(f"Unknown qk_norm_scope {qk_norm_scope!r}; expected one of {QK_NORM_SCOPES}.")
+        if qk_norm and qk_norm_scope == "projection":
+            self.q_norm = ProjectionNorm(num_heads, head_dim, heads_axis=HEADS, eps=norm_eps)
+            self.k_norm = ProjectionNorm(num_kv_heads, head_dim, heads_axis=KV_HEADS, eps=norm_eps)
+        else:
+            self.q_norm = HeadNorm(head_dim, eps=norm_eps) if qk_norm else None
+            self.k_norm = HeadNorm(head_dim, eps=norm_eps) if qk_norm else None
         self.sliding_window = sliding_window
+        self.logit_softcap = logit_softcap
+        self.query_scale = None if scale_dim is None else math.sqrt(head_dim / scale_dim)
 
-    def _rotated(self, proj: Linear, bias: Bias | None, norm: HeadNorm | None, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-        """Queries or keys: projected, offset, normed per head, then rotated."""
+    def _queries(self, x: jax.Array, cos: jax.Array | None, sin: jax.Array | None) -> jax.Array:
+        q = self._rotated(self.q_proj, self.q_bias, self.q_norm, x, cos, sin)
+        return q if self.query_scale is None else q * jnp.asarray(self.query_scale, q.dtype)
+
+    def _rotated(self, proj: Linear, bias: Bias | None, norm: HeadNorm | ProjectionNorm | None, x: jax.Array,
+                 cos: jax.Array | None, sin: jax.Array | None) -> jax.Array:
+        """Queries or keys: projected, offset, normed, then rotated (unless there are no tables)."""
         h = _offset(bias, proj(x))
-        return apply_rotary(h if norm is None else norm(h), cos, sin)
+        h = h if norm is None else norm(h)
+        return h if cos is None else apply_rotary(h, cos, sin)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
-        q = self._rotated(self.q_proj, self.q_bias, self.q_norm, x, cos, sin)
+        q = self._queries(x, cos, sin)
         k = self._rotated(self.k_proj, self.k_bias, self.k_norm, x, cos, sin)
         v = _offset(self.v_bias, self.v_proj(x))
         q = constrain(q, (BATCH, SEQ, HEADS, HEAD_DIM))
@@ -250,9 +321,11 @@ class Attention(eqx.Module):
             # The fused implementations mask only causally and by document; a window needs the
             # explicit [T, T] mask, so such sequences take the plain (XLA) path.
             mask = attention_mask(seq_len, segment_ids) & _window_mask(jnp.arange(seq_len), seq_len, self.sliding_window)
-            out = attend(q, k, v, mask)
+            out = attend(q, k, v, mask, logit_softcap=self.logit_softcap)
         else:
-            out = dot_product_attention(q, k, v, segment_ids=segment_ids, implementation=self.implementation)
+            out = dot_product_attention(
+                q, k, v, segment_ids=segment_ids, implementation=self.implementation, logit_softcap=self.logit_softcap
+            )
         return _offset(self.o_bias, self.o_proj(out))
 
     def decode(
@@ -264,7 +337,7 @@ class Attention(eqx.Module):
         positions; this call writes the new ones at ``start`` and returns the updated caches. Slots
         past the current position are masked out, so the cache can be preallocated.
         """
-        q = self._rotated(self.q_proj, self.q_bias, self.q_norm, x, cos, sin)
+        q = self._queries(x, cos, sin)
         k = self._rotated(self.k_proj, self.k_bias, self.k_norm, x, cos, sin).astype(k_cache.dtype)
         v = _offset(self.v_bias, self.v_proj(x)).astype(v_cache.dtype)
         k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, start, 0, 0))
@@ -273,7 +346,7 @@ class Attention(eqx.Module):
         mask = jnp.arange(k_cache.shape[1])[None, :] <= query_positions[:, None]
         if self.sliding_window is not None:
             mask = mask & _window_mask(query_positions, k_cache.shape[1], self.sliding_window)
-        out = attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask[None, None, None])
+        out = attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask[None, None, None], logit_softcap=self.logit_softcap)
         return _offset(self.o_bias, self.o_proj(out)), k_cache, v_cache
 
 
@@ -335,16 +408,19 @@ def run_layers(
     sin: jax.Array,
     segment_ids: jax.Array | None,
     remat: str = "none",
+    layer_tables: Sequence[tuple[jax.Array, jax.Array]] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Apply every layer in turn; returns the hidden states and the sum of the layers' aux losses.
+    """Apply every layer in turn; returns the hidden states and the sum of the layers' aux values.
 
-    Each layer maps ``(x, cos, sin, segment_ids) -> (x, aux)``. ``remat`` (one of
+    Each layer maps ``(x, cos, sin, segment_ids) -> (x, aux)``; ``aux`` is a scalar loss, or any
+    pytree of arrays (an MoE layer's routing statistics), summed leaf by leaf. ``remat`` (one of
     ``REMAT_POLICIES``) says which of a layer's activations the backward pass recomputes instead of
-    storing.
+    storing. ``layer_tables``: each unrolled layer's own ``(cos, sin)`` in place of ``cos``/``sin``,
+    where RoPE differs between layers (``DecoderShape.layer_rope_tables``).
     """
 
-    def apply(layer, x):
-        return layer(x, cos, sin, segment_ids)
+    def apply(layer, x, tables=(cos, sin)):
+        return layer(x, *tables, segment_ids)
 
     if remat != "none":
         # Under scan, XLA cannot merge the recomputation back into the forward pass, so CSE
@@ -352,17 +428,20 @@ def run_layers(
         policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "save_matmuls" else None
         apply = jax.checkpoint(apply, policy=policy, prevent_cse=not isinstance(layers, Stacked))
 
-    aux_total = jnp.zeros((), jnp.float32)
     if isinstance(layers, Stacked):
 
         def body(carry, layer):
             x, aux_total = carry
             x, aux = apply(layer, x)
-            return (x, aux_total + aux), None
+            return (x, jax.tree.map(jnp.add, aux_total, aux)), None
 
+        # The carry needs the aux's structure up front: one layer's, traced without running it.
+        aux_shape = jax.eval_shape(apply, jax.tree.map(lambda w: w[0], layers.inner), x)[1]
+        aux_total = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_shape)
         (x, aux_total), _ = jax.lax.scan(body, (x, aux_total), layers.inner)
         return x, aux_total
-    for layer in layers:
-        x, aux = apply(layer, x)
-        aux_total = aux_total + aux
+    aux_total = None
+    for layer, tables in zip(layers, layer_tables or [(cos, sin)] * len(layers), strict=True):
+        x, aux = apply(layer, x, tables)
+        aux_total = aux if aux_total is None else jax.tree.map(jnp.add, aux_total, aux)
     return x, aux_total

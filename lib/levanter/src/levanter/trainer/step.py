@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from levanter.trainer.bad_steps import BadStepRule, keep_if
 from levanter.trainer.first_call_log import FirstCallLogged
 from levanter.trainer.mixed_precision import cast_floating
 from levanter.trainer.state import TrainState
@@ -84,13 +85,21 @@ def prefers_fused_loss(model: Any, num_tokens: int, num_devices: int) -> bool:
 
 def fused_token_loss_sums(model, batch: "DeviceBatch", num_devices: int = 1):
     """``token_loss_sums`` from the model's hidden states, without materialising the logits."""
+    from levanter.models.lm import final_logit_softcap
     from levanter.models.loss import default_block_size, fused_next_token_loss
 
-    hidden, aux = model.hidden_states(batch.tokens, segment_ids=batch.segment_ids)
+    with_metrics = getattr(model, "hidden_states_and_metrics", None)  # a model with metrics of its own (MoE)
+    if with_metrics is None:
+        (hidden, aux), metrics = model.hidden_states(batch.tokens, segment_ids=batch.segment_ids), None
+    else:
+        hidden, aux, metrics = with_metrics(batch.tokens, segment_ids=batch.segment_ids)
     unembedding = model.unembedding()
     block_size = default_block_size(unembedding.shape[-1], num_devices)
-    sums = fused_next_token_loss(hidden, unembedding, batch.tokens, batch.loss_mask, z_loss_weight=1.0, block_size=block_size)
-    return (sums.loss_sum, sums.z_loss_sum, sums.weight_sum), aux
+    sums = fused_next_token_loss(
+        hidden, unembedding, batch.tokens, batch.loss_mask, z_loss_weight=1.0, block_size=block_size,
+        logit_softcap=final_logit_softcap(model),
+    )
+    return (sums.loss_sum, sums.z_loss_sum, sums.weight_sum), aux, metrics
 
 
 @dataclass(frozen=True)
@@ -124,8 +133,8 @@ class Objective(Protocol):
     before the batch is split into microbatches and outside the gradient (None when there are
     none). ``split(batch, context, k)``: ``k`` microbatches of both, stacked on a leading axis.
     ``loss(model, batch, context, normaliser, k)``: ``(value, sums)``, where ``value``'s gradient,
-    summed over the ``k`` microbatches, is the batch's and ``sums`` is a tuple of scalars that add
-    up over microbatches. ``metrics(sums, normaliser, k)``: the step's scalars; at least ``loss``,
+    summed over the ``k`` microbatches, is the batch's and ``sums`` is a tuple of scalars (or of
+    pytrees of scalars) that add up over microbatches. ``metrics(sums, normaliser, k)``: the step's scalars; at least ``loss``,
     ``z_loss``, ``aux_loss``, ``total_loss`` and ``loss_tokens``. ``eval_sums(model, batch)``:
     ``(loss sum, weight sum)`` of one eval batch.
     """
@@ -154,12 +163,13 @@ class NextTokenObjective:
     def _sums(self, model, batch: DeviceBatch):
         use_fused = prefers_fused_loss(model, batch.tokens.size, self.num_devices) if self.fused_loss is None else self.fused_loss
         if use_fused:
-            (loss_sum, z_sum, weight_sum), aux = fused_token_loss_sums(model, batch, self.num_devices)
+            (loss_sum, z_sum, weight_sum), aux, model_metrics = fused_token_loss_sums(model, batch, self.num_devices)
         else:
             out = model.forward(batch.tokens, segment_ids=batch.segment_ids)
             loss_sum, z_sum, weight_sum = token_loss_sums(out.logits, batch.tokens, batch.loss_mask)
-            aux = out.aux_loss
-        return loss_sum, z_sum, weight_sum, jnp.asarray(aux, jnp.float32)
+            aux, model_metrics = out.aux_loss, getattr(out, "metrics", None)
+        model_metrics = {name: jnp.asarray(v, jnp.float32) for name, v in (model_metrics or {}).items()}
+        return loss_sum, z_sum, weight_sum, jnp.asarray(aux, jnp.float32), model_metrics
 
     def normaliser(self, batch: DeviceBatch) -> jax.Array:
         # The last position has no target inside the window and never counts (as in the loss).
@@ -172,12 +182,12 @@ class NextTokenObjective:
         return _split_microbatches(batch, num_microbatches), None
 
     def loss(self, model, batch, context, normaliser, num_microbatches):
-        loss_sum, z_sum, _, aux = self._sums(model, batch)
+        loss_sum, z_sum, _, aux, model_metrics = self._sums(model, batch)
         value = (loss_sum + self.z_loss_weight * z_sum) / normaliser + aux / num_microbatches
-        return value, (loss_sum, z_sum, aux)
+        return value, (loss_sum, z_sum, aux, model_metrics)
 
     def metrics(self, sums, normaliser, num_microbatches):
-        loss_sum, z_sum, aux = sums
+        loss_sum, z_sum, aux, model_metrics = sums
         if num_microbatches > 1:
             aux = aux / num_microbatches
         loss = loss_sum / normaliser
@@ -187,10 +197,12 @@ class NextTokenObjective:
             "aux_loss": aux,
             "total_loss": loss + self.z_loss_weight * z_sum / normaliser + aux,
             "loss_tokens": normaliser,
+            # The model's own (an MoE's moe/dropped_fraction): means over microbatches.
+            **{name: value / num_microbatches for name, value in model_metrics.items()},
         }
 
     def eval_sums(self, model, batch):
-        loss_sum, _, weight_sum, _ = self._sums(model, batch)
+        loss_sum, _, weight_sum, _, _ = self._sums(model, batch)
         return loss_sum, weight_sum
 
 
@@ -210,6 +222,9 @@ def build_step_functions(
     objective: Objective | None = None,
     train_model_transform: Callable[[Any, jax.Array], Any] | None = None,
     optimizer_needs_objective: bool = False,
+    bad_step_rule: BadStepRule | None = None,
+    ema_decay: float | None = None,
+    ema_point: Callable[[Any, Any], Any] | None = None,
 ) -> StepFunctions:
     """``static_model`` is the model's part that is neither trained nor frozen arrays
     (``eqx.partition``'s second half); the step builds the model from it, the state's ``params``
@@ -240,6 +255,12 @@ def build_step_functions(
     the parameters (``obj_fn=``, see ``OptimizerConfig.needs_objective``): the whole batch's, or on
     microbatched steps the first microbatch's times their number, so that a Hessian-vector product
     of it holds no more activations than one microbatch's gradient.
+
+    ``bad_step_rule``: keep the parameters, the optimizer state and the weight average of a step it
+    judges bad (:mod:`levanter.trainer.bad_steps`; the state's ``bad_steps`` holds its history) and
+    report ``train/skipped_steps`` (1 for a skipped step) and ``train/skipped_steps_total``.
+    ``ema_decay``: move the state's ``ema`` towards ``ema_point(params, opt_state)`` after each
+    step (by default the parameters; the trainer passes the optimizer's evaluation point).
     """
     num_devices = 1 if batch_sharding is None else len(batch_sharding.device_set)
     if objective is None:
@@ -288,14 +309,14 @@ def build_step_functions(
                     mb_batch = jax.lax.with_sharding_constraint(mb_batch, jax.tree.map(lambda _: batch_sharding, mb_batch))
                 g, s = grad_fn(state.params, state.frozen, mb_batch, mb_context, normaliser, *extra)
                 grads_acc = jax.tree.map(jnp.add, grads_acc, g)
-                return (grads_acc, tuple(a + b for a, b in zip(sums_acc, s))), None
+                return (grads_acc, jax.tree.map(jnp.add, sums_acc, s)), None
 
             zeros = jax.tree.map(jnp.zeros_like, state.params)
             first = jax.tree.map(lambda x: x[0], micro)
             (first_batch, first_context), first_extra = (first[0], (first[1],)) if train_model_transform is not None else (first, ())
             sums_shape = jax.eval_shape(lambda: grad_fn(state.params, state.frozen, first_batch, first_context, normaliser,
                                                         *first_extra)[1])
-            init = (zeros, tuple(jnp.zeros(s.shape, s.dtype) for s in sums_shape))
+            init = (zeros, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape))
             (grads, sums), _ = jax.lax.scan(accumulate, init, micro)
 
         grad_norm = optax.tree.norm(grads)
@@ -304,10 +325,20 @@ def build_step_functions(
             extra_args["obj_fn"] = loss_of_params(state.frozen, batch, context, normaliser, transform_key)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra_args)
         params = optax.apply_updates(state.params, updates)
-        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key, frozen=state.frozen)
         metrics = dict(objective.metrics(sums, normaliser, num_microbatches))
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = lr_schedule(state.step) if learning_rate is None else learning_rate
+        ema, bad_steps = state.ema, state.bad_steps
+        if ema_decay is not None:
+            target = params if ema_point is None else ema_point(params, opt_state)
+            ema = jax.tree.map(lambda e, x: e + (1.0 - ema_decay) * (x - e), state.ema, target)
+        if bad_step_rule is not None:
+            good, bad_steps = bad_step_rule.judge(state.bad_steps, metrics["loss"], grad_norm)
+            params, opt_state, ema = keep_if(good, (params, opt_state, ema), (state.params, state.opt_state, state.ema))
+            metrics["train/skipped_steps"] = (~good).astype(jnp.int32)
+            metrics["train/skipped_steps_total"] = bad_steps.skipped
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key, frozen=state.frozen,
+                               ema=ema, bad_steps=bad_steps)
         return new_state, metrics
 
     def eval_step(params, batch: DeviceBatch, frozen=None):

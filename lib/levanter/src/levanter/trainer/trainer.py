@@ -4,6 +4,9 @@ The host loop stays thin: step ``k+1`` is dispatched before the scalars of step 
 so the device always has queued work while the host writes metrics; batches are prepared in a
 background thread. Every step gets a line in ``metrics.jsonl``; a non-finite loss stops the run
 with the step's number, before that state can be checkpointed (:mod:`levanter.trainer.step_metrics`).
+With ``skip_bad_steps`` a bad step is skipped inside the compiled step instead
+(:mod:`levanter.trainer.bad_steps`); with ``ema_decay`` the state keeps an average of the weights,
+evaluated beside them and returned as the model.
 Logging, checkpoints and evaluation (:mod:`levanter.trainer.evaluation`) are hooks, each on its own
 schedule (:mod:`levanter.trainer.hooks`); the rates they report come from
 :mod:`levanter.trainer.throughput`. A fresh state comes from :mod:`levanter.trainer.initial_state`.
@@ -36,7 +39,8 @@ from levanter.trainer.data_feed import DataSourceError, Prefetcher
 from levanter.trainer.evaluation import EvalSources, eval_hook, evaluate_sets
 from levanter.trainer.hardware import peak_flops_per_device
 from levanter.trainer.hooks import AtLastStep, Hook, StepInfo, due_hooks, run_hooks
-from levanter.trainer.initial_state import init_train_state, whole_model, with_reference
+from levanter.trainer.bad_steps import BadStepRule
+from levanter.trainer.initial_state import init_train_state, whole_model, with_fresh_average, with_reference
 from levanter.trainer.mixed_precision import resolve_compute_dtype
 from levanter.trainer.profiler import StepProfiler
 from levanter.trainer.state import FrozenArrays, TrainState
@@ -81,6 +85,8 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     # The checkpoint resumed from without verifying its files (allow_unverified_checkpoints); None when verified.
     unverified_checkpoint: str | None = None
+    # With TrainerConfig.ema_decay: the latest losses of the weight average (``model`` is the average).
+    ema_eval_losses: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
@@ -157,30 +163,34 @@ class Trainer:
         from haliax.partitioning import make_mesh
 
         m = self.config.mesh
-        sizes = (m.data, m.fsdp, m.model)
+        sizes = (m.data, m.fsdp, m.experts, m.model)
         devices = jax.devices()
         if -1 not in sizes:
             needed = int(np.prod(sizes))
             if needed > len(devices):
                 raise TrainerConfigError(
-                    f"Mesh data={m.data} x fsdp={m.fsdp} x model={m.model} needs {needed} devices; "
+                    f"Mesh data={m.data} x fsdp={m.fsdp} x experts={m.experts} x model={m.model} needs {needed} devices; "
                     f"only {len(devices)} are visible."
                 )
             devices = devices[:needed]
-        return make_mesh(data=m.data, fsdp=m.fsdp, model=m.model, devices=devices)
+        return make_mesh(data=m.data, fsdp=m.fsdp, model=m.model, experts=m.experts, devices=devices)
+
+    # The mesh axes that split a batch's rows: the experts axis is a data axis for all but the experts.
+    BATCH_AXES = ("data", "fsdp", "experts")
 
     @property
     def batch_parallelism(self) -> int:
-        return int(self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+        return int(np.prod([self.mesh.shape[axis] for axis in self.BATCH_AXES]))
 
     def _batch_sharding(self) -> NamedSharding:
         rows = self.config.microbatch_size or self.config.batch_size
         if rows % self.batch_parallelism:
+            axes = " x ".join(a for a in self.BATCH_AXES if a != "experts" or self.mesh.shape[a] > 1)
             raise TrainerConfigError(
-                f"Each (micro)batch of {rows} rows must split evenly over data x fsdp = "
+                f"Each (micro)batch of {rows} rows must split evenly over {axes} = "
                 f"{self.batch_parallelism} devices; change batch_size/microbatch_size or the mesh."
             )
-        return NamedSharding(self.mesh, PartitionSpec(("data", "fsdp"), None))
+        return NamedSharding(self.mesh, PartitionSpec(self.BATCH_AXES, None))
 
     def _mesh_context(self):
         from haliax.partitioning import use_mesh
@@ -226,6 +236,7 @@ class Trainer:
             if jax.tree.structure(state) != jax.tree.structure(fresh):
                 raise TrainerConfigError("initialize must return a state of the same structure as the fresh one it is given.")
             state = with_reference(state, self.keep_reference)  # the reference is the weights training starts from
+            state = with_fresh_average(state, self.config.ema_decay is not None)  # so is the average's start
         return state, static, optimizer, resumed_from
 
     def train(
@@ -261,6 +272,9 @@ class Trainer:
             objective=self.objective,
             train_model_transform=self.train_model_transform,
             optimizer_needs_objective=self.optimizer_config.needs_objective,
+            bad_step_rule=BadStepRule(cfg.skip_loss_spike_factor) if cfg.skip_bad_steps else None,
+            ema_decay=cfg.ema_decay,
+            ema_point=self.optimizer_config.evaluation_params,  # the average of what is evaluated (schedule-free's x)
         )
         self._steps = steps
         self._static = static
@@ -279,23 +293,27 @@ class Trainer:
         )
         history: list[dict[str, Any]] = []
         eval_losses: dict[str, float] = {}
+        ema_eval_losses: dict[str, float] = {}
         last_loss: float | None = None
         previous_handler = self._install_sigterm_handler()
         try:
             if start_step < cfg.num_train_steps:
-                state, last_loss, eval_losses = self._run_loop(
-                    state, start_step, train_source, eval_sources, trackers, history
+                state, last_loss = self._run_loop(
+                    state, start_step, train_source, eval_sources, trackers, history, eval_losses, ema_eval_losses
                 )
             else:
                 logger.info("Nothing to train: checkpoint step %d already reaches num_train_steps.", start_step)
                 last_loss = _last_logged_loss(self.metrics_path)
-                eval_losses = self.evaluate(self.evaluation_params(state), eval_sources, state.frozen)
+                eval_losses = self.evaluate(self.training_point(state), eval_sources, state.frozen)
+                if state.ema is not None:
+                    ema_eval_losses = self.evaluate(state.ema, eval_sources, state.frozen)
             self.raise_if_abandoned(int(state.step))
             if cfg.checkpoint_at_end:
                 trackers.flush()
                 self.checkpointer.save(int(state.step), state)
             self.checkpointer.wait()
-            summary = {"final/train_loss": last_loss, **{f"final/eval/{k}/loss": v for k, v in eval_losses.items()}}
+            summary = {"final/train_loss": last_loss, **{f"final/eval/{k}/loss": v for k, v in eval_losses.items()},
+                       **{f"final/eval_ema/{k}/loss": v for k, v in ema_eval_losses.items()}}
             if unverified_checkpoint is not None:
                 summary["unverified_checkpoint"] = unverified_checkpoint
             trackers.log_summary(summary)
@@ -316,6 +334,7 @@ class Trainer:
             resumed_from=resumed_from,
             history=history,
             unverified_checkpoint=unverified_checkpoint,
+            ema_eval_losses=ema_eval_losses,
         )
 
     def _install_sigterm_handler(self):
@@ -353,7 +372,7 @@ class Trainer:
             "Whoever owns that folder now carries on; checkpoints written before this are kept."
         )
 
-    def _run_loop(self, state, start_step, train_source, eval_sources, trackers, history):
+    def _run_loop(self, state, start_step, train_source, eval_sources, trackers, history, eval_losses, ema_eval_losses):
         last_step = self.config.num_train_steps
         meter = ThroughputMeter(
             time.monotonic(), num_devices=self.mesh.devices.size, peak_flops_per_device=self._peak_flops
@@ -361,9 +380,9 @@ class Trainer:
         bar = terminal_bar(last_step - start_step, "training", unit="step")  # on a terminal; else console lines
         log_hooks = logging_hooks(self.config, trackers, history, meter, bar, self._call_callers_hooks)
         record = functools.partial(record_step, meter=meter, log_hooks=log_hooks, last_step=last_step)
-        eval_losses: dict[str, float] = {}
         save = self._checkpoint_hook(trackers)
-        step_hooks = [save, *([self._eval_hook(eval_sources, trackers, history, eval_losses)] if eval_sources else [])]
+        evals = [self._eval_hook(eval_sources, trackers, history, eval_losses, ema_eval_losses)] if eval_sources else []
+        step_hooks = [save, *evals]
         prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
         pending: tuple[int, dict[str, jax.Array]] | None = None  # a step whose scalars are read while the next one runs
         line: dict[str, Any] = {}  # the latest step's metrics
@@ -407,7 +426,7 @@ class Trainer:
             self._profiler.stop()  # a window that reaches past the last step ends with the loop
             if bar is not None:
                 bar.close()
-        return state, line["loss"], eval_losses
+        return state, line["loss"]
 
     def _next_batch(self, prefetch: Prefetcher, index: int, start_step: int):
         """The batch at ``index`` in the training source (the one step ``index + 1`` trains on), checked."""
@@ -450,19 +469,31 @@ class Trainer:
 
         return Hook("checkpoint", save, every=None, when=self.checkpointer.due, at_last=AtLastStep.NEVER)
 
-    def _eval_hook(self, eval_sources: EvalSources, trackers, history, results: dict[str, float]) -> Hook:
-        """Every ``eval_every`` steps and after the last; ``results`` keeps the latest losses."""
+    def _eval_hook(self, eval_sources: EvalSources, trackers, history, results: dict[str, float],
+                   ema_results: dict[str, float]) -> Hook:
+        """Every ``eval_every`` steps and after the last; ``results`` (and ``ema_results``, for the
+        weight average) keep the latest losses."""
+        average = None
+        if self.config.ema_decay is not None:
+            average = lambda state: self.evaluate(state.ema, eval_sources, state.frozen)  # noqa: E731
         return eval_hook(
-            lambda state: self.evaluate(self.evaluation_params(state), eval_sources, state.frozen),
-            trackers, history, results, every=self.config.eval_every,
+            lambda state: self.evaluate(self.training_point(state), eval_sources, state.frozen),
+            trackers, history, results, every=self.config.eval_every, evaluate_average=average, average_results=ema_results,
         )
 
     # -- evaluation ------------------------------------------------------------------------------
 
-    def evaluation_params(self, state: TrainState) -> Any:
-        """The parameters evaluations, the returned model and exports use: the state's, unless the
-        optimizer trains at one point and evaluates at another (schedule-free)."""
+    def training_point(self, state: TrainState) -> Any:
+        """The trained weights as evaluated (``eval/<set>/loss``): the state's, unless the optimizer
+        trains at one point and evaluates at another (schedule-free)."""
         return self.optimizer_config.evaluation_params(state.params, state.opt_state)
+
+    def evaluation_params(self, state: TrainState) -> Any:
+        """The weights the returned model and exports hold: the weight average when the run keeps
+        one (``ema_decay``), else :meth:`training_point`."""
+        if state.ema is not None:
+            return state.ema
+        return self.training_point(state)
 
     def evaluate(self, params, eval_sources: EvalSources, frozen: FrozenArrays | None = None) -> dict[str, float]:
         """Mean next-token loss over the masked-in positions of each eval set."""
