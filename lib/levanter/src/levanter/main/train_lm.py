@@ -57,6 +57,7 @@ from levanter.trainer.checkpoint_keys import flatten_state
 from levanter.trainer.checkpoint_reading import read_state_fields
 from levanter.trainer.compilation_cache import enable_compilation_cache
 from levanter.trainer.dpo import DpoConfig, DpoObjective
+from levanter.trainer.hooks import ModelEvaluation
 from levanter.trainer.state import FrozenArrays
 from levanter.trainer.stopping import StopSource
 from levanter.trainer.trainer import DataSource
@@ -209,6 +210,7 @@ def train_lm(
     eval_sources: EvalSources | None = None,
     *,
     stop_sources: Iterable[StopSource] = (),
+    model_evaluations: Iterable[ModelEvaluation] = (),
 ) -> TrainLmResult:
     """Train ``config.model`` on ``train_source`` (resuming from ``output_path/checkpoints`` if a
     checkpoint is there), evaluate on ``eval_sources``, and write the output folder.
@@ -216,6 +218,7 @@ def train_lm(
     ``stop_sources`` are polled between steps (:mod:`levanter.trainer.stopping`); an ABANDON
     request also keeps ``eval.json`` and the Hugging Face export from being written. Compiled
     programs go to the persistent compilation cache (:mod:`levanter.trainer.compilation_cache`).
+    ``model_evaluations`` are the caller's evaluations of the live model (see :class:`Trainer`).
     """
     _ensure_logging()
     enable_compilation_cache()
@@ -238,6 +241,7 @@ def train_lm(
         objective=DpoObjective(beta=config.dpo.beta) if config.dpo is not None else None,
         # LoRA dropout: the adapters drop their inputs with a key fresh each step, in training only.
         train_model_transform=with_lora_dropout if config.lora is not None and config.lora.dropout > 0 else None,
+        model_evaluations=model_evaluations,
     )
     initialize = None
     if config.initialize_from is not None:

@@ -49,6 +49,21 @@ class Hook:
         return self.when is not None and self.when(step)
 
 
+@dataclass(frozen=True)
+class ModelEvaluation:
+    """An evaluation the caller brings (a benchmark the trainer knows nothing about), run on the
+    model being trained every ``every`` steps and after the last, from the weights in memory.
+
+    ``evaluate(model, step)`` is given the whole model at the weights that are evaluated and
+    exported (:meth:`Trainer.evaluation_params`) and returns ``{metric: value}``; the trainer logs
+    them as ``<name>/<metric>`` at that step. Nothing is written to the checkpoints.
+    """
+
+    name: str
+    evaluate: Callable[[Any, int], Mapping[str, float]]
+    every: int | None = None  # None: only after the last step
+
+
 def due_hooks(hooks: Iterable[Hook], step: int, last_step: int) -> list[Hook]:
     """The hooks to run after ``step``, in the order given."""
     return [hook for hook in hooks if hook.due(step, last_step)]

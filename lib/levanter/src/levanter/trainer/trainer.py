@@ -38,7 +38,7 @@ from levanter.trainer.config import TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError, Prefetcher
 from levanter.trainer.evaluation import EvalSources, eval_hook, evaluate_sets
 from levanter.trainer.hardware import peak_flops_per_device
-from levanter.trainer.hooks import AtLastStep, Hook, StepInfo, due_hooks, run_hooks
+from levanter.trainer.hooks import AtLastStep, Hook, ModelEvaluation, StepInfo, due_hooks, run_hooks
 from levanter.trainer.bad_steps import BadStepRule
 from levanter.trainer.initial_state import init_train_state, whole_model, with_fresh_average, with_reference
 from levanter.trainer.mixed_precision import resolve_compute_dtype
@@ -105,6 +105,8 @@ class Trainer:
     every floating array trains. ``keep_reference`` keeps a frozen copy of the trainable arrays as
     training starts (after ``initialize``), the reference model of a preference ``objective``
     (:class:`~levanter.trainer.step.Objective`; by default the next-token loss).
+    ``model_evaluations`` (:class:`~levanter.trainer.hooks.ModelEvaluation`) run the caller's own
+    evaluations of the live model on their schedules, after the loss evaluation.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class Trainer:
         keep_reference: bool = False,
         objective: Objective | None = None,
         train_model_transform: Callable[[Any, jax.Array], Any] | None = None,
+        model_evaluations: Iterable[ModelEvaluation] = (),
     ):
         self.config = config
         self.trainable = trainable
@@ -133,6 +136,7 @@ class Trainer:
         self.flops_per_token = flops_per_token
         self.run_config = dict(run_config or {})
         self.hooks = list(hooks)
+        self.model_evaluations = list(model_evaluations)
         self.stop_sources = list(stop_sources)
         self._sigterm = StopSignal()  # replaced by each train(): a finished run's SIGTERM is not the next one's
         # A job launched as several replicas joins jax.distributed here, before anything asks JAX
@@ -382,7 +386,8 @@ class Trainer:
         record = functools.partial(record_step, meter=meter, log_hooks=log_hooks, last_step=last_step)
         save = self._checkpoint_hook(trackers)
         evals = [self._eval_hook(eval_sources, trackers, history, eval_losses, ema_eval_losses)] if eval_sources else []
-        step_hooks = [save, *evals]
+        model_evals = [self._model_evaluation_hook(evaluation, trackers, history) for evaluation in self.model_evaluations]
+        step_hooks = [save, *evals, *model_evals]
         prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
         pending: tuple[int, dict[str, jax.Array]] | None = None  # a step whose scalars are read while the next one runs
         line: dict[str, Any] = {}  # the latest step's metrics
@@ -480,6 +485,18 @@ class Trainer:
             lambda state: self.evaluate(self.training_point(state), eval_sources, state.frozen),
             trackers, history, results, every=self.config.eval_every, evaluate_average=average, average_results=ema_results,
         )
+
+    def _model_evaluation_hook(self, evaluation: ModelEvaluation, trackers, history) -> Hook:
+        """The caller's evaluation on the live weights (those exported), logged as ``<name>/<metric>``."""
+
+        def run(info: StepInfo) -> None:
+            model = whole_model(replace(info.state, params=self.evaluation_params(info.state)), self._static)
+            line = {f"{evaluation.name}/{metric}": value for metric, value in evaluation.evaluate(model, info.step).items()}
+            trackers.log(info.step, line)
+            history.append({"step": info.step, **line})
+            logger.info("step %d %s: %s", info.step, evaluation.name, ", ".join(f"{k} {v:.4f}" for k, v in line.items()))
+
+        return Hook(evaluation.name, run, every=evaluation.every, at_last=AtLastStep.ALWAYS)
 
     # -- evaluation ------------------------------------------------------------------------------
 

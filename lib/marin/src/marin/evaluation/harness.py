@@ -60,6 +60,16 @@ class HarnessResults:
         return "\n".join(lines)
 
 
+def lm_eval_version() -> str | None:
+    """The installed lm-eval release (task definitions and metrics change between releases), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("lm_eval")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def include_path_identity(include_path: str | None) -> dict[str, str] | None:
     """``{relative file: sha256}`` of the task files under ``include_path``: their content is the task."""
     if include_path is None:
@@ -96,34 +106,66 @@ def run_harness(
     seed: int = 0,
 ) -> HarnessResults:
     """Run ``tasks`` through lm-eval-harness on ``loaded`` and keep their aggregated metrics."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+    settings = HarnessSettings(tasks=tuple(tasks), include_path=include_path, limit=limit, num_fewshot=num_fewshot,
+                               max_seq_len=max_seq_len, batch_size=batch_size, max_gen_toks=max_gen_toks,
+                               compute_dtype=compute_dtype, seed=seed)
+    return settings.evaluate(loaded.model, tokenizer, model_label=model_label, model_identity=model_identity,
+                             model_path=loaded.path)
 
-    from levanter.eval.harness import LevanterHarnessLM
 
-    task_manager = _task_manager(TaskManager, tasks, include_path)
-    unknown = [task for task in tasks if task not in task_manager.all_tasks]
-    if unknown:
-        where = f" or in {include_path}" if include_path else "; pass include_path=... for tasks defined in your own YAML files"
-        raise HarnessConfigError(f"unknown lm-eval task(s) {unknown}: not among lm-eval's tasks{where}.")
-    lm = LevanterHarnessLM(loaded.model, tokenizer, max_seq_len=max_seq_len, batch_size=batch_size,
-                           max_gen_toks=max_gen_toks, compute_dtype=compute_dtype, seed=seed)
-    started = time.perf_counter()
-    output = lm_eval.simple_evaluate(
-        model=lm, tasks=list(tasks), task_manager=task_manager, limit=limit, num_fewshot=num_fewshot,
-        random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-        log_samples=False, bootstrap_iters=1000,
-    )
-    elapsed = time.perf_counter() - started
-    metrics = {task: _clean_metrics(values) for task, values in output["results"].items()}
-    samples = {task: int(counts.get("effective", counts.get("original", 0)))
-               for task, counts in output.get("n-samples", {}).items()}
-    logger.info("lm-eval-harness: %d task(s) on %s in %.1f s", len(metrics), model_label, elapsed)
-    return HarnessResults(
-        model=model_label, model_identity=model_identity, model_path=loaded.path, tasks=metrics, samples=samples,
-        num_fewshot=num_fewshot, limit=limit, max_seq_len=lm.max_seq_len,
-        lm_eval_version=getattr(lm_eval, "__version__", "unknown"), eval_seconds=elapsed,
-    )
+@dataclass(frozen=True)
+class HarnessSettings:
+    """How lm-eval-harness runs on a model: which tasks, on how many documents, with which numerics."""
+
+    tasks: tuple[str, ...]
+    include_path: str | None = None
+    limit: int | None = None
+    num_fewshot: int | None = None
+    max_seq_len: int | None = None
+    batch_size: int = 8
+    max_gen_toks: int = 64
+    compute_dtype: str = "auto"
+    seed: int = 0
+
+    def evaluate(self, model: Any, tokenizer: Any, *, model_label: str, model_identity: str, model_path: str,
+                 task_manager: Any = None) -> HarnessResults:
+        """The tasks' aggregated metrics for ``model`` (one of ours, in memory) and its tokenizer."""
+        import lm_eval
+
+        from levanter.eval.harness import LevanterHarnessLM
+
+        task_manager = task_manager or self.task_manager()
+        lm = LevanterHarnessLM(model, tokenizer, max_seq_len=self.max_seq_len, batch_size=self.batch_size,
+                               max_gen_toks=self.max_gen_toks, compute_dtype=self.compute_dtype, seed=self.seed)
+        seed = self.seed
+        started = time.perf_counter()
+        output = lm_eval.simple_evaluate(
+            model=lm, tasks=list(self.tasks), task_manager=task_manager, limit=self.limit, num_fewshot=self.num_fewshot,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            log_samples=False, bootstrap_iters=1000,
+        )
+        elapsed = time.perf_counter() - started
+        metrics = {task: _clean_metrics(values) for task, values in output["results"].items()}
+        samples = {task: int(counts.get("effective", counts.get("original", 0)))
+                   for task, counts in output.get("n-samples", {}).items()}
+        logger.info("lm-eval-harness: %d task(s) on %s in %.1f s", len(metrics), model_label, elapsed)
+        return HarnessResults(
+            model=model_label, model_identity=model_identity, model_path=model_path, tasks=metrics, samples=samples,
+            num_fewshot=self.num_fewshot, limit=self.limit, max_seq_len=lm.max_seq_len,
+            lm_eval_version=getattr(lm_eval, "__version__", "unknown"), eval_seconds=elapsed,
+        )
+
+    def task_manager(self) -> Any:
+        """lm-eval's index of the tasks, refusing names it does not know."""
+        from lm_eval.tasks import TaskManager
+
+        manager = _task_manager(TaskManager, list(self.tasks), self.include_path)
+        unknown = [task for task in self.tasks if task not in manager.all_tasks]
+        if unknown:
+            where = (f" or in {self.include_path}" if self.include_path
+                     else "; pass include_path=... for tasks defined in your own YAML files")
+            raise HarnessConfigError(f"unknown lm-eval task(s) {unknown}: not among lm-eval's tasks{where}.")
+        return manager
 
 
 def _task_manager(manager_cls: Any, tasks: list[str], include_path: str | None) -> Any:

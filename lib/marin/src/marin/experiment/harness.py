@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from importlib import metadata
 
 from fray.cluster import ResourceConfig
-from marin.evaluation.harness import HarnessConfigError, HarnessResults, include_path_identity, run_harness
+from marin.evaluation.harness import HarnessConfigError, HarnessResults, include_path_identity, lm_eval_version, run_harness
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.experiment.model_ref import ModelRef
 from rigging import filesystem as fsx
@@ -83,18 +82,10 @@ def evaluate_harness(
             "max_gen_toks": max_gen_toks,
             "compute_dtype": compute_dtype,
             "seed": seed,
-            "lm_eval": _lm_eval_version(),
+            "lm_eval": lm_eval_version(),
             "format": HARNESS_STEP_VERSION,
         },
         version=version,
         resources=resources or ResourceConfig.with_cpu(),
         output_path=output_path,
     )
-
-
-def _lm_eval_version() -> str | None:
-    # Task definitions and metrics change between lm-eval releases; results follow the release.
-    try:
-        return metadata.version("lm_eval")
-    except metadata.PackageNotFoundError:
-        return None

@@ -8,7 +8,9 @@ it writes are placement and never enter the hash. A run started from existing we
 (``initialize_from=``) also depends on their identity (:mod:`marin.experiment.initial_weights`);
 a run without them hashes exactly as before. So do ``lora=`` (train adapters, export the merged
 model to ``hf/`` and the adapters to ``hf-adapter/``) and ``dpo=`` (preference training, declared
-through :func:`marin.experiment.dpo.dpo`): in the hash only when given.
+through :func:`marin.experiment.dpo.dpo`): in the hash only when given, as is ``evals=`` (lm-eval
+tasks run on the live weights every ``eval_harness_every`` steps and at the end, logged as
+``harness/<task>/<metric>``; the final results are kept in the artifact for the model card).
 
 The output folder holds ``checkpoints/``, ``metrics.jsonl``, ``eval.json`` and ``hf/`` (the final
 model in Hugging Face format, with its tokenizer), and ``profile/`` when ``profile=`` asks for a
@@ -29,6 +31,8 @@ from levanter.lora import LoraConfig
 from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.trainer.dpo import DpoConfig
 from levanter.trainer import ProfileConfig, TrainerConfig
+from marin.evaluation.harness import HarnessConfigError, HarnessResults, HarnessSettings, include_path_identity, lm_eval_version
+from marin.evaluation.tasks import TASKS_DIR
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.experiment.initial_weights import InitializeFrom, resolve_initial_weights
@@ -85,6 +89,7 @@ class TrainedModel:
     samples: list[str] = field(default_factory=list)
     initialized_from: str | None = None  # what the run started from, when not random weights
     adapter_path: str | None = None  # LoRA runs: the PEFT adapter folder (hf/ holds the merged model)
+    harness: HarnessResults | None = None  # evals=...: the lm-eval tasks' results on the final weights
 
     def summary(self) -> str:
         """What a person wants to see when the run ends (printed by the runner)."""
@@ -105,6 +110,10 @@ class TrainedModel:
         lines.append(f"  checkpoints: {self.checkpoint_dir}")
         lines.append(f"  metrics:     {self.metrics_path}")
         lines.append(f"  HF export:   {self.hf_path or 'none (no Hugging Face format for this model family)'}")
+        if self.harness is not None:
+            for task, metrics in self.harness.tasks.items():
+                shown = ", ".join(f"{metric} {value:.4f}" for metric, value in metrics.items() if "_stderr" not in metric)
+                lines.append(f"  harness:     {task}: {shown}")
         for i, text in enumerate(self.samples, 1):
             lines.append(f"  sample {i}:    " + " ".join(text.split()))
         return "\n".join(lines)
@@ -137,6 +146,9 @@ def train_lm(
     lora: LoraConfig | None = None,
     dpo: DpoConfig | None = None,
     on_cut_conversation: str = "warn",
+    evals: Sequence[str] = (),
+    eval_harness_every: int | None = None,
+    eval_harness_limit: int | None = None,
 ) -> LazyStep:
     """A lazy handle that trains ``model`` on the weighted mixture ``datasets`` (``{tokenized handle: weight}``).
 
@@ -152,6 +164,10 @@ def train_lm(
     ``seq_len`` windows cut and how many reply tokens that costs, ``"refuse"`` fails the step before
     training instead (data whose windows hold no reply at all is refused either way); not part of
     the hash, since it never changes what a run that trains learns.
+    ``evals=["marin_object_colours", ...]`` runs those lm-eval tasks (lm-eval's own, or the project's
+    in :data:`marin.evaluation.tasks.TASKS_DIR`) on the live weights every ``eval_harness_every``
+    steps and after the last, on at most ``eval_harness_limit`` documents per task; no checkpoint
+    is written for them (docs/evaluation.md).
     Nothing runs until the handle is lowered and run.
     """
     optimizer = optimizer or AdamConfig(learning_rate=3e-4)
@@ -185,9 +201,10 @@ def train_lm(
         trackers=tuple(trackers),
         profile=profile,
     )
+    harness = _harness_settings(evals, eval_harness_every, eval_harness_limit, compute_dtype, seed)
     weights = {handle: float(weight) for handle, weight in datasets.items()}
     request = TrainingRequest(model, optimizer, trainer, weights, seq_len, num_samples, initial, lora=lora, dpo=dpo,
-                              on_cut_conversation=on_cut_conversation)
+                              on_cut_conversation=on_cut_conversation, harness=harness, harness_every=eval_harness_every)
 
     def run(ctx) -> TrainedModel:
         return _trained_model(request, run_training(ctx, request))
@@ -209,6 +226,10 @@ def train_lm(
         hash_attrs["lora"] = lora
     if dpo is not None:
         hash_attrs["dpo"] = dpo
+    if harness is not None:
+        # What the recorded harness results depend on (the weights trained do not).
+        hash_attrs["harness"] = {"tasks": list(harness.tasks), "every": eval_harness_every, "limit": harness.limit,
+                                 "task_files": include_path_identity(TASKS_DIR), "lm_eval": lm_eval_version()}
     return lazy_step(
         name,
         run,
@@ -218,6 +239,19 @@ def train_lm(
         resources=resources,
         output_path=output_path,
     )
+
+
+def _harness_settings(evals: Any, every: Any, limit: Any, compute_dtype: str, seed: int) -> HarnessSettings | None:
+    if isinstance(evals, str) or not all(isinstance(task, str) and task for task in evals):
+        raise HarnessConfigError(f"evals must be a list of lm-eval task names such as ['marin_object_colours'], got {evals!r}.")
+    for label, value in (("eval_harness_every", every), ("eval_harness_limit", limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise HarnessConfigError(f"{label} must be a positive integer or None, got {value!r}.")
+    if not evals:
+        if every is not None or limit is not None:
+            raise HarnessConfigError("eval_harness_every and eval_harness_limit need evals=[task names] to run.")
+        return None
+    return HarnessSettings(tasks=tuple(evals), include_path=TASKS_DIR, limit=limit, compute_dtype=compute_dtype, seed=seed)
 
 
 def _initial_weights(initialize_from: Any, resume_optimizer: Any) -> InitializeFrom | None:
@@ -321,6 +355,7 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         samples=run.samples,
         initialized_from=request.initialize_from.description if request.initialize_from is not None else None,
         adapter_path=training.adapter_path,
+        harness=run.harness,
     )
 
 

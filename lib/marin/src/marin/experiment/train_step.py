@@ -5,7 +5,8 @@ they share a tokenizer, trains through :func:`levanter.main.train_lm.train_lm` w
 stop reasons (lease, Ctrl-C, SIGTERM) as the trainer's stop sources, starting from the declared
 initial weights when there are some (:mod:`marin.experiment.initial_weights`; the trainer checks
 them against the data's vocabulary and the model), and writes a few samples from the exported
-model. It returns a :class:`TrainingRun`, from which :mod:`marin.experiment.train` builds the
+model. With harness settings, lm-eval tasks run on the live weights during training
+(:mod:`marin.evaluation.during_training`). It returns a :class:`TrainingRun`, from which :mod:`marin.experiment.train` builds the
 step's recorded result.
 """
 
@@ -31,6 +32,8 @@ from levanter.trainer import TrainerConfig
 from levanter.trainer.dpo import DpoConfig
 from levanter.trainer.stopping import StopAction, StopRequest, StopSource
 from marin.errors import MarinError
+from marin.evaluation.during_training import HarnessDuringTraining
+from marin.evaluation.harness import HarnessResults, HarnessSettings
 from marin.execution.lazy import LazyStep
 from marin.execution.step_context import StopReason
 from marin.experiment.data import cache_source
@@ -60,6 +63,8 @@ class TrainingRequest:
     lora: LoraConfig | None = None
     dpo: DpoConfig | None = None
     on_cut_conversation: str = "warn"  # chat data: what a conversation cut by the seq_len windows does
+    harness: HarnessSettings | None = None  # lm-eval tasks run on the live weights while training
+    harness_every: int | None = None  # ... every this many steps (and after the last)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class TrainingRun:
     training: TrainLmResult
     seconds: float
     samples: list[str]
+    harness: HarnessResults | None = None  # the harness tasks' results on the final weights
 
     @property
     def first_dataset(self) -> TokenizedDataset:
@@ -100,6 +106,10 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
         )
         train_source, eval_sources = data.train, data.validation
     initial = request.initialize_from.locate(ctx) if request.initialize_from is not None else None
+    harness = None
+    if request.harness is not None:
+        harness = HarnessDuringTraining(request.harness, load_tokenizer(first.tokenizer_source), model_label=ctx.step.name,
+                                        model_identity=getattr(ctx.step, "identity", ctx.step.name))
     started = time.perf_counter()
     training = run_trainer(
         TrainLmConfig(
@@ -116,10 +126,12 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
         train_source,
         eval_sources,
         stop_sources=[trainer_stop_source(ctx)],
+        model_evaluations=[harness.model_evaluation(request.harness_every)] if harness is not None else (),
     )
     seconds = time.perf_counter() - started
     samples = sample_texts(training.hf_path, first.tokenizer_source, request.num_samples)
-    return TrainingRun(datasets=datasets, training=training, seconds=seconds, samples=samples)
+    return TrainingRun(datasets=datasets, training=training, seconds=seconds, samples=samples,
+                       harness=harness.latest if harness is not None else None)
 
 
 def _preference_data(request: TrainingRequest, datasets: dict[LazyStep, TokenizedDataset]) -> PreferencePairs:

@@ -142,6 +142,8 @@ def collect_card(training_output: str, *, evaluations: list[str] | None = None) 
     metrics = fsx.read_text(fsx.join(training_output, "metrics.jsonl"))
     curves = read_loss_curves(metrics.splitlines()) if metrics is not None else ([], {})
     evals, eval_steps = [], []
+    if isinstance(trained.get("harness"), dict):  # train_lm(evals=...): run on the final weights while training
+        evals.append((f"{info['name']} (during training, step {trained['final_step']})", trained["harness"]))
     for folder in _evaluations_of(info["identity"], _prefix_of(training_output, info), evaluations):
         eval_info = read_info(folder) or {}
         try:

@@ -38,6 +38,7 @@ TOKENS_KEY = "tokens"  # the trainer's running count of tokens trained on, logge
 CHARTS = (
     ("loss", "loss", "training loss"),
     ("validation loss", "eval/*/loss", "validation loss"),
+    ("lm-eval-harness", "harness/*", "metric (per task)"),  # train_lm(evals=...): harness/<task>/<metric>
     ("learning rate", "lr", "learning rate"),
     ("tokens/s", "tokens_per_second", "tokens per second"),
     ("MFU", "mfu", "model FLOPs utilisation"),
@@ -136,7 +137,7 @@ def final_metrics(series: dict[str, list[tuple[int, float]]]) -> dict[str, float
     for title, pattern, _ in CHARTS:
         for label, points in chart_series(series, pattern).items():
             if points:
-                final[title if "*" not in pattern else f"{label} loss"] = points[-1][1]
+                final[title if "*" not in pattern else pattern.replace("*", label).removeprefix("eval/").replace("/", " ")] = points[-1][1]
     return final
 
 
