@@ -2,8 +2,11 @@
 Model Pre-training"): momentum divided by an estimate of the Hessian's diagonal, clipped per entry.
 
 Every ``update_interval`` steps the diagonal is estimated with Hutchinson's estimator,
-``z * (H z)`` for a random sign vector ``z`` (optax's ``hutchinson_estimator_diag_hessian``), one
-Hessian-vector product of this step's loss, and averaged into ``h`` with ``beta2``. The step is
+``z * (H z)`` for a random sign vector ``z`` (drawn as optax's ``hutchinson_estimator_diag_hessian``
+draws it), one Hessian-vector product of this step's loss, and averaged into ``h`` with ``beta2``.
+The product is taken reverse-over-reverse (the gradient of ``<grad f, z>``), not forward-over-reverse
+as optax does: the trainer's loss has a custom VJP (the fused, blockwise cross-entropy), which
+forward-mode differentiation cannot go through. The step is
 ``clip(m / max(gamma * h, epsilon), -1, 1)``: where the curvature is small or negative the step is
 a sign step of size ``lr``. The loss comes from the trainer as ``obj_fn`` (see
 ``OptimizerConfig.needs_objective``); on microbatched steps it is the first microbatch's, scaled to
@@ -19,7 +22,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-import optax.contrib
 
 from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
 from levanter.optim.errors import OptimizerConfigError
@@ -32,12 +34,36 @@ class ScaleBySophiaState(NamedTuple):
     estimator: Any  # the estimator's own state (its random key)
 
 
+class HutchinsonState(NamedTuple):
+    key: jax.Array
+
+
+def hutchinson_diagonal(key: jax.Array) -> optax.GradientTransformationExtraArgs:
+    """Hutchinson's estimate of the Hessian's diagonal, ``z * (H z)``, with the sign vectors optax's
+    ``hutchinson_estimator_diag_hessian`` draws from the same key, and ``H z`` as the gradient of
+    ``<grad obj_fn, z>`` (reverse over reverse), which also differentiates functions with a custom VJP."""
+
+    def init(params):
+        del params
+        return HutchinsonState(key=key)
+
+    def update(updates, state, params=None, *, obj_fn=None, **extra_args):
+        del updates, extra_args
+        key, subkey = jax.random.split(state.key)
+        signs = optax.tree.random_like(subkey, params, jax.random.rademacher, dtype=jnp.float32)
+        signs = optax.tree.cast(signs, optax.tree.dtype(params, "lowest"))
+        hvp = jax.grad(lambda p: optax.tree.vdot(jax.grad(obj_fn)(p), signs))(params)
+        return jax.tree.map(lambda h, z: h * z, hvp, signs), HutchinsonState(key=key)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
 def scale_by_sophia(
     *, b1: float, b2: float, gamma: float, eps: float, update_interval: int, seed: int = 0
 ) -> optax.GradientTransformationExtraArgs:
     """The paper's Algorithm 3: the estimate of step ``t`` (taken when ``(t - 1) % update_interval
     == 0``) is used by step ``t`` itself, and the momentum is not bias-corrected."""
-    estimator = optax.contrib.hutchinson_estimator_diag_hessian(jax.random.PRNGKey(seed))
+    estimator = hutchinson_diagonal(jax.random.PRNGKey(seed))
 
     def init(params):
         return ScaleBySophiaState(
