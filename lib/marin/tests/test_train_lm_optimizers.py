@@ -24,13 +24,14 @@ CASES = {
     "adam": ("learning_rate: 3e-3\ncautious: true\n", "optimizer.beta2=0.99"),
     "adam_mini": ("learning_rate: 3e-3\nweight_decay: 0.1\n", "optimizer.beta2=0.99"),
     "adopt": ("learning_rate: 3e-3\nweight_decay: 0.1\nbeta2: 0.999\n", "optimizer.warmup=2"),
-    "kron": ("learning_rate: 3e-3\nweight_decay: 0.1\n", "optimizer.seed=5"),
+    # The vocabulary side of the head and embedding is kept diagonal (their full factors would be 512 x 512).
+    "kron": ("learning_rate: 3e-3\nweight_decay: 0.1\nmax_size_triangular: 256\n", "optimizer.seed=5"),
     "lion": ("learning_rate: 1e-3\nweight_decay: 0.3\ncautious: true\n", "optimizer.warmup=2"),
     "mars": ("learning_rate: 3e-3\nweight_decay: 0.1\n", "optimizer.gamma=0.05"),
     "muon": ("learning_rate: 0.02\nweight_decay: 0.1\nadam_learning_rate: 3e-3\n", "optimizer.update_scale=adamw_rms"),
     "schedule_free_adam": ("learning_rate: 3e-3\nwarmup: 2\n", "optimizer.beta1=0.95"),
     "scion": ("learning_rate: 3e-4\nweight_decay: 0.1\n", "optimizer.momentum=0.2"),
-    "soap": ("learning_rate: 3e-3\nprecondition_frequency: 2\n", "optimizer.shampoo_beta=0.9"),
+    "soap": ("learning_rate: 3e-3\nprecondition_frequency: 2\nmax_precond_dim: 256\n", "optimizer.shampoo_beta=0.9"),
     "sophia": ("learning_rate: 3e-3\nupdate_interval: 2\n", "optimizer.gamma=0.02"),
 }
 STEPS = 4
