@@ -44,6 +44,7 @@ from levanter.compat.hf_format import (
     write_weights,
 )
 from levanter.compat.hf_tokenizer_files import write_tokenizer_files
+from levanter.models.transformer import LAYER_TYPES
 from rigging import filesystem as fsx
 
 # One logger for the Hugging Face checkpoint modules: their lines name the public module.
@@ -57,6 +58,16 @@ class UnsupportedConfigError(HfFormatError):
 def unsupported(field: str, value: Any, why: str) -> UnsupportedConfigError:
     """The error for ``config.json``'s ``field`` holding ``value``; ``why`` completes the sentence."""
     return UnsupportedConfigError(f"config.json {field}={value!r} is not supported: {why}.")
+
+def layer_types_from_hf(hf: dict, period: int) -> tuple[str, ...]:
+    """A config's ``layer_types`` (one of ``LAYER_TYPES`` per layer), or, where it has none, every
+    ``period``-th layer full and the rest sliding (transformers' default for Gemma 2/3 and OLMo 3)."""
+    layers = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types") or ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(layers)]
+    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in LAYER_TYPES for k in kinds):
+        raise unsupported("layer_types", kinds, f"it must name one of {LAYER_TYPES} for each of the {layers} layers")
+    return tuple(kinds)
+
 
 
 # -- how one weight of our decoder layer maps to Hugging Face tensors ---------------------------------

@@ -41,7 +41,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from levanter.compat.hf_family import HfFamily, rope_from_hf, unsupported
+from levanter.compat.hf_family import HfFamily, layer_types_from_hf, rope_from_hf, unsupported
 from levanter.compat.hf_llama import (
     expect_model_type,
     features_beyond,
@@ -114,20 +114,11 @@ GEMMA = HfFamily(
 # -- Gemma 2 and 3: what they share -------------------------------------------------------------------
 
 
-def _layer_types_from_hf(hf: dict, period: int) -> tuple[str, ...]:
-    """``layer_types``, or every ``period``-th layer full and the rest sliding (transformers' default)."""
-    layers = hf["num_hidden_layers"]
-    kinds = hf.get("layer_types") or ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(layers)]
-    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in LAYER_TYPES for k in kinds):
-        raise unsupported("layer_types", kinds, f"it must name one of {LAYER_TYPES} for each of the {layers} layers")
-    return tuple(kinds)
-
-
 def _later_gemma_fields(hf: dict, period: int, softcaps: tuple[float | None, float | None]) -> dict:
     """The ``LlamaConfig`` fields Gemma 2 and 3 read alike (all but RoPE)."""
     if hf.get("use_bidirectional_attention"):
         raise unsupported("use_bidirectional_attention", hf["use_bidirectional_attention"], "our attention is causal")
-    layer_types = _layer_types_from_hf(hf, period)
+    layer_types = layer_types_from_hf(hf, period)
     window = hf.get("sliding_window", GEMMA_SLIDING_WINDOW)
     if "sliding_attention" in layer_types and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise unsupported("sliding_window", window, "sliding_attention layers need a positive number of positions")

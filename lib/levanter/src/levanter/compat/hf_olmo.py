@@ -25,7 +25,14 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from levanter.compat.hf_family import HfFamily, UnsupportedConfigError, rope_from_hf, rope_parameters, unsupported
+from levanter.compat.hf_family import (
+    HfFamily,
+    UnsupportedConfigError,
+    layer_types_from_hf,
+    rope_from_hf,
+    rope_parameters,
+    unsupported,
+)
 from levanter.compat.hf_llama import (
     expect_model_type,
     features_beyond,
@@ -88,14 +95,6 @@ OLMO2 = HfFamily(
 # -- OLMo 3 ------------------------------------------------------------------------------------------
 
 
-def _olmo3_layer_types(hf: dict) -> tuple[str, ...]:
-    layers = hf["num_hidden_layers"]
-    kinds = hf.get("layer_types") or ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
-    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in LAYER_TYPES for k in kinds):
-        raise unsupported("layer_types", kinds, f"it must name one of {LAYER_TYPES} for each of the {layers} layers")
-    return tuple(kinds)
-
-
 def _rope_by_layer_type(hf: dict) -> dict[str, dict]:
     """Each kind of layer's RoPE parameters, from transformers 5's per-type ``rope_parameters`` or
     from the older ``rope_theta`` + ``rope_scaling``, where the scaling applies to full attention only."""
@@ -143,7 +142,7 @@ def olmo3_config_dict(config: LlamaConfig, vocab_size: int, dtype: Any = jnp.flo
 def olmo3_config_from_hf(hf: dict) -> tuple[LlamaConfig, int]:
     """Our config and the vocabulary size from an ``Olmo3ForCausalLM`` ``config.json`` dict."""
     expect_model_type(hf, "olmo3")
-    layer_types = _olmo3_layer_types(hf)
+    layer_types = layer_types_from_hf(hf, 4)  # OLMo 3: every fourth layer full
     rope = _olmo3_rope(hf, layer_types)
     window = hf.get("sliding_window", 4096)  # transformers' default
     if "sliding_attention" in layer_types and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
