@@ -339,3 +339,33 @@ def slurm_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+# -- a headless Chromium driven by selenium -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium, driven through chromedriver by selenium (installed by
+    scripts/install_browser.sh, which ``make test`` runs); skips where either is missing. Pages load
+    within 30 s or fail."""
+    import shutil
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need `pip install selenium` (test extra)")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromedriver = shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        pytest.skip("no chromium/chromedriver on this machine: run scripts/install_browser.sh (make test does)")
+    options = Options()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()

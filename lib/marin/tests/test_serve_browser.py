@@ -100,23 +100,6 @@ def server(tiny_run):
     thread.join(timeout=WAIT_S)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(WAIT_S)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 def _screenshot(driver, tmp_path: Path, name: str) -> None:
     driver.save_screenshot(str(tmp_path / f"{name}.png"))
     if os.environ.get("MARIN_UPDATE_SCREENSHOTS") == "1":

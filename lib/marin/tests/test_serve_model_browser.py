@@ -63,23 +63,6 @@ def served(tmp_path_factory, synthetic_stories):
     server.engine.close()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1000,900"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(WAIT_S)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 def _replies(driver):
     return driver.find_elements(By.CSS_SELECTOR, ".message.assistant, .message.error")
 
