@@ -3,7 +3,9 @@
 For a step the plan says to run, :func:`attempt_step`:
 
 1. takes the step's lease, waiting while another runner holds it (a SUCCESS for this identity
-   written meanwhile makes the step cached; an interrupt ends the wait);
+   written meanwhile makes the step cached; an interrupt ends the wait), or, when asked not to
+   wait, answering :class:`HeldElsewhere` at once so the run can take other work meanwhile; a
+   lease whose runner died is taken over, which is how a straggler's step is retaken;
 2. reads the status again, now that no other runner can write it: a folder holding another
    identity's output is refused and nothing is written there; a SUCCESS is cached (so is a commit
    cut short, once it is finished); a FAILED that another runner wrote during this run is not
@@ -77,6 +79,13 @@ logger = get_logger("marin.execution.step_runner")
 
 
 @dataclass(frozen=True)
+class HeldElsewhere:
+    """Another live runner holds the step's lease: what :func:`attempt_step` answers instead of waiting."""
+
+    holder: str  # "host pid N" of the lease's holder, as its lock file names it
+
+
+@dataclass(frozen=True)
 class RunSession:
     """What every step attempt of one run shares."""
 
@@ -101,8 +110,14 @@ class RunSession:
         )
 
 
-def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_paths: Mapping[str, str]) -> StepOutcome:
-    """Run ``spec`` under its lease and record what happened (see the module docstring)."""
+def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_paths: Mapping[str, str], *,
+                 wait_for_others: bool = True) -> StepOutcome | HeldElsewhere:
+    """Run ``spec`` under its lease and record what happened (see the module docstring).
+
+    With ``wait_for_others=False`` a step whose lease another live runner holds is not waited for:
+    the answer is :class:`HeldElsewhere` at once, so the caller can take other work and come back to
+    it (how several runners share one sweep).
+    """
     started = time.monotonic()
 
     def outcome(kind: Outcome, error: str | None = None, result: Any = None) -> StepOutcome:
@@ -114,10 +129,12 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
     try:
         fsx.makedirs(output_path)
         lease = session.lease(spec, output_path)
-        cached_meanwhile = _acquire(session, lease, spec, output_path)
+        cached_meanwhile = _acquire(session, lease, spec, output_path, wait=wait_for_others)
     except Exception as exc:
         logger.exception("Step %s could not start: %s", spec.name, output_path)
         return outcome(Outcome.FAILED, f"{type(exc).__name__}: {exc}")
+    if isinstance(cached_meanwhile, HeldElsewhere):
+        return cached_meanwhile
     if cached_meanwhile is not None:
         return outcome(*cached_meanwhile)
 
@@ -289,8 +306,10 @@ def _record_failure(session: RunSession, spec: StepSpec, output_path: str, execu
             return
 
 
-def _acquire(session: RunSession, lease: Lease, spec: StepSpec, output_path: str) -> tuple[Outcome, str | None] | None:
-    """Take ``lease``, waiting for another runner's; or the outcome that ends the wait without it."""
+def _acquire(session: RunSession, lease: Lease, spec: StepSpec, output_path: str, *, wait: bool = True) -> Any:
+    """Take ``lease``, waiting for another runner's (unless ``wait`` is false: :class:`HeldElsewhere`
+    then); or the outcome that ends the wait without it. A stale lease (its runner died) is taken
+    over by ``try_acquire`` itself."""
     waiting_logged = False
     while not lease.try_acquire():
         if session.cancelled.is_set():
@@ -298,14 +317,12 @@ def _acquire(session: RunSession, lease: Lease, spec: StepSpec, output_path: str
         status = read_status(output_path)
         if status is not None and status.status == STATUS_SUCCESS and status.identity == spec.identity:
             return Outcome.CACHED, None
-        if not waiting_logged:
+        if not wait or not waiting_logged:
             holder = lease.read()
-            logger.info(
-                "Step %s is being run by another runner (%s); waiting: %s",
-                spec.name,
-                f"{holder.host} pid {holder.pid}" if holder else "?",
-                output_path,
-            )
+            who = f"{holder.host} pid {holder.pid}" if holder else "?"
+            if not wait:
+                return HeldElsewhere(who)
+            logger.info("Step %s is being run by another runner (%s); waiting: %s", spec.name, who, output_path)
             waiting_logged = True
         time.sleep(session.poll_s)
     return None
@@ -355,6 +372,7 @@ def step_info(spec: StepSpec, output_path: str, dep_paths: Mapping[str, str], pr
         "location": step_location(output_path, prefix),
         "explicit_output_path": spec.output_path is not None,
         "resources": repr(spec.resources) if spec.resources is not None else None,
+        "annotations": dict(spec.annotations),
         "identity_record": spec.identity_record,
     }
 

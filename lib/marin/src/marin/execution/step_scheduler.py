@@ -5,17 +5,23 @@ finished, in plan order among the steps ready; a failed (or DEP_FAILED) step mak
 waiting on it DEP_FAILED without running it, while independent branches still finish. Once the
 run is interrupted nothing new starts, and the outcomes of the steps still stopping are collected.
 Each finished step gets a progress line with the run's count and an ETA.
+
+A step whose lease another live runner holds is not waited for while other work is ready: the run
+takes that work and comes back to the step every ``poll_s`` (it is cached here once the other
+runner commits it; it is run here if that runner dies, since its lease is then taken over). So
+several runners started on one prefix share a sweep, each step run once.
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from concurrent import futures
 
 from rigging.log import get_logger
 
 from marin.execution.run_report import Outcome, StepOutcome
-from marin.execution.step_attempt import RunSession, attempt_step, record_dep_failed
+from marin.execution.step_attempt import HeldElsewhere, RunSession, attempt_step, record_dep_failed
 from marin.execution.step_plan import PlannedStep
 
 # The runner's log lines keep one logger name however its code is split, so log filters keep working.
@@ -89,6 +95,11 @@ def schedule_steps(
 
     finished = 0
     run_seconds = 0.0
+    # Steps another live runner holds: (when to look again, position, step). Coming back to them is
+    # cheap (one lease try and one status read), and learning that one finished there unblocks its
+    # dependents here, so a due one goes before new work.
+    held: list[tuple[float, int, PlannedStep]] = []
+    announced: set[str] = set()
     while True:
         if session.cancelled.is_set() and not stopping:
             # Interrupted: start nothing new, but collect the outcomes of the steps still stopping.
@@ -97,18 +108,36 @@ def schedule_steps(
             if never:
                 logger.warning("Interrupted: %d step(s) not started: %s", len(never), ", ".join(i.spec.name for i in never))
             ready.clear()
-        while ready and len(running) < workers:
-            _, item = heapq.heappop(ready)
+            held.clear()
+        while len(running) < workers:
+            if held and held[0][0] <= time.monotonic():
+                _, _, item = heapq.heappop(held)
+            elif ready:
+                _, item = heapq.heappop(ready)
+            else:
+                break
             started.add(item.spec.identity)
             dep_paths = {dep.identity: paths[dep.identity] for dep in item.spec.deps}
-            running[pool.submit(attempt_step, session, item.spec, item.output_path, dep_paths)] = item
+            running[pool.submit(attempt_step, session, item.spec, item.output_path, dep_paths, wait_for_others=False)] = item
         if not running:
-            break  # done (or, with an invalid plan, nothing left that can start)
-        # A timeout keeps the loop noticing an interrupt while long steps run.
+            if not held:
+                break  # done (or, with an invalid plan, nothing left that can start)
+            # Every step left is another runner's for now: look again when the first is due.
+            session.cancelled.wait(max(0.0, min(held[0][0] - time.monotonic(), _WAIT_POLL_S)))
+            continue
+        # A timeout keeps the loop noticing an interrupt while long steps run, and due held steps.
         done, _ = futures.wait(list(running), timeout=_WAIT_POLL_S, return_when=futures.FIRST_COMPLETED)
         for future in done:
             item = running.pop(future)
             outcome = future.result()
+            if isinstance(outcome, HeldElsewhere):
+                started.discard(item.spec.identity)  # not started here (yet): an interrupt lists it so
+                if item.spec.identity not in announced:
+                    announced.add(item.spec.identity)
+                    logger.info("Step %s is being run by another runner (%s); this run takes other work and comes "
+                                "back to it: %s", item.spec.name, outcome.holder, item.output_path)
+                heapq.heappush(held, (time.monotonic() + session.poll_s, position[item.spec.identity], item))
+                continue
             finished += 1
             run_seconds += outcome.seconds
             _log_progress(outcome, finished, total, run_seconds, workers)
