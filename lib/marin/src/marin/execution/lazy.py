@@ -38,6 +38,7 @@ def lazy_step(
     version: str | None = None,
     resources: Any = None,
     output_path: str | None = None,
+    annotations: Mapping[str, Any] | None = None,
 ) -> StepSpec:
     """A handle: the step ``name`` whose ``fn(ctx)`` runs only once a runner runs it."""
     return StepSpec(
@@ -48,6 +49,7 @@ def lazy_step(
         version=None if version is None else str(version),
         resources=resources,
         output_path=output_path,
+        annotations=dict(annotations or {}),
     )
 
 

@@ -4,7 +4,8 @@
 whose outputs exist elsewhere, and those ``run_only`` leaves out), gives each its output folder,
 refuses two identities sharing one folder or a folder holding another identity's output, and
 reads each step's status; it writes nothing. :func:`print_dry_run` shows a plan as a dry run
-reports it: every step, its hash, its output folder and what a run would do with it.
+reports it: every step, its hash, its output folder and what a run would do with it, and the
+compute the steps that declare it plan to spend (a sweep's grid, with its total).
 """
 
 from __future__ import annotations
@@ -96,9 +97,34 @@ def print_dry_run(planned: list[PlannedStep], *, prefix: str, force_run_failed: 
             outcome = Outcome.WOULD_RUN
         if outcome.blocks_dependents:
             blocked.add(spec.identity)
-        print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}")
+        flops = planned_flops(spec)
+        compute = f"  {flops:9.2e} FLOPs{_size_and_data(spec)}" if flops is not None else ""
+        print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}{compute}")
         report.outcomes.append(StepOutcome(spec.name, spec.identity, item.output_path, outcome))
+    counted = [(item, planned_flops(item.spec)) for item in planned]
+    counted = [(item, flops) for item, flops in counted if flops is not None]
+    if counted:
+        to_run = sum(flops for item, flops in counted if not item.cached)
+        print(f"Planned compute: {sum(flops for _, flops in counted):.3g} FLOPs over {len(counted)} step(s) that "
+              f"declare it; {to_run:.3g} of it still to run.")
     print(f"Dry run: {report.summary()}; nothing was written.")
+
+
+def _size_and_data(spec: StepSpec) -> str:
+    """`` N 1.4e+05 D 7.2e+05`` for a sweep point that declares its parameters and tokens."""
+    sweep = spec.annotations.get("sweep")
+    if not isinstance(sweep, Mapping):
+        return ""
+    params, tokens = sweep.get("params"), sweep.get("tokens")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (params, tokens)):
+        return ""
+    return f"  N {params:.2g}  D {tokens:.2g}"
+
+
+def planned_flops(spec: StepSpec) -> float | None:
+    """The compute a step declares it will spend (its ``flops`` annotation: sweeps set it), or None."""
+    flops = spec.annotations.get("flops")
+    return float(flops) if isinstance(flops, (int, float)) and not isinstance(flops, bool) else None
 
 
 _DRY_RUN_LABELS = {

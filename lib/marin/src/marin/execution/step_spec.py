@@ -3,7 +3,7 @@
 A :class:`StepSpec` is frozen. Its :attr:`~StepSpec.identity` (a SHA-256 hex digest) is the hash
 of its name, version, hash attributes and its dependencies' identities; see
 :mod:`marin.execution.identity`. Where the output goes (``output_path``) and what hardware it
-needs (``resources``) are placement and never change the identity.
+needs (``resources``) are placement and never change the identity; neither do ``annotations``.
 
 It is the engine's only step type: the lazy handles that library helpers return
 (:mod:`marin.execution.lazy`) are StepSpecs too, whose function is marked :class:`takes_context`.
@@ -119,6 +119,10 @@ class StepSpec:
     output_path: str | None = None
     version: str | None = None
     resources: Any = None
+    # Facts about the step for people and tools, never part of its identity: a sweep point's
+    # budget and planned FLOPs (``flops``, which a dry run adds up), ... Plain JSON data; kept in
+    # the step's ``.executor_info``.
+    annotations: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_step_name(self.name)
@@ -138,6 +142,10 @@ class StepSpec:
         # A private copy: mutating the caller's dict later must not change what this step is.
         object.__setattr__(self, "hash_attrs", dict(self.hash_attrs))
         canonicalize(self.hash_attrs, where=f"{self.name}.hash_attrs")
+        if not isinstance(self.annotations or {}, Mapping):
+            raise InvalidStepError(f"Step {self.name!r}: annotations must be a dict, got {type(self.annotations).__name__}.")
+        object.__setattr__(self, "annotations", dict(self.annotations or {}))
+        canonicalize(self.annotations, where=f"{self.name}.annotations")
         if self.version is not None and not isinstance(self.version, str):
             object.__setattr__(self, "version", str(self.version))
         if self.output_path is not None:

@@ -90,6 +90,14 @@ class TrainedModel:
     initialized_from: str | None = None  # what the run started from, when not random weights
     adapter_path: str | None = None  # LoRA runs: the PEFT adapter folder (hf/ holds the merged model)
     harness: HarnessResults | None = None  # evals=...: the lm-eval tasks' results on the final weights
+    # Training FLOPs per token by the model's own count (forward and backward, at this seq_len and
+    # vocabulary); None for records made before it was kept, and for models that do not count them.
+    flops_per_token: float | None = None
+
+    @property
+    def training_flops(self) -> float | None:
+        """The compute the run spent: FLOPs per token times the tokens trained."""
+        return None if self.flops_per_token is None else self.flops_per_token * self.tokens_trained
 
     def summary(self) -> str:
         """What a person wants to see when the run ends (printed by the runner)."""
@@ -356,7 +364,13 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         initialized_from=request.initialize_from.description if request.initialize_from is not None else None,
         adapter_path=training.adapter_path,
         harness=run.harness,
+        flops_per_token=_flops_per_token(request.model, first.vocab_size, request.seq_len),
     )
+
+
+def _flops_per_token(model: Any, vocab_size: int, seq_len: int) -> float | None:
+    count = getattr(model, "flops_per_token", None)
+    return float(count(vocab_size, seq_len)) if callable(count) else None
 
 
 def _dataset_used(handle: LazyStep, weight: float, result: TokenizedDataset) -> DatasetUsed:
