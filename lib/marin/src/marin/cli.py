@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "marin.serve.cli",  # serve
     "marin.model_server.cli",  # serve-model
     "marin.slurm_command",  # slurm start, stop, status
+    "marin.scaling.cli",  # scaling
 ]
 
 

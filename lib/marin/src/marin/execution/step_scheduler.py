@@ -7,8 +7,9 @@ run is interrupted nothing new starts, and the outcomes of the steps still stopp
 Each finished step gets a progress line with the run's count and an ETA.
 
 A step whose lease another live runner holds is not waited for while other work is ready: the run
-takes that work and comes back to the step every ``poll_s`` (it is cached here once the other
-runner commits it; it is run here if that runner dies, since its lease is then taken over). So
+takes that work and comes back to the step after ``poll_s``, then at doubling intervals up to
+:data:`_HELD_RECHECK_MAX_S` (it is cached here once the other runner commits it; it is run here if
+that runner dies, since its lease is then taken over). So
 several runners started on one prefix share a sweep, each step run once.
 """
 
@@ -29,6 +30,9 @@ logger = get_logger("marin.execution.step_runner")
 
 # How often the scheduler looks for an interrupt while long steps run.
 _WAIT_POLL_S = 0.5
+# A step another runner holds is looked at again after poll_s, then twice as long each time, up to
+# this: a worker of a large sweep on an object store must not spend its requests polling leases.
+_HELD_RECHECK_MAX_S = 10.0
 
 
 def schedule_steps(
@@ -99,7 +103,7 @@ def schedule_steps(
     # cheap (one lease try and one status read), and learning that one finished there unblocks its
     # dependents here, so a due one goes before new work.
     held: list[tuple[float, int, PlannedStep]] = []
-    announced: set[str] = set()
+    looks: dict[str, int] = {}  # identity -> how many times it was found held
     while True:
         if session.cancelled.is_set() and not stopping:
             # Interrupted: start nothing new, but collect the outcomes of the steps still stopping.
@@ -131,12 +135,14 @@ def schedule_steps(
             item = running.pop(future)
             outcome = future.result()
             if isinstance(outcome, HeldElsewhere):
-                started.discard(item.spec.identity)  # not started here (yet): an interrupt lists it so
-                if item.spec.identity not in announced:
-                    announced.add(item.spec.identity)
+                identity = item.spec.identity
+                started.discard(identity)  # not started here (yet): an interrupt lists it so
+                looks[identity] = looks.get(identity, 0) + 1
+                if looks[identity] == 1:
                     logger.info("Step %s is being run by another runner (%s); this run takes other work and comes "
                                 "back to it: %s", item.spec.name, outcome.holder, item.output_path)
-                heapq.heappush(held, (time.monotonic() + session.poll_s, position[item.spec.identity], item))
+                delay = min(session.poll_s * 2 ** (looks[identity] - 1), max(session.poll_s, _HELD_RECHECK_MAX_S))
+                heapq.heappush(held, (time.monotonic() + delay, position[identity], item))
                 continue
             finished += 1
             run_seconds += outcome.seconds

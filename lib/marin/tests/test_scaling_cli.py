@@ -1,0 +1,125 @@
+"""``marin scaling``: a real tiny IsoFLOP sweep end to end through the CLI, and what the command says about prefixes it cannot fit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marin import cli
+from marin.execution.executor_files import STATUS_RUNNING, write_info, write_status
+from marin.scaling.runs import TRAINED_MODEL_TYPE, collect_runs
+
+REPO = Path(__file__).resolve().parents[3]
+SWEEP = REPO / "experiments" / "tutorials" / "isoflop_sweep.py"
+TINY_SWEEP = ["--set", "sweep.budgets=[2e9, 6e9, 2e10]", "--set", "sweep.widths=[16, 32, 48]", "--set", "sweep.min_steps=3",
+              "--set", "sweep.seq_len=64", "--set", "sweep.batch_size=4", "--set", "sweep.sample_count=200"]
+
+
+def _marin(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "marin.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    """Nine nano runs (3 budgets x 3 widths, a few steps each) on the built-in corpus, through ``marin run``."""
+    root = tmp_path_factory.mktemp("scaling")
+    prefix = root / "prefix"
+    planned = _marin("run", str(SWEEP), "--prefix", str(prefix), "--dry-run", *TINY_SWEEP, cwd=REPO)
+    assert planned.returncode == 0, planned.stderr
+    done = _marin("run", str(SWEEP), "--prefix", str(prefix), *TINY_SWEEP, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return prefix, planned.stdout
+
+
+def test_the_dry_run_shows_the_grid_and_its_total_compute(tiny_sweep):
+    _, planned = tiny_sweep
+    points = [line for line in planned.splitlines() if "sweeps/isoflop-tinystories/" in line]
+    assert len(points) == 9
+    assert all("FLOPs" in line and " N " in line and " D " in line for line in points)
+    assert "Planned compute: 8.4e+10 FLOPs over 9 step(s) that declare it; 8.4e+10 of it still to run." in planned
+
+
+def test_the_sweep_runs_end_to_end_and_marin_scaling_fits_it(tiny_sweep, tmp_path):
+    prefix, _ = tiny_sweep
+    png = tmp_path / "scaling.png"
+    done = _marin("scaling", str(prefix), "--steps", "sweeps/isoflop-tinystories/*", "--json", "--png", str(png),
+                  "--bootstrap", "20", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    runs = report["runs"]
+    assert len(runs) == 9 and not report["skipped"]
+    assert sorted({run["budget"] for run in runs}) == [2e9, 6e9, 2e10]
+    for run in runs:
+        # The recorded compute is the planned budget up to rounding to whole steps (4 x 64 tokens each).
+        assert abs(run["flops"] - run["budget"]) / run["budget"] < 0.1, run
+        assert run["flops"] == pytest.approx(run["tokens"] * run["flops"] / run["tokens"])
+        assert 0 < run["loss"] < 10 and run["name"].startswith("sweeps/isoflop-tinystories/")
+    # Nine runs of a few steps each decide nothing about scaling, but both fits are attempted and
+    # whatever cannot be fitted says why.
+    assert report["parametric"] is not None or report["parametric_error"]
+    assert report["isoflop"] is not None or "budget" in report["isoflop_error"]
+    assert report["parametric"] is not None or report["isoflop"] is not None
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    text = _marin("scaling", str(prefix), "--budget", "1e12", "--bootstrap", "0", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "Scaling fits of 9 finished run(s)" in text.stdout
+    assert "C = 1e+12 FLOPs" in text.stdout
+    assert text.stdout.count("sweeps/isoflop-tinystories/") == 9
+
+
+def test_a_prefix_without_runs_exits_1_saying_what_a_fit_needs(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["scaling", str(tmp_path / "empty"), "--bootstrap", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "Scaling fits of 0 finished run(s)" in out and out.count("not fitted:") == 2
+
+
+def test_a_missing_prefix_or_a_bad_budget_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["scaling", str(tmp_path / "nowhere")]) == 2
+    assert "there is no folder" in capsys.readouterr().err
+    assert cli.main(["scaling", str(tmp_path), "--budget", "-1"]) == 2
+
+
+def _finished_run(prefix: Path, name: str, result: dict, budget: float | None = None, status: str = "SUCCESS") -> Path:
+    folder = prefix / f"{name}-0123abcd"
+    folder.mkdir(parents=True)
+    write_info(str(folder), {"name": name, "identity": "0" * 64,
+                             "annotations": {"sweep": {"budget": budget}} if budget else {}})
+    write_status(str(folder), status)
+    (folder / ".artifact.json").write_text(json.dumps({"result_type": TRAINED_MODEL_TYPE, "result": result}))
+    return folder
+
+
+def test_runs_that_cannot_be_used_are_listed_with_the_reason(tmp_path):
+    prefix = tmp_path / "prefix"
+    good = {"parameters": 1000, "tokens_trained": 5000, "flops_per_token": 6500.0, "validation_losses": {"a": 3.0, "b": 4.0}}
+    _finished_run(prefix, "sweeps/s/good", good, budget=3e7)
+    _finished_run(prefix, "sweeps/s/old", {**good, "flops_per_token": None})
+    _finished_run(prefix, "sweeps/s/no-validation", {**good, "validation_losses": {}})
+    _finished_run(prefix, "sweeps/s/running", good, budget=3e7, status=STATUS_RUNNING)
+    _finished_run(prefix, "other/run", good)
+    damaged = _finished_run(prefix, "sweeps/s/damaged", good)
+    (damaged / ".artifact.json").write_text("{not json")
+
+    found = collect_runs(str(prefix), steps="sweeps/*")
+    by_name = {run.name: run for run in found.runs}
+    assert set(by_name) == {"sweeps/s/good", "sweeps/s/old"}
+    assert by_name["sweeps/s/good"].flops == 6500.0 * 5000 and by_name["sweeps/s/good"].budget == 3e7
+    assert by_name["sweeps/s/good"].loss == 3.0  # the first validation set, unless one is named
+    assert by_name["sweeps/s/old"].flops == 6 * 1000 * 5000 and by_name["sweeps/s/old"].budget is None
+    reasons = {skip.name: skip.reason for skip in found.skipped}
+    assert reasons["sweeps/s/no-validation"].startswith("no validation loss")
+    assert reasons["sweeps/s/running"] == "not finished (status RUNNING)"
+    assert "damaged" in reasons["sweeps/s/damaged"]
+    assert any("6 x parameters x tokens" in note for note in found.notes)
+    assert any("2 validation sets" in note for note in found.notes)
+
+    chosen = collect_runs(str(prefix), steps="sweeps/s/good", validation="b")
+    assert [run.loss for run in chosen.runs] == [4.0]
+    missing = collect_runs(str(prefix), steps="sweeps/s/good", validation="c")
+    assert missing.skipped[0].reason == "no validation loss for 'c' (it has: a, b)"
