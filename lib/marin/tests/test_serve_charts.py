@@ -14,7 +14,7 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
 from marin.serve.app import create_app
-from marin.serve.charts import Axes, _label, _log_ticks, _ticks, line_chart, short_label, smooth
+from marin.serve.charts import Axes, tick_label, log_ticks, ticks, line_chart, short_label, smooth
 from marin.serve.runs import by_tokens
 
 STEPS = 10
@@ -62,11 +62,11 @@ def test_smoothing_removes_the_start_up_bias():
 
 def test_tick_labels_never_repeat():
     for lo, hi in ((99, 101), (2.6, 2.75), (0, 1.2e6), (0.0011, 0.0014), (1, 7)):
-        ticks = _ticks(lo, hi)
-        labels = [_label(t, ticks[1] - ticks[0]) for t in ticks]
+        placed = ticks(lo, hi)
+        labels = [tick_label(t, placed[1] - placed[0]) for t in placed]
         assert len(set(labels)) == len(labels) >= 2, (lo, hi, labels)
-    assert _ticks(99, 101, integer=True) == [99, 100, 101]
-    assert [round(10**t, 6) for t in _log_ticks(-2, 1)] == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10]
+    assert ticks(99, 101, integer=True) == [99, 100, 101]
+    assert [round(10**t, 6) for t in log_ticks(-2, 1)] == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10]
 
 
 def test_a_single_point_chart_has_one_x_tick_under_the_point():

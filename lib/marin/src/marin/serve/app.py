@@ -22,6 +22,7 @@ from rigging.regular_files import RefusedFileError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from marin.execution.executor_files import CorruptRecordError
+from marin.scaling.analysis import analyse
 from marin.serve import pages
 from marin.serve.attempts import LOG_WINDOW_BYTES, log_url, read_window, step_attempts
 from marin.serve.compare import compare_runs
@@ -29,11 +30,15 @@ from marin.serve.data import kind_of, read_page
 from marin.serve.errors import ServeError, UnreadableError
 from marin.serve.paths import clean_relative, resolve
 from marin.serve.runs import evaluation_table, is_training_run, run_extras, run_metrics
+from marin.serve.scaling_page import scaling_page
 from marin.serve.steps import list_files, list_rows, newest_first, step_detail, version_differences, version_marks
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUNS = 3  # /runs with nothing chosen shows the newest few runs, as one opens a dashboard on today's work
+# Bootstrap refits behind /scaling's intervals: fewer than `marin scaling`'s 200, so a sweep of a few
+# dozen runs answers in about a second; the intervals are rougher, the fitted values the same.
+SCALING_BOOTSTRAP = 50
 
 
 def _wants_json(request: Request) -> bool:
@@ -180,6 +185,18 @@ def create_app(prefix: str) -> FastAPI:
     def evals_json() -> dict[str, Any]:
         columns, table = evaluation_table(prefix, list_rows(prefix))
         return {"models": columns, "metrics": table}
+
+    # -- scaling laws -----------------------------------------------------------------------------
+
+    @app.get("/scaling", response_class=HTMLResponse)
+    def scaling(steps: str | None = None, validation: str | None = None) -> str:
+        analysis = analyse(prefix, steps=steps or None, validation=validation or None, bootstrap=SCALING_BOOTSTRAP)
+        return scaling_page(analysis, analysis.default_budgets(), prefix, validation or None)
+
+    @app.get("/api/scaling")
+    def scaling_json(steps: str | None = None, validation: str | None = None) -> dict[str, Any]:
+        analysis = analyse(prefix, steps=steps or None, validation=validation or None, bootstrap=SCALING_BOOTSTRAP)
+        return analysis.to_json(analysis.default_budgets())
 
     # -- data -------------------------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ def _nice_step(span: float, count: int) -> float:
     return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
 
 
-def _ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
+def ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
     if hi <= lo:
         return [lo]
     step = _nice_step(hi - lo, count)
@@ -65,7 +65,7 @@ def _ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> li
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def _label(value: float, step: float | None = None) -> str:
+def tick_label(value: float, step: float | None = None) -> str:
     """A tick label with as many decimals as the tick spacing needs, so neighbours never read alike."""
     if value == 0:
         return "0"
@@ -87,13 +87,13 @@ def value_text(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _log_ticks(lo: float, hi: float) -> list[float]:
+def log_ticks(lo: float, hi: float) -> list[float]:
     """Ticks for a log axis given in log10 units: 1, 2, 5 times powers of ten inside the range."""
-    ticks = [math.log10(m * 10.0**e) for e in range(math.floor(lo) - 1, math.ceil(hi) + 1) for m in (1, 2, 5)]
-    inside = [t for t in ticks if lo - 1e-9 <= t <= hi + 1e-9]
+    candidates = [math.log10(m * 10.0**e) for e in range(math.floor(lo) - 1, math.ceil(hi) + 1) for m in (1, 2, 5)]
+    inside = [t for t in candidates if lo - 1e-9 <= t <= hi + 1e-9]
     if len(inside) >= 2:
         return inside
-    return [math.log10(v) for v in _ticks(10**lo, 10**hi) if v > 0]  # a narrow range: linear ticks, placed on the log scale
+    return [math.log10(v) for v in ticks(10**lo, 10**hi) if v > 0]  # a narrow range: linear ticks, placed on the log scale
 
 
 def _in_range(points: list[tuple[float, float]], axes: Axes) -> list[tuple[float, float]]:
@@ -121,7 +121,7 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], axes: A
     x_lo, x_hi = min(xs), max(xs)
     y_lo, y_hi = min(ys), max(ys)
     integer_x = axes.x_title == "step"
-    x_ticks = [x_lo] if x_hi == x_lo else _ticks(x_lo, x_hi, integer=integer_x)
+    x_ticks = [x_lo] if x_hi == x_lo else ticks(x_lo, x_hi, integer=integer_x)
     if x_hi == x_lo:  # one step: the point in the middle, one tick under it
         x_lo, x_hi = x_lo - 1, x_hi + 1
     if y_hi == y_lo:  # one value: a band around it whose ticks still read as different numbers
@@ -144,19 +144,19 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], axes: A
     parts = [f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" preserveAspectRatio="xMidYMid meet" role="img" '
              f'aria-label="{escape(title)}" {data}>']
     parts.append(f'<rect class="plot" x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fff" stroke="#ccc"/>')
-    y_ticks = _log_ticks(y_lo, y_hi) if axes.log_y else _ticks(y_lo, y_hi)
+    y_ticks = log_ticks(y_lo, y_hi) if axes.log_y else ticks(y_lo, y_hi)
     y_spacing = (y_ticks[1] - y_ticks[0]) if len(y_ticks) > 1 else None
     for tick in y_ticks:
         value = 10**tick if axes.log_y else tick
         y = TOP + (1 - (tick - y_lo) / (y_hi - y_lo)) * plot_h
-        label = _label(value, None if axes.log_y else y_spacing)
+        label = tick_label(value, None if axes.log_y else y_spacing)
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" class="tick">{label}</text>')
     x_spacing = (x_ticks[1] - x_ticks[0]) if len(x_ticks) > 1 else (1.0 if integer_x else None)
     for tick in x_ticks:
         x = sx(tick)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 4}" stroke="#999"/>')
-        parts.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{_label(tick, x_spacing)}</text>')
+        parts.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" class="tick">{tick_label(tick, x_spacing)}</text>')
     parts.append(f'<text class="axis-title" x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" text-anchor="middle">{escape(axes.x_title)}</text>')
     y_title = axes.y_title + (" (log)" if axes.log_y else "")
     parts.append(f'<text class="axis-title" transform="translate(14 {TOP + plot_h / 2}) rotate(-90)" '

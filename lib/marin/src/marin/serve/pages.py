@@ -47,7 +47,8 @@ def link(route: str, **params: Any) -> str:
 
 def layout(title: str, body: str, prefix: str) -> str:
     nav = "".join(f'<a href="{href}">{name}</a>' for name, href in
-                  (("Steps", "/"), ("Training", "/runs"), ("Evaluations", "/evals"), ("Data", "/data")))
+                  (("Steps", "/"), ("Training", "/runs"), ("Evaluations", "/evals"), ("Scaling", "/scaling"),
+                   ("Data", "/data")))
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)} · marin</title>'
             f"<style>{STYLE}</style></head><body><header><b>marin</b>{nav}"
             f'<span class="prefix">{escape(prefix)}</span></header><main><h2>{escape(title)}</h2>{body}</main></body></html>')
