@@ -14,8 +14,9 @@ train.num_train_steps=2``, and each page gets a copy.
 
 A block opts out with ``no-run`` in its fence (```python no-run, ```bash no-run); the page says why
 next to it (a cloud account, a real cluster, the network, a server that runs until stopped). A long
-shell block may carry ``test-set=NAME.KEY=VALUE`` words: the test appends ``--set NAME.KEY=VALUE``
-to each of its ``marin run`` and ``marin reproduce`` lines, and the page says so. A shell block that
+shell block may carry ``test-set=NAME.KEY=VALUE`` words: the test adds ``--set NAME.KEY=VALUE``
+after the script (or step) of each of its ``marin run`` and ``marin reproduce`` lines, and the page
+says so. A shell block that
 needs what not every machine has says so with ``needs=NAME`` (``needs=slurm``: Slurm's daemons and
 root, see scripts/install_slurm.sh); where it is missing, the page's other blocks run and the test
 then skips, naming the blocks left out and why. Its private Slurm lives in a scratch state folder
@@ -41,7 +42,9 @@ DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 SHELLS = ("bash", "sh")
 OPTIONS = re.compile(r"no-run|test-set=\S+|needs=slurm")
-SETTABLE = re.compile(r"^(\s*marin (?:run|reproduce) .*?)(\s*#.*)?$", re.MULTILINE)
+# The settings go right after the script (or step) a `marin run` (`marin reproduce`) line names, so
+# a redirection, a trailing `&` or a comment after it stays where it was.
+SETTABLE = re.compile(r"^(\s*marin (?:run|reproduce) \S+)", re.MULTILINE)
 
 
 def fences(page: Path) -> list[tuple[int, str, list[str], str]]:
@@ -69,7 +72,7 @@ def shell_blocks(page: Path) -> list[tuple[int, str, tuple[str, ...]]]:
         sets = "".join(f" --set {option.removeprefix('test-set=')}" for option in options
                        if option.startswith("test-set="))
         needs = tuple(option.removeprefix("needs=") for option in options if option.startswith("needs="))
-        script = SETTABLE.sub(lambda m: m.group(1) + sets + (m.group(2) or ""), body) if sets else body
+        script = SETTABLE.sub(lambda m: m.group(1) + sets, body) if sets else body
         blocks.append((line, script, needs))
     return blocks
 
@@ -157,10 +160,11 @@ def test_fence_parser_skips_no_run_blocks_and_applies_test_settings(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("```python\nx = 1\n```\n\n```python no-run\nraise SystemExit\n```\n\n```bash\nls\n```\n\n"
                     "```bash no-run\nray up\n```\n\n```bash test-set=train.steps=2 test-set=a.b=c\n"
-                    "marin status\nmarin run t.py   # train\n```\n")
+                    "marin status\nmarin run t.py   # train\n  marin run t.py > w.log 2>&1 &\n```\n")
     assert [code for _, code in python_blocks(page)] == ["x = 1\n"]
     assert [code for _, code, _ in shell_blocks(page)] == [
-        "ls\n", "marin status\nmarin run t.py --set train.steps=2 --set a.b=c   # train\n"]
+        "ls\n", "marin status\nmarin run t.py --set train.steps=2 --set a.b=c   # train\n"
+                 "  marin run t.py --set train.steps=2 --set a.b=c > w.log 2>&1 &\n"]
     page.write_text("```bash needs=slurm\nmarin slurm start\n```\n")
     assert shell_blocks(page) == [(1, "marin slurm start\n", ("slurm",))]
 
