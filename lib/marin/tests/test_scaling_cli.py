@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,11 @@ TINY_SWEEP = ["--set", "sweep.budgets=[2e9, 6e9, 2e10]", "--set", "sweep.widths=
 
 
 def _marin(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "marin.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    # One CPU device, as on a reader's machine (the suite simulates 8, over which a batch of 4 cannot
+    # split); the suite's compile flags stay.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return subprocess.run([sys.executable, "-m", "marin.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "XLA_FLAGS": " ".join(flags)})
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,10 @@ def test_the_dry_run_shows_the_grid_and_its_total_compute(tiny_sweep):
     points = [line for line in planned.splitlines() if "sweeps/isoflop-tinystories/" in line]
     assert len(points) == 9
     assert all("FLOPs" in line and " N " in line and " D " in line for line in points)
-    assert "Planned compute: 8.4e+10 FLOPs over 9 step(s) that declare it; 8.4e+10 of it still to run." in planned
+    # Three runs at each budget: 3 x (2e9 + 6e9 + 2e10) FLOPs, each run within half a step of its budget.
+    total, to_run = map(float, re.search(r"Planned compute: (\S+) FLOPs over 9 step\(s\) that declare it; (\S+) of it "
+                                         r"still to run\.", planned).groups())
+    assert total == to_run and abs(total - 8.4e10) / 8.4e10 < 0.02
 
 
 def test_the_sweep_runs_end_to_end_and_marin_scaling_fits_it(tiny_sweep, tmp_path):
@@ -106,6 +115,15 @@ def test_runs_that_cannot_be_used_are_listed_with_the_reason(tmp_path):
     damaged = _finished_run(prefix, "sweeps/s/damaged", good)
     (damaged / ".artifact.json").write_text("{not json")
 
+    fifo = _finished_run(prefix, "sweeps/s/fifo", good)
+    (fifo / ".artifact.json").unlink()
+    os.mkfifo(fifo / ".artifact.json")  # opening it would wait for a writer forever; it is refused instead
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps({"result_type": TRAINED_MODEL_TYPE, "result": good}))
+    linked = _finished_run(prefix, "sweeps/s/linked-out", good)
+    (linked / ".artifact.json").unlink()
+    (linked / ".artifact.json").symlink_to(outside)
+
     found = collect_runs(str(prefix), steps="sweeps/*")
     by_name = {run.name: run for run in found.runs}
     assert set(by_name) == {"sweeps/s/good", "sweeps/s/old"}
@@ -116,6 +134,8 @@ def test_runs_that_cannot_be_used_are_listed_with_the_reason(tmp_path):
     assert reasons["sweeps/s/no-validation"].startswith("no validation loss")
     assert reasons["sweeps/s/running"] == "not finished (status RUNNING)"
     assert "damaged" in reasons["sweeps/s/damaged"]
+    assert "not a regular file (a FIFO)" in reasons["sweeps/s/fifo"]
+    assert "refused" in reasons["sweeps/s/linked-out"]
     assert any("6 x parameters x tokens" in note for note in found.notes)
     assert any("2 validation sets" in note for note in found.notes)
 
