@@ -9,13 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from marin.curation.dedup import minhash
 from marin.curation.dedup.minhash import (
+    SIGNATURE_SCHEMES,
     MinHashConfig,
     WordShingleHasher,
     batch_shingle_hashes,
     candidate_probability,
+    char_shingle_hashes,
+    fmix32,
     fold32,
     lsh_params,
+    normalize_text,
     permutations,
     signatures,
 )
@@ -127,6 +132,54 @@ def test_signatures_equal_datasketch_given_the_same_shingle_hashes_and_coefficie
         assert reference.hashvalues.tolist() == signature.tolist()
 
 
+def reference_char_hash(ngram: str) -> int:
+    """The character shingle hash in plain Python: multiply-xor over code points, then splitmix64's finaliser."""
+    mask = (1 << 64) - 1
+    key = 0x9E3779B97F4A7C15
+    for ch in ngram:
+        key = ((key ^ ord(ch)) * 0x100000001B3) & mask
+    key = ((key ^ (key >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    key = ((key ^ (key >> 27)) * 0x94D049BB133111EB) & mask
+    return key ^ (key >> 31)
+
+
+def test_char_shingle_hashes_hash_every_window_of_the_normalised_text():
+    texts = generate_stories(6, seed=4) + ["", "ab", "abcde", "  Tiny\tTEXT  here\n", "caf\u00e9 \ud800 lone surrogate"]
+    hashes = char_shingle_hashes(texts, NGRAM)
+    for text, found in zip(texts, hashes):
+        chars = normalize_text(text)
+        windows = [chars[i:i + NGRAM] for i in range(len(chars) - NGRAM + 1)] if len(chars) > NGRAM else [chars]
+        assert found.tolist() == [reference_char_hash(w) for w in windows]
+        assert len(set(found.tolist())) == len(set(windows))  # the shingle sets of the strings, no collision
+    # A text's hashes do not depend on the texts batched with it.
+    assert all((char_shingle_hashes([t], NGRAM)[0] == h).all() for t, h in zip(texts, hashes))
+
+
+def test_signatures_do_not_depend_on_how_the_shingles_are_cut_into_blocks(monkeypatch):
+    config = MinHashConfig(num_perm=40, ngram=NGRAM, shingle="char")
+    a, b = permutations(config)
+    texts = generate_stories(5, seed=8) + [" ".join(generate_stories(12, seed=9)), "x"]  # one spans many blocks
+    hashes = batch_shingle_hashes(texts, config)
+    whole = signatures(hashes, a, b)
+    for h, signature in zip(hashes, whole):  # the definition, one document at a time in 64-bit arithmetic
+        values = fmix32(fold32(h)).astype(np.uint64)
+        expected = (values[:, None] * a.astype(np.uint64) + b) % (1 << 32)
+        assert expected.min(axis=0).tolist() == signature.tolist()
+    monkeypatch.setattr(minhash, "_SHINGLES_PER_BLOCK", 97)
+    assert (signatures(hashes, a, b) == whole).all()
+
+
+def test_the_step_identity_names_the_signature_kernel(corpus):
+    folder, *_ = corpus
+    word = fuzzy_deduplicated("dedup/fuzzy", str(folder))
+    char = fuzzy_deduplicated("dedup/fuzzy", str(folder), config=FuzzyDedupConfig(shingle="char"))
+    # The word kernel's name is unchanged, so outputs it made earlier are still reused.
+    assert word.identity_record["hash_attrs"]["fuzzy"]["signature"] == "xxh3-fold32-fmix32-affine32"
+    char_kernel = char.identity_record["hash_attrs"]["fuzzy"]["signature"]
+    assert char_kernel == SIGNATURE_SCHEMES["char"] != SIGNATURE_SCHEMES["word"]
+    assert word.identity != char.identity
+
+
 def test_lsh_params_put_the_s_curve_around_the_threshold():
     bands, rows = lsh_params(0.7, 128)
     assert bands * rows <= 128
@@ -151,11 +204,12 @@ def test_exact_dedup_finds_every_planted_copy(corpus, tmp_path):
     assert result["summary"]["documents_out"] == len(texts) - len(exact)
 
 
-def test_minhash_recall_and_precision_on_planted_pairs(corpus, tmp_path):
+@pytest.mark.parametrize("shingle", ["word", "char"])
+def test_minhash_recall_and_precision_on_planted_pairs(corpus, tmp_path, shingle):
     folder, texts, exact, near = corpus
     runner = StepRunner(prefix=str(tmp_path / "prefix"))
-    step = fuzzy_deduplicated("dedup/fuzzy", str(folder), config=FuzzyDedupConfig(threshold=0.7, ngram=NGRAM),
-                              backend="inline", num_shards=3)
+    config = FuzzyDedupConfig(threshold=0.7, ngram=NGRAM, shingle=shingle)
+    step = fuzzy_deduplicated("dedup/fuzzy", str(folder), config=config, backend="inline", num_shards=3)
     runner.run([step])
     result = load_artifact(runner.output_path_for(step)).result
     records = every_document(result)

@@ -27,7 +27,7 @@ from rigging.filesystem import join as join_url
 
 from marin.curation.dedup.lines import AnnotateLines, line_decisions
 from marin.curation.dedup.minhash import (
-    SIGNATURE_SCHEME,
+    SIGNATURE_SCHEMES,
     MinHashConfig,
     candidate_probability,
     lsh_params,
@@ -179,7 +179,7 @@ def fuzzy_deduplicated(name: str, source: Any, *, config: FuzzyDedupConfig = Fuz
         return at.finish(run_pass(at.sources, decisions, join_url(at.work, "decisions"), at.output, at.backend,
                                   at.spill, details=details, counters=counters))
 
-    attributes = {**asdict(config), "bands": bands, "rows": rows, "signature": SIGNATURE_SCHEME}
+    attributes = {**asdict(config), "bands": bands, "rows": rows, "signature": SIGNATURE_SCHEMES[config.shingle]}
     return _declare(name, source, "fuzzy", attributes, run, mode, output_format, version)
 
 

@@ -1,16 +1,23 @@
 """MinHash signatures and LSH banding, vectorised with numpy.
 
-A document becomes a set of shingles (word or character n-grams of its normalised text); each
-shingle is hashed to 64 bits with xxh3 and folded to 32 (high half xor low half). A signature holds,
-for each of ``num_perm`` hash functions, the minimum over the document's shingles; two signatures
-agree in one position with probability (close to) the documents' Jaccard similarity (Broder 1997).
+A document becomes a set of shingles (word or character n-grams of its normalised text), each
+hashed to 64 bits and folded to 32 (high half xor low half). A signature holds, for each of
+``num_perm`` hash functions, the minimum over the document's shingles; two signatures agree in one
+position with probability (close to) the documents' Jaccard similarity (Broder 1997). A minimum is
+the same over a set and over a list that repeats its members, so shingles are hashed where they
+occur, repeats and all, and never collected into sets.
 
 The functions are random affine permutations of 32-bit values, h_i(x) = a_i m(x) + b_i mod 2^32
 with odd a_i (so h_i is a bijection) and m the MurmurHash3 32-bit finaliser, an avalanching
 bijection that spreads every input bit before the multiply. Arithmetic mod 2^32 is numpy's
-wrapping uint32 multiply and add: two passes over a (shingles x functions) matrix of 32-bit
-values. It is also datasketch's default ("affine32") family since its 2.0, so given the same
-shingle hashes and coefficients both produce the same signatures, which the tests check.
+wrapping uint32 multiply and add. It is also datasketch's default ("affine32") family since its
+2.0, so given the same shingle hashes and coefficients both produce the same signatures, which the
+tests check.
+
+No Python runs per shingle: a word n-gram's hash combines the xxh3 hashes of its words
+(:class:`WordShingleHasher`), a character n-gram's the code points of its characters
+(:func:`char_shingle_hashes`), by multiply-xor over a batch's whole array at once. How shingles are
+hashed is part of :data:`SIGNATURE_SCHEMES`, which names the kernel in the fuzzy step's identity.
 
 LSH cuts a signature into ``b`` bands of ``r`` rows; documents that agree on every row of some band
 share a bucket and become candidates. A pair with Jaccard ``s`` becomes a candidate with probability
@@ -27,13 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-# Names the shingle hash and function family; part of the fuzzy step's identity, so outputs made
-# with another family are never reused.
-SIGNATURE_SCHEME = "xxh3-fold32-fmix32-affine32"
+# Names the shingle hash and function family per shingle kind; part of the fuzzy step's identity, so
+# outputs made with another kernel are never reused. Character shingles were hashed as xxh3 of their
+# UTF-8 bytes ("xxh3-fold32-fmix32-affine32") until they were hashed from code points in numpy.
+SIGNATURE_SCHEMES = {
+    "word": "xxh3-fold32-fmix32-affine32",
+    "char": "codepoint-xormul64-mix64-fold32-fmix32-affine32",
+}
 _LOW_32 = np.uint64((1 << 32) - 1)
+_LOW_64 = (1 << 64) - 1
 _WORD = re.compile(r"\w+")
-# Rows of the (shingles x permutations) matrix computed at once: bounds the working memory.
-_ROWS_PER_CHUNK = 1024
+# Shingles put through every function per block: 1 MiB of uint32 scratch, a few blocks per batch.
+_SHINGLES_PER_BLOCK = 1 << 18
+_NO_SHINGLE = np.uint32(0xFFFFFFFF)
 _KEY_SEED = np.uint64(0x9E3779B97F4A7C15)
 _KEY_MULTIPLIER = np.uint64(0x100000001B3)
 
@@ -70,13 +83,6 @@ def shingles(text: str, ngram: int, shingle: str = "word") -> list[str]:
     if len(chars) <= ngram:
         return [chars]
     return list({chars[i:i + ngram] for i in range(len(chars) - ngram + 1)})
-
-
-def shingle_hashes(text: str, config: MinHashConfig) -> np.ndarray:
-    """xxh3-64 of each distinct shingle, as uint64."""
-    digest = xxhash.xxh3_64_intdigest
-    seed = config.seed
-    return np.fromiter((digest(s.encode("utf-8"), seed) for s in shingles(text, config.ngram, config.shingle)), dtype=np.uint64)
 
 
 class WordShingleHasher:
@@ -120,11 +126,43 @@ class WordShingleHasher:
         return out
 
 
+def char_shingle_hashes(texts: Sequence[str], ngram: int) -> list[np.ndarray]:
+    """64-bit hashes of every character n-gram of each text's normalised form (a short text is one shingle).
+
+    The batch's texts are laid end to end as one array of code points; each window's hash is a
+    multiply-xor over its ``ngram`` code points, computed for every window of the array at once,
+    then a final 64-bit mix; windows that straddle two texts are dropped. The hashes are those of
+    the n-grams of :func:`shingles` (``shingle="char"``), repeats included.
+    """
+    normalised = [normalize_text(text) for text in texts]
+    lengths = np.fromiter(map(len, normalised), dtype=np.int64, count=len(normalised))
+    # UTF-32 is one unit per code point, so the array lines up with the strings; lone surrogates pass.
+    codes = np.frombuffer("".join(normalised).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    windows = max(len(codes) - ngram + 1, 0)
+    combined = np.full(windows, _KEY_SEED, dtype=np.uint64)
+    for k in range(ngram):
+        combined ^= codes[k:k + windows]
+        combined *= _KEY_MULTIPLIER
+    combined = _mix64(combined)
+    starts = np.concatenate(([0], np.cumsum(lengths)))
+    out = []
+    for index, length in enumerate(lengths.tolist()):
+        start = int(starts[index])
+        if length > ngram:
+            out.append(combined[start:start + length - ngram + 1])
+        else:  # the whole text, hashed like a window of its length
+            key = int(_KEY_SEED)
+            for code in codes[start:start + length].tolist():
+                key = ((key ^ code) * int(_KEY_MULTIPLIER)) & _LOW_64
+            out.append(_mix64(np.array([key], dtype=np.uint64)))
+    return out
+
+
 def batch_shingle_hashes(texts: Sequence[str], config: MinHashConfig, hasher: WordShingleHasher | None = None) -> list[np.ndarray]:
-    """Shingle hashes of every text: vectorised for word shingles, per string for char shingles."""
+    """Shingle hashes of every text, by the scheme :data:`SIGNATURE_SCHEMES` names for ``config.shingle``."""
     if config.shingle == "word":
         return (hasher or WordShingleHasher(config.ngram, config.seed))(texts)
-    return [shingle_hashes(text, config) for text in texts]
+    return char_shingle_hashes(texts, config.ngram)
 
 
 def _mix64(key: np.ndarray) -> np.ndarray:
@@ -163,32 +201,35 @@ def signatures(hash_lists: Sequence[np.ndarray], a: np.ndarray, b: np.ndarray) -
     """MinHash signatures (``len(hash_lists)`` x ``num_perm``, uint32) of documents given their shingle hashes.
 
     Each 64-bit shingle hash is folded to 32 bits, mixed by :func:`fmix32` and put through
-    h(x) = a x + b mod 2^32 for every (a, b). All shingles of a batch of documents go through the
-    functions as one matrix, a block of rows at a time (the block stays in cache), and
-    ``minimum.reduceat`` takes each document's minima: a few numpy operations per block rather than
-    per document.
+    h(x) = a x + b mod 2^32 for every (a, b). The batch's shingles lie end to end in one array; one
+    function at a time runs over a block of it (three numpy calls: multiply, add, and
+    ``minimum.reduceat`` at the documents' starts), so every call works on a long contiguous run,
+    and the block stays in cache across the functions. A document cut by a block's edge takes the
+    minimum of its parts.
     """
     num_perm = len(a)
-    out = np.empty((len(hash_lists), num_perm), dtype=np.uint32)
     if not hash_lists:
-        return out
+        return np.empty((0, num_perm), dtype=np.uint32)
     lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
     if (lengths == 0).any():
         raise ValueError("every document needs at least one shingle")
     values = fmix32(fold32(np.concatenate(hash_lists)))
     a, b = np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
-    starts = np.concatenate(([0], np.cumsum(lengths)))
-    buffer = np.empty((max(_ROWS_PER_CHUNK, int(lengths.max())), num_perm), dtype=np.uint32)
-    doc = 0
-    while doc < len(hash_lists):
-        # Whole documents per block, at least one.
-        end = max(int(np.searchsorted(starts, starts[doc] + _ROWS_PER_CHUNK, side="right")) - 1, doc + 1)
-        block = buffer[: int(starts[end] - starts[doc])]
-        np.multiply(values[starts[doc]:starts[end], None], a[None, :], out=block)  # wraps: mod 2^32
-        block += b
-        out[doc:end] = np.minimum.reduceat(block, starts[doc:end] - starts[doc], axis=0)
-        doc = end
-    return out
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    by_function = np.full((num_perm, len(hash_lists)), _NO_SHINGLE, dtype=np.uint32)
+    scratch = np.empty(min(len(values), _SHINGLES_PER_BLOCK), dtype=np.uint32)
+    for low in range(0, len(values), _SHINGLES_PER_BLOCK):
+        high = min(low + _SHINGLES_PER_BLOCK, len(values))
+        first, last = int(np.searchsorted(ends, low, side="right")), int(np.searchsorted(starts, high))
+        cuts = np.maximum(starts[first:last], low) - low
+        block, hashed = values[low:high], scratch[: high - low]
+        for i in range(num_perm):
+            np.multiply(block, a[i], out=hashed)  # wraps: mod 2^32
+            hashed += b[i]
+            row = by_function[i, first:last]
+            np.minimum(row, np.minimum.reduceat(hashed, cuts), out=row)
+    return np.ascontiguousarray(by_function.T)
 
 
 def estimated_jaccard(left: np.ndarray, right: np.ndarray) -> np.ndarray:
