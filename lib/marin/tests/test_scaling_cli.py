@@ -65,7 +65,6 @@ def test_the_sweep_runs_end_to_end_and_marin_scaling_fits_it(tiny_sweep, tmp_pat
     for run in runs:
         # The recorded compute is the planned budget up to rounding to whole steps (4 x 64 tokens each).
         assert abs(run["flops"] - run["budget"]) / run["budget"] < 0.1, run
-        assert run["flops"] == pytest.approx(run["tokens"] * run["flops"] / run["tokens"])
         assert 0 < run["loss"] < 10 and run["name"].startswith("sweeps/isoflop-tinystories/")
     # Nine runs of a few steps each decide nothing about scaling, but both fits are attempted and
     # whatever cannot be fitted says why.

@@ -29,7 +29,7 @@ from typing import Any
 
 from marin.errors import MarinError
 from marin.execution.lazy import LazyStep
-from marin.experiment.train import train_lm
+from marin.experiment.train import flops_per_token_of, train_lm
 
 # A point planned to train fewer steps than this is dropped: a loss after a handful of steps says
 # more about the warm-up than about the model size.
@@ -148,11 +148,10 @@ def _plain(setting: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _planned_flops(arguments: Mapping[str, Any], vocab_size: int | None) -> float | None:
-    count = getattr(arguments.get("model"), "flops_per_token", None)
-    if vocab_size is None or not callable(count):
+    per_token = None if vocab_size is None else flops_per_token_of(arguments.get("model"), vocab_size, arguments["seq_len"])
+    if per_token is None:
         return None
-    tokens = arguments["batch_size"] * arguments["seq_len"] * arguments["num_train_steps"]
-    return float(count(vocab_size, arguments["seq_len"])) * tokens
+    return per_token * arguments["batch_size"] * arguments["seq_len"] * arguments["num_train_steps"]
 
 
 @dataclass(frozen=True)
@@ -207,11 +206,10 @@ def isoflop_grid(
             raise SweepError(f"A FLOP budget must be a positive number, got {budget!r}.")
         kept, dropped = [], []
         for label, model in models.items():
-            count = getattr(model, "flops_per_token", None)
-            if not callable(count) or not callable(getattr(model, "num_parameters", None)):
+            flops_per_token = flops_per_token_of(model, vocab_size, seq_len)
+            if flops_per_token is None or not callable(getattr(model, "num_parameters", None)):
                 raise SweepError(f"Model {label!r} ({type(model).__name__}) does not count its FLOPs per token and "
                                  "parameters; an IsoFLOP grid needs both (LlamaConfig, MoE and GPT-2 configs have them).")
-            flops_per_token = float(count(vocab_size, seq_len))
             steps = round(budget / (flops_per_token * tokens_per_step))
             tokens = steps * tokens_per_step
             if steps < min_steps:

@@ -364,11 +364,12 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         initialized_from=request.initialize_from.description if request.initialize_from is not None else None,
         adapter_path=training.adapter_path,
         harness=run.harness,
-        flops_per_token=_flops_per_token(request.model, first.vocab_size, request.seq_len),
+        flops_per_token=flops_per_token_of(request.model, first.vocab_size, request.seq_len),
     )
 
 
-def _flops_per_token(model: Any, vocab_size: int, seq_len: int) -> float | None:
+def flops_per_token_of(model: Any, vocab_size: int, seq_len: int) -> float | None:
+    """Training FLOPs per token by the model config's own count; None for configs that do not count them."""
     count = getattr(model, "flops_per_token", None)
     return float(count(vocab_size, seq_len)) if callable(count) else None
 
