@@ -67,6 +67,8 @@ ALLOWED: tuple[Allowed, ...] = (
     # rigging: the one place that does local file operations, each in its local branch.
     Allowed("rigging.filesystem", "absolute", "makes only protocol-less and file:// paths absolute; URLs pass unchanged"),
     Allowed("rigging.filesystem", "atomic_open", "the LocalFileSystem branch: temporary sibling, fsync, os.replace"),
+    Allowed("rigging.filesystem", "remove_empty_folder", "the LocalFileSystem branch: os.rmdir of an emptied folder"),
+    Allowed("rigging.filesystem", "_create_with_parents", "the LocalFileSystem branch of atomic_open: its temporary sibling"),
     Allowed("rigging.conditional_writes", "_LocalDisk.create", "conditional writes on LocalFileSystem: hard link of a private temporary file"),
     Allowed("rigging.conditional_writes", "_LocalDisk.read", "conditional writes on LocalFileSystem: the version is the content's digest"),
     Allowed("rigging.conditional_writes", "_LocalDisk._overwrite_in_place", "conditional writes on LocalFileSystem: a full disk's in-place rewrite"),

@@ -52,3 +52,23 @@ def test_create_exclusive_only_once(root):
 def test_join_keeps_url_slashes():
     assert fsx.join("gs://bucket/prefix/", "a", "b") == "gs://bucket/prefix/a/b"
     assert fsx.join("/tmp/x", "/abs") == "/abs"
+
+
+@pytest.mark.parametrize("path", ["/a/b", "/a/b/", "/a//b", "/", "//x", "/a/./b", "/a/../b", "/a:b", "/a b/c~"])
+def test_a_plain_absolute_path_resolves_as_fsspec_resolves_it(path):
+    import fsspec
+
+    fs, inside = fsx.filesystem(path)
+    expected_fs, expected = fsspec.core.url_to_fs(path)
+    assert type(fs) is type(expected_fs) and inside == expected
+
+
+def test_remove_empty_folder_removes_only_an_empty_local_folder(tmp_path):
+    empty, full = tmp_path / "empty", tmp_path / "full"
+    empty.mkdir()
+    full.mkdir()
+    (full / "file").write_text("x")
+    assert fsx.remove_empty_folder(str(empty)) and not empty.exists()
+    assert fsx.remove_empty_folder(str(empty))  # already gone: nothing left to remove
+    assert not fsx.remove_empty_folder(str(full)) and (full / "file").exists()
+    assert not fsx.remove_empty_folder("memory://some/folder")  # no folders to remove on a store

@@ -183,3 +183,53 @@ def test_a_holder_in_another_pid_namespace_is_judged_by_its_heartbeat(tmp_path):
     # Same host name, but another container (or boot): that pid means nothing here, the heartbeat does.
     _write_record(url, pid=gone.pid, pid_namespace="another-boot/pid:[1]", ttl_s=600.0)
     assert not Lease(url, ttl_s=600).try_acquire()
+
+
+def test_confirm_reads_the_lock_file_without_writing_it_while_the_heartbeat_is_recent(tmp_path):
+    url = str(tmp_path / "lock")
+    lease = Lease(url, ttl_s=60, heartbeat_s=30)
+    assert lease.try_acquire()
+    before = (os.stat(url).st_ino, open(url).read())
+    assert lease.confirm() and not lease.lost
+    assert (os.stat(url).st_ino, open(url).read()) == before  # read, not rewritten
+    lease.release()
+
+
+def test_confirm_beats_when_the_last_heartbeat_is_old(tmp_path, monkeypatch):
+    url = str(tmp_path / "lock")
+    lease = Lease(url, ttl_s=60, heartbeat_s=30)
+    assert lease.try_acquire()
+    written = lease.read().heartbeat_at
+    monkeypatch.setattr(lease, "_written_at", time.time() - 16)  # more than half a heartbeat interval ago
+    assert lease.confirm()
+    assert lease.read().heartbeat_at > written
+    lease.release()
+
+
+def test_confirm_sees_a_takeover_that_the_heartbeat_thread_has_not_seen_yet(tmp_path):
+    url = str(tmp_path / "lock")
+    lease = Lease(url, ttl_s=60, heartbeat_s=30)
+    assert lease.try_acquire()
+    _write_record(url, holder="another-runner", host="another-host", pid=1)  # taken over meanwhile
+    assert not lease.confirm()
+    assert lease.lost
+    lease.release()
+    assert json.load(open(url))["holder"] == "another-runner"  # the new holder's lock is left alone
+
+
+def test_release_does_not_wait_for_the_heartbeat_thread_and_no_beat_follows_it(tmp_path, caplog):
+    url = str(tmp_path / "lock")
+    lease = Lease(url, ttl_s=2, heartbeat_s=0.01)
+    assert lease.try_acquire()
+    time.sleep(0.1)  # several beats
+    with caplog.at_level(logging.WARNING, logger="rigging.lease"):
+        lease.release()
+        time.sleep(0.1)  # a beat begun before the release would have finished by now
+    assert not os.path.exists(url)
+    assert not lease.lost
+    assert not [r for r in caplog.records if "Lost lease" in r.getMessage()]
+    assert lease.try_acquire()  # the object can hold the lease again, with a heartbeat of its own
+    time.sleep(0.05)
+    assert lease.read().holder == lease.holder_id and not lease.lost
+    lease.release()
+    assert not os.path.exists(url)

@@ -73,12 +73,26 @@ def check_protocol(url: str) -> None:
 
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path within it."""
+    if isinstance(url, str) and url.startswith("/") and "://" not in url and "::" not in url:
+        # A plain absolute path: what fsspec would answer, without parsing the URL (the engine
+        # calls this several times per file it touches, tens of times per step).
+        return _local_filesystem(), url.rstrip("/") or "/"
     try:
         fs, path = fsspec.core.url_to_fs(str(url))
     except (ValueError, ImportError):
         check_protocol(url)  # says which package to install, or that the protocol is unknown
         raise
     return fs, path
+
+
+_LOCAL: LocalFileSystem | None = None
+
+
+def _local_filesystem() -> LocalFileSystem:
+    global _LOCAL
+    if _LOCAL is None:
+        _LOCAL = LocalFileSystem()
+    return _LOCAL
 
 
 def is_local(url: str) -> bool:
@@ -227,6 +241,22 @@ def remove_files(url: str, names: list[str]) -> None:
         fs.rm([f"{root}/{name}" for name in names])
 
 
+def remove_empty_folder(url: str) -> bool:
+    """Remove the folder ``url`` if it is empty (or already gone): True then. False when it holds
+    anything, and always on an object store, which has no folders to remove (callers then look
+    inside, at their own cost)."""
+    fs, path = filesystem(url)
+    if not isinstance(fs, LocalFileSystem):
+        return False
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
 def atomic_write(url: str, data: str | bytes) -> None:
     """Replace ``url`` with ``data`` so that readers never observe a partial file.
 
@@ -260,10 +290,9 @@ def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
         raise ValueError(f"atomic_open supports modes 'w' and 'wb', got {mode!r}.")
     fs, path = filesystem(url)
     if isinstance(fs, LocalFileSystem):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         temp_path = temporary_name_for(path)
         try:
-            with open(temp_path, mode, encoding="utf-8" if mode == "w" else None) as handle:
+            with _create_with_parents(temp_path, mode) as handle:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -296,6 +325,17 @@ def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
         with contextlib.suppress(Exception):
             fs.rm(temp_path)
         raise
+
+
+def _create_with_parents(path: str, mode: str) -> IO:
+    """``open(path, mode)`` for writing, making the parent folders first if they are missing
+    (tried after the open fails: most writes go to a folder that exists, and the open is one call)."""
+    encoding = "utf-8" if mode == "w" else None
+    try:
+        return open(path, mode, encoding=encoding)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return open(path, mode, encoding=encoding)
 
 
 def is_s3_filesystem(fs: fsspec.AbstractFileSystem) -> bool:

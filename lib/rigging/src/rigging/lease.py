@@ -230,7 +230,8 @@ class Lease:
         self._pid_namespace = _pid_namespace()
         self._acquired_at = 0.0
         self._version: str | None = None  # of the record this holder last wrote
-        self._writing = threading.Lock()  # one heartbeat at a time: each starts from the last one's version
+        self._writing = threading.RLock()  # one heartbeat at a time: each starts from the last one's version
+        self._written_at = 0.0  # time.time() of this holder's last record written (or confirmed written)
         # The record whose age is unknown (future heartbeat) and when this reader first saw it.
         self._watched: tuple[LeaseRecord, float] | None = None
         self._reported: set[tuple[str, str]] = set()  # (what, holder): say each thing once, not every poll
@@ -374,10 +375,14 @@ class Lease:
         if current is None or record is None or record.holder != self.holder_id:
             return False
         self._version = current.version
+        self._written_at = time.time()
         self._held = True
         self.lost_event.clear()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"lease-heartbeat:{self.url}", daemon=True)
+        # Each heartbeat thread has its own stop signal: one that is still finishing after a release
+        # (release does not wait for it) never beats for a later holding of this object.
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeat_loop, args=(self._stop,), name=f"lease-heartbeat:{self.url}",
+                                        daemon=True)
         self._thread.start()
         return True
 
@@ -395,9 +400,13 @@ class Lease:
     def heartbeat(self) -> bool:
         """Refresh the heartbeat now; False (and :attr:`lost` set) if the lease is no longer ours."""
         with self._writing:
-            version = conditional_writes.replace_if_unchanged(self.url, self._record().to_json(), self._version or "")
+            if self._stop.is_set() and not self._held:
+                return False  # released meanwhile: the lock file is no longer this holder's to write
+            record_json = self._record().to_json()
+            version = conditional_writes.replace_if_unchanged(self.url, record_json, self._version or "")
             if version is not None:
                 self._version = version
+                self._written_at = time.time()
                 return True
             current = conditional_writes.read_versioned(self.url)
             record = _parse(current)
@@ -409,14 +418,35 @@ class Lease:
             self._version = current.version
             return True
 
+    def confirm(self) -> bool:
+        """Whether the lock file itself still holds this holder's last record; False (and :attr:`lost`
+        set) if not. A read, not a write, unless the last heartbeat is more than half a heartbeat
+        interval old: then it is one (so the lease has most of its time to live after this).
+
+        For the moment before an irrevocable act (a commit): the heartbeat thread's last look may be
+        up to a heartbeat interval old.
+        """
+        with self._writing:
+            if time.time() - self._written_at > self.heartbeat_s / 2:
+                return self.heartbeat()
+            current = conditional_writes.read_versioned(self.url)
+            if current is not None and current.version == self._version:
+                return True
+            record = _parse(current)
+            if current is None or record is None or record.holder != self.holder_id:
+                self._mark_lost(record)
+                return False
+            self._version = current.version  # ours, at a version we never saw: see heartbeat()
+            return True
+
     def _mark_lost(self, record: LeaseRecord | None) -> None:
         if not self.lost_event.is_set():
             who = f"holder {record.holder} on {record.host}" if record else "nobody (the lock file is gone)"
             logger.warning("Lost lease %s: it now names %s", self.url, who)
             self.lost_event.set()
 
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+    def _heartbeat_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_s):
             try:
                 if not self.heartbeat():
                     return
@@ -429,15 +459,17 @@ class Lease:
             raise LeaseLostError(f"Lease {self.url} was lost; another process may have taken over this work.")
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the lock file if it still names this holder."""
+        """Stop the heartbeat and delete the lock file if it still names this holder.
+
+        The heartbeat thread is told to stop, not waited for: a beat it has already begun is
+        finished first (both hold the write lock), and none begins after this one has.
+        """
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
         self._thread = None
-        if not self._held:
-            return
-        self._held = False
         with self._writing:
+            if not self._held:
+                return
+            self._held = False
             current = conditional_writes.read_versioned(self.url)
             record = _parse(current)
             if current is not None and record is not None and record.holder == self.holder_id:

@@ -31,9 +31,9 @@ from rigging.log import get_logger
 from fray.cluster.client import ActorHandle, JobRequest, describe_request
 from fray.cluster.process_job import ProcessJob
 from fray.cluster.resources import ResourceConfig
+from fray.cluster.own_threads import call_in_own_thread
 from fray.cluster.task_map import (
     available_cpus,
-    call_in_new_thread,
     call_now,
     map_inline,
     map_on_processes,
@@ -129,7 +129,7 @@ class LocalClient:
         if self.inline:
             return call_now(fn, *args, **kwargs)
         if not self.processes:
-            return call_in_new_thread(fn, *args, **kwargs)
+            return call_in_own_thread(fn, *args, **kwargs)
         inner = self._process_pool().submit(_call_pickled, cloudpickle.dumps((fn, args, kwargs)))
         outer: cf.Future = cf.Future()
         inner.add_done_callback(lambda source: _unpickle_into(source, outer))

@@ -21,9 +21,7 @@ here too; ``RayClient.map`` is in :mod:`fray.cluster.ray_client`.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import pickle
-import threading
 import time
 import traceback
 import uuid
@@ -36,6 +34,7 @@ import cloudpickle
 from rigging.log import get_logger
 
 from fray.cluster.client import UnschedulableError
+from fray.cluster.own_threads import settle
 from fray.cluster.main_guard import (
     check_not_rerunning_main,
     check_parent_main_guard,
@@ -162,29 +161,10 @@ def _call_in_process_worker(key: str, shipped: bytes | ShippedFile, item: Any) -
 # -- local flavours -------------------------------------------------------------------------------
 
 
-def _settle(future: cf.Future, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        future.set_result(fn(*args, **kwargs))
-    except BaseException as error:  # noqa: BLE001 - the caller's future carries it
-        future.set_exception(error)
-
-
 def call_now(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future:
     """``fn(*args, **kwargs)`` in the calling thread, as a finished future."""
     future: cf.Future = cf.Future()
-    _settle(future, fn, args, kwargs)
-    return future
-
-
-_thread_numbers = itertools.count()
-
-
-def call_in_new_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> cf.Future:
-    """``fn(*args, **kwargs)`` in a thread of its own (like a task on a cluster, it waits for no other)."""
-    future: cf.Future = cf.Future()
-    threading.Thread(target=_settle, args=(future, fn, args, kwargs), name=f"fray-local-{next(_thread_numbers)}").start()
+    settle(future, fn, args, kwargs)
     return future
 
 

@@ -75,7 +75,14 @@ def fingerprint_function(fn: Callable[..., Any]) -> CodeFingerprint | None:
     code = getattr(target, "__code__", None)
     if not isinstance(code, types.CodeType):
         return None
-    qualname = getattr(target, "__qualname__", code.co_name)
+    return _fingerprint_code(code, getattr(target, "__qualname__", code.co_name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fingerprint_code(code: types.CodeType, qualname: str) -> CodeFingerprint:
+    # Once per function's code, not per step: a sweep declares thousands of steps with one function.
+    # The code object is what runs, so its fingerprint cannot change while it lives (a module
+    # reloaded after an edit makes new code objects, fingerprinted anew).
     digest = fingerprint_from_source(code.co_filename, qualname, code.co_firstlineno)
     if digest is None:
         digest = f"{BYTECODE_METHOD}:{_bytecode_hash(code)}"

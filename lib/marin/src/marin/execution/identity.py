@@ -43,6 +43,13 @@ def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int]
     ``_open`` holds the ids of the containers being canonicalized around ``value``: a container
     that holds itself has no finite JSON form and is refused instead of recursing forever.
     """
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value  # the common leaves, by exact type: what the checks below would answer, sooner
+    if kind is dict:
+        if id(value) in _open:
+            raise InvalidStepError(f"{where} refers back to a value that contains it; hash attributes must be a tree.")
+        return _canonical_items(value, where, _open | {id(value)})
     if isinstance(value, (Mapping, list, tuple)) or dataclasses.is_dataclass(value):
         if id(value) in _open:
             raise InvalidStepError(f"{where} refers back to a value that contains it; hash attributes must be a tree.")
@@ -77,18 +84,22 @@ def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int]
         }
         return {"__class__": type(value).__qualname__, **fields}
     if isinstance(value, Mapping):
-        result = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidStepError(f"{where} has the key {key!r}; hash attribute keys must be strings.")
-            result[key] = canonicalize(item, where=f"{where}.{key}", _open=_open)
-        return result
+        return _canonical_items(value, where, _open)
     if isinstance(value, (list, tuple)):
         return [canonicalize(item, where=f"{where}[{i}]", _open=_open) for i, item in enumerate(value)]
     raise InvalidStepError(
         f"{where} has a value of type {type(value).__name__} ({value!r:.80}); hash attributes must be "
         "JSON-like (dict, list, str, number, bool, None) or frozen dataclasses. Convert it, e.g. str(path)."
     )
+
+
+def _canonical_items(value: Mapping, where: str, _open: frozenset[int]) -> dict[str, Any]:
+    result = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise InvalidStepError(f"{where} has the key {key!r}; hash attribute keys must be strings.")
+        result[key] = canonicalize(item, where=f"{where}.{key}", _open=_open)
+    return result
 
 
 def _omitted_default(value: Any, f: dataclasses.Field) -> bool:

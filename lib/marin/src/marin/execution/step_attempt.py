@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from iris.attempt_log import AttemptLog, AttemptOutcome
@@ -43,6 +43,7 @@ from rigging.log import get_logger
 from rigging.secrets import redact
 
 from marin.execution.artifact import current_provenance, save_artifact
+from marin.execution.engine_slots import EngineSlots
 from marin.execution.executor_files import (
     INFO_FILE,
     LOCK_FILE,
@@ -100,6 +101,8 @@ class RunSession:
     # How long a new execution waits for the fenced-off replicas of an earlier one to stop, so
     # that it can continue from their staging folder instead of starting from an empty one.
     orphan_wait_s: float = 60.0
+    # How many attempts do the engine's own work at once (see engine_slots); none: no limit.
+    slots: EngineSlots = field(default_factory=lambda: EngineSlots(None))
 
     def lease(self, spec: StepSpec, output_path: str) -> Lease:
         return Lease(
@@ -118,6 +121,12 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
     the answer is :class:`HeldElsewhere` at once, so the caller can take other work and come back to
     it (how several runners share one sweep).
     """
+    with session.slots.held():
+        return _attempt(session, spec, output_path, dep_paths, wait_for_others)
+
+
+def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: Mapping[str, str],
+             wait_for_others: bool) -> StepOutcome | HeldElsewhere:
     started = time.monotonic()
 
     def outcome(kind: Outcome, error: str | None = None, result: Any = None) -> StepOutcome:
@@ -186,11 +195,12 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
                 pass  # the execution has ended meanwhile (its job committed, or was fenced off): its record says so
 
         call = StepCall(spec, output_path, dep_paths, lease.lost_event, session.cancelled, attempt_log, live_job, placed, execution)
-        result = session.executor.run(call)
+        with session.slots.given_up():  # the step's function: as many at once as the run allows
+            result = session.executor.run(call)
         lease.check()
         if not session.executor.commits_itself:
             # Confirm with the lock file itself, not only the heartbeat thread's last look.
-            lease.heartbeat()
+            lease.confirm()
             lease.check()
             result = execution.commit(result, step=spec.name, identity=spec.identity, prefix=session.prefix)
         _finish_attempt_log(attempt_log, AttemptOutcome.SUCCEEDED, "the step's function returned", 0)
@@ -254,7 +264,7 @@ def _start_execution(session: RunSession, spec: StepSpec, output_path: str, snap
         )
         deadline = time.monotonic() + session.orphan_wait_s
         while running_still and time.monotonic() < deadline and not session.cancelled.is_set():
-            time.sleep(session.poll_s)
+            session.slots.sleep(session.poll_s)
             beats = replica_heartbeats(output_path, status.generation)
             running_still = [beat for beat in beats if beat.may_be_running()]
     if not status.staging or not fsx.exists(fsx.join(output_path, status.staging)):
@@ -290,7 +300,7 @@ def _wait_for_replicas_of(session: RunSession, spec: StepSpec, output_path: str,
                         "finish instead of starting the step again: %s", spec.name, now.generation, now.job or "?",
                         ", ".join(b.describe() for b in alive), output_path)
             announced = True
-        time.sleep(session.poll_s)
+        session.slots.sleep(session.poll_s)
 
 
 def _record_failure(session: RunSession, spec: StepSpec, output_path: str, execution: Execution | None, status: str,
@@ -324,7 +334,7 @@ def _acquire(session: RunSession, lease: Lease, spec: StepSpec, output_path: str
                 return HeldElsewhere(who)
             logger.info("Step %s is being run by another runner (%s); waiting: %s", spec.name, who, output_path)
             waiting_logged = True
-        time.sleep(session.poll_s)
+        session.slots.sleep(session.poll_s)
     return None
 
 

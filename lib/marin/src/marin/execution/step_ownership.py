@@ -186,6 +186,8 @@ def _remove_empty_folders(output_path: str, *relatives: str) -> None:
     fs, root = fsx.filesystem(output_path)
     for relative in relatives:
         folder = f"{root.rstrip('/')}/{relative}"
+        if fsx.remove_empty_folder(fsx.join(output_path, relative)):
+            continue  # the usual case, an emptied folder: one call instead of a walk
         try:
             if fs.exists(folder) and not fsx.find_files(fsx.join(output_path, relative)):
                 fs.rm(folder, recursive=True)

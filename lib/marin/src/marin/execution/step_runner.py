@@ -44,6 +44,7 @@ from rigging.log import get_logger, is_configured, setup_logging
 
 from marin.errors import MarinError
 from marin.execution.artifact import result_summary
+from marin.execution.engine_slots import EngineSlots, local_slots
 from marin.execution.executor_files import STATUS_FAILED, STATUS_SUCCESS, read_status
 from marin.execution.interrupts import Interrupt, RunInterruption, RunInterrupts
 from marin.execution.output_reuse import (
@@ -233,6 +234,7 @@ class StepRunner:
             lease_ttl_s=self.lease_ttl_s,
             heartbeat_s=self.heartbeat_s,
             poll_s=self.poll_s,
+            slots=EngineSlots(local_slots() if fsx.is_local(self.prefix) else None),
         )
         outcomes: dict[str, StepOutcome] = {}
         pending: list[PlannedStep] = []

@@ -21,6 +21,8 @@ A non-``None`` return value is the step's result, saved in ``.artifact.json``.
 from __future__ import annotations
 
 import inspect
+import types
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -72,8 +74,23 @@ def describe_function(fn: Callable[..., Any]) -> str:
     return f"{module}:{name}"
 
 
+# The call style of each plain function already seen: a sweep declares thousands of steps with one
+# function, and reading a signature costs more than the rest of a step's declaration. Weak keys: a
+# function's entry goes with it. Others (partials, callable objects) are looked at each time.
+_call_styles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def call_style(fn: Callable[..., Any]) -> str:
     """How the runner calls ``fn``; raises :class:`InvalidStepError` for unsupported signatures."""
+    if type(fn) is not types.FunctionType:
+        return _call_style(fn)
+    style = _call_styles.get(fn)
+    if style is None or getattr(fn, "__signature__", None) is not None:
+        style = _call_styles[fn] = _call_style(fn)
+    return style
+
+
+def _call_style(fn: Callable[..., Any]) -> str:
     target = fn.fn if isinstance(fn, takes_context) else fn
     if not callable(target):
         raise InvalidStepError(f"A step's fn must be callable, got {target!r}.")

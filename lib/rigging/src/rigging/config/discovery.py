@@ -20,6 +20,9 @@ every setting a file gives must be text.
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,12 +98,20 @@ def _read_marin_yaml(path: Path) -> dict[str, Any]:
 
 
 def _read_pyproject(path: Path) -> dict[str, Any] | None:
-    data = parse_settings_toml(read_settings_text(str(path), str(path)), str(path))
+    section = _marin_table(read_settings_text(str(path), str(path)), str(path))
+    return copy.deepcopy(section)
+
+
+@functools.lru_cache(maxsize=16)
+def _marin_table(text: str, label: str) -> dict[str, Any] | None:
+    # Parsed once per content: a script's runners each look for settings, and a pyproject.toml is
+    # mostly other tools' tables (milliseconds to parse).
+    data = parse_settings_toml(text, label)
     section = data.get("tool", {}).get("marin")
     if section is None:
         return None
     if not isinstance(section, dict):
-        raise ConfigError(f"[tool.marin] in {path} must be a table.")
+        raise ConfigError(f"[tool.marin] in {label} must be a table.")
     return section
 
 
