@@ -81,10 +81,15 @@ class SecretNames:
         return upper not in NOT_SECRETS and _matcher(self.named).match(upper) is not None
 
     def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
-            return False
-        upper = name.upper()
-        return upper not in NOT_SECRETS and _matcher(self.named + self.patterns).match(upper) is not None
+        return isinstance(name, str) and _names_a_secret(self, name)
+
+
+# Asked for every variable of the environment at every log record and record written: each answer
+# once per setting and name.
+@functools.lru_cache(maxsize=4096)
+def _names_a_secret(names: SecretNames, name: str) -> bool:
+    upper = name.upper()
+    return upper not in NOT_SECRETS and _matcher(names.named + names.patterns).match(upper) is not None
 
 
 # Both are asked for every variable of the environment at every log record: parsed and compiled once.
@@ -184,8 +189,12 @@ def redact_argv(argv: Iterable[str], environ: Mapping[str, str] | None = None) -
     """A command line fit to record: known secret values replaced, and so is the value of any option
     or ``key=value`` whose key names a secret (``--hf-token X``, ``--set wandb.api_key=X``), known or not."""
     environ = os.environ if environ is None else environ
-    names = SecretNames.from_environment(environ, strict=False)
-    values = secret_values(environ)
+    return _redacted_argv(tuple(argv), SecretNames.from_environment(environ, strict=False), secret_values(environ))
+
+
+@functools.lru_cache(maxsize=64)
+def _redacted_argv(argv: tuple[str, ...], names: SecretNames, values: tuple[str, ...]) -> tuple[str, ...]:
+    # Once per command line and secrets: every step's record of a run quotes the same one.
     recorded: list[str] = []
     hide_next = False
     for argument in argv:
