@@ -300,3 +300,19 @@ def test_ready_steps_start_in_plan_order_and_a_failure_blocks_a_deep_chain_witho
     assert report.failed == ["chain/bad"] and len(report.dep_failed) == 1500 and report.ran == ["chain/beside"]
     assert report.outcome_of("chain/0000").error == "dependency failed: chain/bad"
     assert report.outcome_of("chain/1499").error == "dependency failed: chain/1498"
+
+
+def test_a_rerun_names_the_first_cached_steps_and_counts_the_rest(tmp_path, caplog):
+    import logging
+
+    def nothing():
+        return None
+
+    steps = [StepSpec(f"many/s{i:02d}", nothing, hash_attrs={"i": i}) for i in range(25)]
+    StepRunner(prefix=str(tmp_path)).run(steps)
+    with caplog.at_level(logging.INFO, logger="marin.execution.step_runner"):
+        report = StepRunner(prefix=str(tmp_path)).run(steps)
+    assert len(report.cached) == 25
+    named = [r for r in caplog.records if r.getMessage().startswith("Step many/") and " cached: " in r.getMessage()]
+    assert len(named) == 20
+    assert any("and 5 more cached step(s)" in r.getMessage() for r in caplog.records)

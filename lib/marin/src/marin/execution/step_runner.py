@@ -73,6 +73,9 @@ from marin.execution.step_spec import StepSpec
 
 logger = get_logger(__name__)
 
+# How many cached steps a run names one by one before it only counts the rest.
+_CACHED_NAMED = 20
+
 
 class StepRunner:
     """Runs steps under ``prefix`` (default: :func:`rigging.config.discovery.discover_config`).
@@ -238,17 +241,23 @@ class StepRunner:
         )
         outcomes: dict[str, StepOutcome] = {}
         pending: list[PlannedStep] = []
+        cached = 0
         for item in planned:
             spec, status = item.spec, item.status
             if item.cached:
                 outcomes[spec.identity] = StepOutcome(spec.name, spec.identity, item.output_path, Outcome.CACHED)
-                logger.info("Step %s cached: %s", spec.name, item.output_path)
+                cached += 1
+                if cached <= _CACHED_NAMED:
+                    logger.info("Step %s cached: %s", spec.name, item.output_path)
             elif status is not None and status.status == STATUS_FAILED and not options.force_run_failed:
                 error = f"failed in an earlier run ({status.error}); not rerun because force_run_failed is off"
                 outcomes[spec.identity] = StepOutcome(spec.name, spec.identity, item.output_path, Outcome.FAILED, error=error)
                 logger.error("Step %s %s: %s", spec.name, error, item.output_path)
             else:
                 pending.append(item)
+        if cached > _CACHED_NAMED:
+            # A sweep's rerun is thousands of cached steps: a line each would bury the ones that run.
+            logger.info("... and %d more cached step(s) (`marin status` lists every step)", cached - _CACHED_NAMED)
 
         workers = options.max_concurrent
         running: dict[futures.Future, PlannedStep] = {}
