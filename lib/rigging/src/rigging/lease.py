@@ -43,6 +43,7 @@ taker learns at its next heartbeat that it lost.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -145,6 +146,13 @@ def _process_start_time(pid: int) -> str | None:
     return None if stat is None else stat[1]
 
 
+@functools.lru_cache(maxsize=4)
+def _this_process(pid: int) -> tuple[str | None, str | None]:
+    """(start time, pid namespace) of this process, read once per pid (a forked child has its own):
+    a run makes a lease per step."""
+    return _process_start_time(pid), _pid_namespace()
+
+
 def _pid_namespace() -> str | None:
     """The boot and pid namespace this process's pids belong to (Linux), or None where unknown.
 
@@ -226,8 +234,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._host = socket.gethostname()
-        self._pid_started = _process_start_time(os.getpid())
-        self._pid_namespace = _pid_namespace()
+        self._pid_started, self._pid_namespace = _this_process(os.getpid())
         self._acquired_at = 0.0
         self._version: str | None = None  # of the record this holder last wrote
         self._writing = threading.RLock()  # one heartbeat at a time: each starts from the last one's version

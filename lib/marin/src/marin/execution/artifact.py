@@ -112,18 +112,23 @@ def _git_state(cwd: str) -> tuple[str | None, bool | None]:
         return None, None
 
 
+@functools.lru_cache(maxsize=1)
+def _login_name() -> str | None:
+    """Who runs this process; looked up once (without ``USER`` set, a read of the password database)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name in some containers
+        return None
+
+
 def current_provenance(*, step: str | None = None, identity: str | None = None) -> Provenance:
     commit, dirty = _git_state(os.getcwd())
-    try:
-        user = getpass.getuser()
-    except Exception:  # no login name in some containers
-        user = None
     return Provenance(
         step=step,
         identity=identity,
         git_commit=commit,
         git_dirty=dirty,
-        user=user,
+        user=_login_name(),
         host=socket.gethostname(),
         argv=redact_argv(sys.argv),  # `--set wandb.key=...` must not be kept beside the output
         time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
