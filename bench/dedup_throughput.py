@@ -208,7 +208,7 @@ def run_kernels(upstream_python: str, count: int, repeat: int) -> dict:
                     "dupekit": [upstream_python, "-c", DUPEKIT_WORKER, path, json.dumps(KERNEL_WORK)]}
         for _ in range(repeat):
             for side, command in commands.items():
-                done = subprocess.run(command, check=True, capture_output=True, text=True)
+                done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=1800)
                 found = json.loads(done.stdout.splitlines()[-1])
                 assert found["documents"] == len(texts), found
                 times[side].append(found["seconds"])

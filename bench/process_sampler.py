@@ -83,6 +83,11 @@ def _descendants(root: int, children: dict[int, list[int]]) -> list[int]:
     return found
 
 
+def tree_pids(root: int) -> list[int]:
+    """``root`` and its live descendants."""
+    return [root, *_descendants(root, _children())]
+
+
 def _cpu(pid: int) -> float | None:
     """User + system CPU seconds of ``pid`` so far (``None`` once it is gone)."""
     try:

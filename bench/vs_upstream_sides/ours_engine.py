@@ -1,0 +1,51 @@
+"""Our side of the engine comparison: ``steps`` trivial steps under one root, through our ``StepRunner``.
+
+The DAG is ``steps`` independent steps that do nothing (each with its own hash attribute) and one
+root step that depends on all of them; the runner is given the root only and finds the rest. It
+runs twice on one fresh prefix with the runner's default concurrency: first (every step runs), then
+a fresh runner on the same DAG (every step is already done). Logging is at WARNING, as on
+upstream's side.
+
+Prints one JSON line: the seconds of each run and the number of steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+from marin.execution.step_runner import StepRunner
+from marin.execution.step_spec import StepSpec
+from rigging.log import setup_logging
+
+
+def nothing() -> None:
+    return None
+
+
+def dag(count: int) -> StepSpec:
+    leaves = [StepSpec(f"bench/leaf{i:05d}", nothing, hash_attrs={"index": i}) for i in range(count)]
+    return StepSpec("bench/root", nothing, deps=leaves)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, required=True)
+    args = parser.parse_args(argv)
+    setup_logging("WARNING")
+    with tempfile.TemporaryDirectory(prefix="ours-engine-") as prefix:
+        seconds = {}
+        for run in ("first", "rerun"):
+            started = time.perf_counter()
+            report = StepRunner(prefix=prefix).run([dag(args.steps)])
+            seconds[run] = time.perf_counter() - started
+            done = report.ran if run == "first" else report.cached
+            assert len(done) == args.steps + 1, (run, len(report.ran), len(report.cached))
+    print(json.dumps({"steps": args.steps + 1, "first_s": round(seconds["first"], 4),
+                      "rerun_s": round(seconds["rerun"], 4)}))
+
+
+if __name__ == "__main__":
+    main()
