@@ -147,7 +147,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("marin.evaluation.tasks.object_colours.colours", "<module>", _PACKAGE_DATA),
     Allowed("marin.evaluation.tasks.object_colours.colours", "write_test_items", _PACKAGE_DATA),
     Allowed("marin.evaluation.tasks.object_colours.colours", "load_dataset", _PACKAGE_DATA),
-    Allowed("marin.execution.code_fingerprint", "fingerprint_function", "the Python source file a step function was loaded from"),
+    Allowed("marin.execution.code_fingerprint", "_fingerprint_code", "the Python source file a step function was loaded from"),
     Allowed("marin.execution.code_fingerprint", "_parse", "the Python source file a step function was loaded from"),
     Allowed("marin.execution.commands", "run_command", "the user's script on this machine, run with runpy"),
     Allowed("marin.execution.reproduce_command", "reproduce_command", "the user's script on this machine, run with runpy"),
