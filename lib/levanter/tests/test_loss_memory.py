@@ -108,3 +108,58 @@ def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_i
     per_device = blocked.lower(*sharded).compile().memory_analysis().temp_size_in_bytes
     assert dh_got.sharding.spec[0] == "data", dh_got.sharding
     assert per_device < one_device / 2, (per_device, one_device)
+
+
+@pytest.mark.parametrize("cap", [None, 3.0])
+@pytest.mark.parametrize("vocab_block", [1, 40, 96, 500])
+def test_the_vocabulary_streamed_loss_gives_the_plain_loss_and_gradients(vocab_block, cap):
+    # 96 words in blocks of 40: three blocks, the last one padded with words that score -inf.
+    batch, seq_len, embed, vocab = 3, 11, 16, 96
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    hidden = jax.random.normal(keys[0], (batch, seq_len, embed), jnp.float32)
+    unembedding = 0.3 * jax.random.normal(keys[1], (embed, vocab), jnp.float32)
+    tokens = jax.random.randint(keys[2], (batch, seq_len), 0, vocab, dtype=jnp.int32)
+    mask = jnp.ones((batch, seq_len), jnp.float32).at[1, 2:6].set(0.0)
+
+    def value(loss_fn):
+        def objective(h, w):
+            sums = loss_fn(h, w)
+            return (sums.loss_sum + sums.z_loss_sum) / sums.weight_sum
+
+        return jax.value_and_grad(objective, argnums=(0, 1))
+
+    def capped(logits):
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+    expected, (dh, dw) = value(lambda h, w: next_token_loss(capped(jnp.dot(h, w)), tokens, mask, z_loss_weight=1e-2))(
+        hidden, unembedding)
+    got, (dh_got, dw_got) = value(lambda h, w: fused_next_token_loss(
+        h, w, tokens, mask, z_loss_weight=1e-2, logit_softcap=cap, vocab_block=vocab_block))(hidden, unembedding)
+    # float32 sums over 33 tokens and 96 words, in another order: far below 1e-5 relative.
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    np.testing.assert_allclose(dh_got, dh, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dw_got, dw, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_the_vocabulary_streamed_loss_on_a_mesh_keeps_rows_split():
+    mesh = make_mesh(data=4, model=2)
+    batch, seq_len, embed, vocab = 8, 40, 16, 96
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    hidden = jax.random.normal(keys[0], (batch, seq_len, embed), jnp.float32)
+    unembedding = 0.3 * jax.random.normal(keys[1], (embed, vocab), jnp.float32)
+    tokens = jax.random.randint(keys[2], (batch, seq_len), 0, vocab, dtype=jnp.int32)
+    mask = jnp.ones((batch, seq_len), jnp.float32)
+
+    def objective(loss_fn):
+        return jax.jit(jax.value_and_grad(lambda h, w: loss_fn(h, w).loss_sum, argnums=(0, 1)))
+
+    plain = objective(lambda h, w: next_token_loss(jnp.dot(h, w), tokens, mask))
+    streamed = objective(lambda h, w: fused_next_token_loss(h, w, tokens, mask, vocab_block=40))
+    expected, (dh, dw) = plain(hidden, unembedding)
+    sharded = (jax.device_put(hidden, NamedSharding(mesh, P("data"))), jax.device_put(unembedding, NamedSharding(mesh, P(None, "model"))))
+    got, (dh_got, dw_got) = streamed(*sharded)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    np.testing.assert_allclose(dh_got, dh, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dw_got, dw, rtol=1e-5, atol=1e-6)
+    assert dh_got.sharding.spec[0] == "data", dh_got.sharding

@@ -90,7 +90,7 @@ def prefers_fused_loss(model: Any, num_tokens: int, num_devices: int) -> bool:
 def fused_token_loss_sums(model, batch: "DeviceBatch", num_devices: int = 1):
     """``token_loss_sums`` from the model's hidden states, without materialising the logits."""
     from levanter.models.lm import final_logit_softcap
-    from levanter.models.loss import default_block_size, fused_next_token_loss
+    from levanter.models.loss import default_block_size, default_vocab_block, fused_next_token_loss
 
     with_metrics = getattr(model, "hidden_states_and_metrics", None)  # a model with metrics of its own (MoE)
     if with_metrics is None:
@@ -99,9 +99,10 @@ def fused_token_loss_sums(model, batch: "DeviceBatch", num_devices: int = 1):
         hidden, aux, metrics = with_metrics(batch.tokens, segment_ids=batch.segment_ids)
     unembedding = model.unembedding()
     block_size = default_block_size(unembedding.shape[-1], num_devices)
+    vocab_block = default_vocab_block(unembedding.shape[-1], batch.tokens.size // max(num_devices, 1))
     sums = fused_next_token_loss(
         hidden, unembedding, batch.tokens, batch.loss_mask, z_loss_weight=1.0, block_size=block_size,
-        logit_softcap=final_logit_softcap(model),
+        logit_softcap=final_logit_softcap(model), vocab_block=vocab_block,
     )
     return (sums.loss_sum, sums.z_loss_sum, sums.weight_sum), aux, metrics
 
