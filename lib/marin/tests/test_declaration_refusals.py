@@ -115,3 +115,18 @@ def test_marin_status_shows_steps_and_flags_changed_code(tmp_path, capsys):
     assert "pre" in out and "code changed" in out
     record = json.loads(open(os.path.join(tmp_path / "prefix", [d for d in os.listdir(tmp_path / "prefix") if d.startswith("pre-")][0], INFO_FILE)).read())
     assert record["code"]["file"] == str(source) and record["code"]["qualname"] == "preprocess"
+
+
+def test_the_same_function_in_two_files_is_fingerprinted_from_its_own_file(tmp_path):
+    # Code objects compare equal whatever file they came from: the fingerprint must still name each one's file.
+    from marin.execution.code_fingerprint import fingerprint_function
+
+    functions = []
+    for name in ("first.py", "second.py"):
+        source = tmp_path / name
+        source.write_text("def preprocess():\n    return 1\n")
+        namespace: dict = {}
+        exec(compile(source.read_text(), str(source), "exec"), namespace)
+        functions.append(namespace["preprocess"])
+    assert functions[0].__code__ == functions[1].__code__
+    assert [fingerprint_function(fn).file for fn in functions] == [str(tmp_path / "first.py"), str(tmp_path / "second.py")]

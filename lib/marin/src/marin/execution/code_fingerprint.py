@@ -75,11 +75,13 @@ def fingerprint_function(fn: Callable[..., Any]) -> CodeFingerprint | None:
     code = getattr(target, "__code__", None)
     if not isinstance(code, types.CodeType):
         return None
-    return _fingerprint_code(code, getattr(target, "__qualname__", code.co_name))
+    # The file is part of the key: code objects compare equal without it, and two files may
+    # define the same function at the same line.
+    return _fingerprint_code(code, code.co_filename, getattr(target, "__qualname__", code.co_name))
 
 
 @functools.lru_cache(maxsize=4096)
-def _fingerprint_code(code: types.CodeType, qualname: str) -> CodeFingerprint:
+def _fingerprint_code(code: types.CodeType, filename: str, qualname: str) -> CodeFingerprint:
     # Once per function's code, not per step: a sweep declares thousands of steps with one function.
     # The code object is what runs, so its fingerprint cannot change while it lives (a module
     # reloaded after an edit makes new code objects, fingerprinted anew).
