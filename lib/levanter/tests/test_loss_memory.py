@@ -37,6 +37,15 @@ def test_large_logits_take_the_blocked_loss_whatever_the_hidden_size():
     assert not prefers_fused_loss(model, num_tokens=8 * 2048, num_devices=16)
 
 
+def _loss_inputs(key, batch: int, seq_len: int, embed: int, vocab: int):
+    """Hidden states, an output matrix and tokens for a loss test: normal, scaled 0.3, uniform."""
+    keys = jax.random.split(key, 3)
+    hidden = jax.random.normal(keys[0], (batch, seq_len, embed), jnp.float32)
+    unembedding = 0.3 * jax.random.normal(keys[1], (embed, vocab), jnp.float32)
+    tokens = jax.random.randint(keys[2], (batch, seq_len), 0, vocab, dtype=jnp.int32)
+    return hidden, unembedding, tokens
+
+
 def _step_temp_bytes(config: LlamaConfig, vocab: int, batch: int, seq_len: int, fused_loss) -> int:
     """Scratch memory XLA plans for one bfloat16 train step (compiled, never run)."""
     model = _abstract(config, vocab)
@@ -79,10 +88,7 @@ def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_i
     # data=4 x model=2: rows split over "data", the vocabulary over "model" (haliax's default rules).
     mesh = make_mesh(data=4, model=2)
     batch, seq_len, embed, vocab = 8, 40, 16, 96
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    hidden = jax.random.normal(keys[0], (batch, seq_len, embed), jnp.float32)
-    unembedding = 0.3 * jax.random.normal(keys[1], (embed, vocab), jnp.float32)
-    tokens = jax.random.randint(keys[2], (batch, seq_len), 0, vocab, dtype=jnp.int32)
+    hidden, unembedding, tokens = _loss_inputs(jax.random.PRNGKey(0), batch, seq_len, embed, vocab)
     mask = jnp.ones((batch, seq_len), jnp.float32).at[1, 5:9].set(0.0)
 
     def objective(loss_fn):
@@ -115,10 +121,7 @@ def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_i
 def test_the_vocabulary_streamed_loss_gives_the_plain_loss_and_gradients(vocab_block, cap):
     # 96 words in blocks of 40: three blocks, the last one padded with words that score -inf.
     batch, seq_len, embed, vocab = 3, 11, 16, 96
-    keys = jax.random.split(jax.random.PRNGKey(1), 3)
-    hidden = jax.random.normal(keys[0], (batch, seq_len, embed), jnp.float32)
-    unembedding = 0.3 * jax.random.normal(keys[1], (embed, vocab), jnp.float32)
-    tokens = jax.random.randint(keys[2], (batch, seq_len), 0, vocab, dtype=jnp.int32)
+    hidden, unembedding, tokens = _loss_inputs(jax.random.PRNGKey(1), batch, seq_len, embed, vocab)
     mask = jnp.ones((batch, seq_len), jnp.float32).at[1, 2:6].set(0.0)
 
     def value(loss_fn):
@@ -145,10 +148,7 @@ def test_the_vocabulary_streamed_loss_gives_the_plain_loss_and_gradients(vocab_b
 def test_the_vocabulary_streamed_loss_on_a_mesh_keeps_rows_split():
     mesh = make_mesh(data=4, model=2)
     batch, seq_len, embed, vocab = 8, 40, 16, 96
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    hidden = jax.random.normal(keys[0], (batch, seq_len, embed), jnp.float32)
-    unembedding = 0.3 * jax.random.normal(keys[1], (embed, vocab), jnp.float32)
-    tokens = jax.random.randint(keys[2], (batch, seq_len), 0, vocab, dtype=jnp.int32)
+    hidden, unembedding, tokens = _loss_inputs(jax.random.PRNGKey(0), batch, seq_len, embed, vocab)
     mask = jnp.ones((batch, seq_len), jnp.float32)
 
     def objective(loss_fn):

@@ -30,13 +30,22 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array, 
     ``(loss_sum + z_loss_sum) / weight_sum``.
     """
     logits = logits.astype(jnp.float32)
-    targets = jnp.roll(tokens, -1, axis=-1)
-    mask = loss_mask.astype(jnp.float32) * (jnp.arange(tokens.shape[-1]) < tokens.shape[-1] - 1)
+    targets, mask = _targets_and_mask(tokens, loss_mask)
     lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    loss_sum = jnp.sum((lse - target_logits) * mask)
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return _sums(lse, target_logits, mask, z_loss_weight)
+
+
+def _targets_and_mask(tokens: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The next token of each position, and the float32 weight of predicting it (the last position: 0)."""
+    seq_len = tokens.shape[-1]
+    targets = jnp.roll(tokens, -1, axis=-1).astype(jnp.int32)
+    return targets, loss_mask.astype(jnp.float32) * (jnp.arange(seq_len) < seq_len - 1)
+
+
+def _sums(lse: jax.Array, target_logits: jax.Array, mask: jax.Array, z_loss_weight: float) -> LossSums:
     z_loss_sum = z_loss_weight * jnp.sum(jnp.square(lse) * mask)
-    return LossSums(loss_sum, jnp.sum(mask), z_loss_sum)
+    return LossSums(jnp.sum((lse - target_logits) * mask), jnp.sum(mask), z_loss_sum)
 
 
 def fused_next_token_loss(
@@ -83,8 +92,7 @@ def fused_next_token_loss(
     num_blocks = -(-seq_len // positions)
     pad = num_blocks * positions - seq_len
 
-    targets = jnp.roll(tokens, -1, axis=-1).astype(jnp.int32)
-    mask = loss_mask.astype(jnp.float32) * (jnp.arange(seq_len) < seq_len - 1)
+    targets, mask = _targets_and_mask(tokens, loss_mask)
     x = hidden
     if pad:
         x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
@@ -102,9 +110,7 @@ def fused_next_token_loss(
     # the same work with a separate batch axis, and a split over rows stays a split of that axis.
     lse, target_logits = _blocked_lse_and_target(to_blocks(x), unembedding, to_blocks(targets), logit_softcap)
     lse, target_logits = from_blocks(lse), from_blocks(target_logits)
-    loss_sum = jnp.sum((lse - target_logits) * mask)
-    z_loss_sum = z_loss_weight * jnp.sum(jnp.square(lse) * mask)
-    return LossSums(loss_sum, jnp.sum(mask), z_loss_sum)
+    return _sums(lse, target_logits, mask, z_loss_weight)
 
 
 # Logits per block of ``fused_next_token_loss``: on CPU about 4M (16 MiB in float32), a size that
@@ -148,16 +154,13 @@ def _vocab_streamed_loss(hidden: jax.Array, unembedding: jax.Array, tokens: jax.
     if num_blocks * words > vocab:  # padding words score -inf: they add nothing to any sum
         w = jnp.pad(w, ((0, 0), (0, num_blocks * words - vocab)))
     w_blocks = w.reshape(embed, num_blocks, words).swapaxes(0, 1)  # [blocks, E, words]
-    targets = jnp.roll(tokens, -1, axis=-1).astype(jnp.int32)
-    mask = loss_mask.astype(jnp.float32) * (jnp.arange(seq_len) < seq_len - 1)
+    targets, mask = _targets_and_mask(tokens, loss_mask)
     # Rows and positions flattened (batch-major): a split of the batch over devices stays a split
     # of the rows.
     lse, target_logits = _streamed_lse_and_target(hidden.reshape(batch * seq_len, embed), w_blocks,
                                                   targets.reshape(-1), vocab, cap)
     lse, target_logits = lse.reshape(batch, seq_len), target_logits.reshape(batch, seq_len)
-    loss_sum = jnp.sum((lse - target_logits) * mask)
-    z_loss_sum = z_loss_weight * jnp.sum(jnp.square(lse) * mask)
-    return LossSums(loss_sum, jnp.sum(mask), z_loss_sum)
+    return _sums(lse, target_logits, mask, z_loss_weight)
 
 
 def _word_block_logits(x: jax.Array, w_block: jax.Array, first_word: jax.Array, vocab: int,

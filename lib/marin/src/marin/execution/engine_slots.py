@@ -29,7 +29,6 @@ class EngineSlots:
     """At most ``count`` threads inside :meth:`held` at once (``None``: no limit)."""
 
     def __init__(self, count: int | None) -> None:
-        self.count = count
         self._free = threading.BoundedSemaphore(count) if count is not None else None
         self._holding = threading.local()
 
