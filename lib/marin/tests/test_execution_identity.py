@@ -96,10 +96,19 @@ def test_step_in_hash_attrs_points_to_deps():
         StepSpec("down", _noop, hash_attrs={"data": up})
 
 
-@pytest.mark.parametrize("name", ["", "../escape", "a/../b", "/abs/path", "gs://bucket/x", "has space", "semi;colon", "a//b", "./x"])
+@pytest.mark.parametrize(
+    "name",
+    ["", "../escape", "a/../b", "/abs/path", "gs://bucket/x", "has space", "semi;colon", "a//b", "./x",
+     "data/raw\n", "line\nbreak", "a/.hidden", "C:drive", "trailing/", "x" * 201, "a/" + "y" * 201, "a/" * 500 + "b"],
+)
 def test_unsafe_names_are_refused(name):
     with pytest.raises(InvalidStepError):
         StepSpec(name, _noop)
+
+
+@pytest.mark.parametrize("name", ["raw", "tokenized/tinystories", "a.b-c_d/0.1/x.", "_x/-y", "x" * 200, "a/" * 499 + "b"])
+def test_safe_names_are_kept_as_given(name):
+    assert StepSpec(name, _noop).name == name
 
 
 def test_signature_with_two_required_parameters_is_refused():

@@ -47,6 +47,8 @@ def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int]
     if kind is str or kind is int or kind is bool or value is None:
         return value  # the common leaves, by exact type: what the checks below would answer, sooner
     if kind is dict:
+        if not value:
+            return {}
         if id(value) in _open:
             raise InvalidStepError(f"{where} refers back to a value that contains it; hash attributes must be a tree.")
         return _canonical_items(value, where, _open | {id(value)})
@@ -108,17 +110,27 @@ def _omitted_default(value: Any, f: dataclasses.Field) -> bool:
     return bool(f.metadata.get("omit_when_default")) and f.default is not dataclasses.MISSING and getattr(value, f.name) == f.default
 
 
+# One encoder for every call: ``json.dumps`` with options builds a new one each time.
+_CANONICAL_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL_ENCODER.encode(value)
 
 
-def identity_record(name: str, version: str | None, hash_attrs: Any, dep_identities: Iterable[str]) -> dict[str, Any]:
-    """Exactly what is hashed; stored in ``.executor_info`` so ``marin explain`` can show it."""
+def identity_record(
+    name: str, version: str | None, hash_attrs: Any, dep_identities: Iterable[str], *, canonical: bool = False
+) -> dict[str, Any]:
+    """Exactly what is hashed; stored in ``.executor_info`` so ``marin explain`` can show it.
+
+    ``canonical``: ``hash_attrs`` is already what :func:`canonicalize` made of them (a step keeps
+    that from its declaration), so it is not walked again.
+    """
     return {
         "format": IDENTITY_FORMAT,
         "name": name,
         "version": version,
-        "hash_attrs": canonicalize(hash_attrs),
+        "hash_attrs": hash_attrs if canonical else canonicalize(hash_attrs),
         # Sorted: dependency order in a list is not part of what a step computes.
         "deps": sorted(dep_identities),
     }

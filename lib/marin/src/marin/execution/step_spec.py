@@ -158,7 +158,8 @@ class StepSpec:
             raise InvalidStepError(f"Step {self.name!r}: hash_attrs must be a dict, got {type(self.hash_attrs).__name__}.")
         # A private copy: mutating the caller's dict later must not change what this step is.
         object.__setattr__(self, "hash_attrs", dict(self.hash_attrs))
-        canonicalize(self.hash_attrs, where=f"{self.name}.hash_attrs")
+        # Kept for the identity: what is hashed is fixed when the step is declared.
+        object.__setattr__(self, "_canonical_hash_attrs", canonicalize(self.hash_attrs, where=f"{self.name}.hash_attrs"))
         if not isinstance(self.annotations or {}, Mapping):
             raise InvalidStepError(f"Step {self.name!r}: annotations must be a dict, got {type(self.annotations).__name__}.")
         object.__setattr__(self, "annotations", dict(self.annotations or {}))
@@ -180,7 +181,9 @@ class StepSpec:
 
     @cached_property
     def identity_record(self) -> dict[str, Any]:
-        return identity_record(self.name, self.version, self.hash_attrs, (dep.identity for dep in self.deps))
+        return identity_record(
+            self.name, self.version, self._canonical_hash_attrs, (dep.identity for dep in self.deps), canonical=True
+        )
 
     @cached_property
     def identity(self) -> str:
