@@ -25,7 +25,8 @@ Comparisons (``--only NAME,...``; a name that is no comparison's selects those i
 * ``tokenize``: the GPT-2 tokenizer into a token cache, each side's own cache builder, 10,000
   TinyStories documents (``--tokenize-100k`` adds 100,000).
 * ``engine_300``, ``engine_3000``: that many trivial steps under one root through each side's own
-  ``StepRunner``: the first run and the all-cached rerun, ms per step.
+  ``StepRunner``: the first run and the all-cached rerun, ms per step (``--engine-30k`` adds
+  30,000 steps: about twenty minutes a repeat, most of it upstream's first run).
 
 Speed ratios are ours over upstream's throughput (>= 1: ours is faster); memory ratios ours over
 upstream's peak RSS (<= 1: ours uses less). Without a usable ``--upstream-python`` it prints how to
@@ -248,14 +249,14 @@ def plan(args: argparse.Namespace, inputs: dict[str, str]) -> list[Comparison]:
                 (Metric(name, "docs/s", per_second("documents")),),
                 "the same jsonl of TinyStories documents, GPT-2 tokenizer, each side's own cache builder end to end "
                 "(tokens differ only by the special tokens each appends)", same=("documents",)))
-    for count in (5, 20) if args.tiny else (300, 3000):
+    for count in (5, 20) if args.tiny else (300, 3000, 30000) if args.engine_30k else (300, 3000):
         found.append(Comparison(
             f"engine_{count}", [str(SIDES / "ours_engine.py"), f"--steps={count}"],
             [str(SIDES / "upstream_engine.py"), f"--steps={count}"],
             (Metric(f"engine_{count}_first", "ms/step", ms_per_step("first_s"), higher_is_better=False),
              Metric(f"engine_{count}_rerun", "ms/step", ms_per_step("rerun_s"), higher_is_better=False)),
             f"{count} trivial steps and one root depending on them, the root given to a fresh StepRunner at its default "
-            "concurrency; first run, then all cached", same=("steps",)))
+            "concurrency; first run, then all cached", same=("steps",), timeout=max(900.0, count * 0.06)))
     return found
 
 
@@ -420,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per comparison instead of the table")
     parser.add_argument("--kernel-docs", type=int, default=20000, help="texts for minhash and exact_keys")
     parser.add_argument("--tokenize-100k", action="store_true", help="also tokenize 100,000 documents")
+    parser.add_argument("--engine-30k", action="store_true", help="also run the engine on 30,000 steps (about 20 minutes a repeat)")
     parser.add_argument("--tiny", action="store_true", help="smoke-test sizes: checks the plumbing, the figures mean nothing")
     args = parser.parse_args(argv)
 

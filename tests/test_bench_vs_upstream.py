@@ -65,7 +65,7 @@ def test_our_tokenize_side_writes_the_texts_tokens_plus_one_eos_each(tmp_path, r
     assert record["documents"] == 20 and record["tokens"] == content + 20 and record["seconds"] > 0
 
 
-def test_our_engine_side_runs_then_finds_every_step_cached(tmp_path):
+def test_our_engine_side_runs_then_finds_the_root_cached(tmp_path):
     record = run_ours(tmp_path, "ours_engine.py", "--steps=3")
     assert record["steps"] == 4 and record["first_s"] > 0 and record["rerun_s"] > 0
 

@@ -29,6 +29,7 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     DEP_FAILED = "dep_failed"  # not run: a dependency failed
     WOULD_RUN = "would_run"  # dry run only
+    NOT_NEEDED = "not_needed"  # neither read nor run: only finished steps depend on it
 
     @property
     def succeeded(self) -> bool:
@@ -90,7 +91,7 @@ class StepOutcome:
 
 @dataclass
 class RunReport:
-    """What one ``run`` did, per step, in topological order."""
+    """What one ``run`` did, per step: the steps it needed in topological order, then those it did not."""
 
     outcomes: list[StepOutcome] = field(default_factory=list)
     dry_run: bool = False
@@ -120,6 +121,10 @@ class RunReport:
         return self._names(Outcome.WOULD_RUN)
 
     @property
+    def not_needed(self) -> list[str]:
+        return self._names(Outcome.NOT_NEEDED)
+
+    @property
     def ok(self) -> bool:
         return not self.failed and not self.dep_failed
 
@@ -134,9 +139,13 @@ class RunReport:
             parts = [f"{len(self.would_run)} to run", f"{len(self.cached)} cached", f"{len(self.failed)} failed"]
         else:
             parts = [f"{len(self.ran)} ran", f"{len(self.cached)} cached", f"{len(self.failed)} failed", f"{len(self.dep_failed)} dep-failed"]
+        if self.not_needed:
+            parts.append(f"{len(self.not_needed)} not needed")
         text = ", ".join(parts)
         if not self.dry_run:
-            eventful = [outcome.attempts_text() for outcome in self.outcomes]
+            # Only a step tried in this run has attempts to tell of (a sweep's rerun has thousands that were not).
+            tried = (outcome for outcome in self.outcomes if outcome.outcome in (Outcome.RAN, Outcome.FAILED))
+            eventful = [outcome.attempts_text() for outcome in tried]
             text += "".join(f"; {line}" for line in eventful if line)
         return text
 

@@ -1,11 +1,14 @@
 """A run's plan: the steps it considers, where each one's output goes, and which are done already.
 
-:func:`plan_steps` collects the steps and all their dependencies (less those needed only by steps
-whose outputs exist elsewhere, and those ``run_only`` leaves out), gives each its output folder,
-refuses two identities sharing one folder or a folder holding another identity's output, and
-reads each step's status; it writes nothing. :func:`print_dry_run` shows a plan as a dry run
-reports it: every step, its hash, its output folder and what a run would do with it, and the
-compute the steps that declare it plan to spend (a sweep's grid, with its total).
+:func:`plan_steps` collects the steps and all their dependencies (less those ``run_only`` leaves
+out), gives each its output folder, refuses two identities sharing one folder or a folder holding
+another identity's output, and reads the status of each step the run needs; it writes nothing. It
+plans from the steps asked for down: a step that is finished (or whose output exists elsewhere)
+needs nothing from its dependencies, so a dependency that only finished steps depend on is *not
+needed* and is not read at all (a strict plan reads every step, to check all their code).
+:func:`print_dry_run` shows a plan as a dry run reports it: every step, its hash, its output folder
+and what a run would do with it, and the compute the steps that declare it plan to spend (a
+sweep's grid, with its total).
 """
 
 from __future__ import annotations
@@ -45,45 +48,77 @@ class PlannedStep:
         return self.cached and made_by_other_code(self.spec, self.status)
 
 
+@dataclass
+class Plan:
+    """The steps a run needs (``steps``, in topological order) and those it does not.
+
+    ``not_needed`` are dependencies that only finished steps depend on: the run neither reads nor
+    runs them, and their ``status`` is None (unread, not "missing").
+    """
+
+    steps: list[PlannedStep]
+    not_needed: list[PlannedStep]
+
+
 def plan_steps(
     steps: Iterable[Any],
     *,
     run_only: str | None,
     output_path_for: Callable[[StepSpec], str],
     existing_outputs: Mapping[str, str],
-) -> list[PlannedStep]:
-    """The steps a run of ``steps`` considers, in topological order, with output paths and current status.
+    read_every_step: bool = False,
+) -> Plan:
+    """What a run of ``steps`` needs, in topological order, with output paths and current status.
 
     ``existing_outputs`` maps identities to finished outputs elsewhere (see
     :class:`~marin.execution.step_runner.StepRunner`); every other step's output goes to
-    ``output_path_for(spec)``.
+    ``output_path_for(spec)``. ``read_every_step`` reads and plans the dependencies of finished
+    steps here too (a strict run checks the code behind every output); what only existing outputs
+    elsewhere depend on is never needed.
     """
     roots = flatten_steps(steps, taker="StepRunner.run")
-    specs = _select(_not_upstream_of(collect_steps(roots), roots, existing_outputs), run_only)
-    planned = []
+    specs, targets = _select(collect_steps(roots), roots, run_only)
+    paths: dict[str, str] = {}
     owners: dict[str, StepSpec] = {}
     for spec in specs:
-        output_path = existing_outputs.get(spec.identity) or output_path_for(spec)
+        output_path = paths[spec.identity] = existing_outputs.get(spec.identity) or output_path_for(spec)
         other = owners.setdefault(output_path, spec)
         if other is not spec:
             raise StepGraphError(
                 f"Steps {other.name!r} ({other.short_hash}) and {spec.name!r} ({spec.short_hash}) both write to "
                 f"{output_path}; give one of them another output_path."
             )
+    # From the steps asked for down to their dependencies: a step is needed when something needed
+    # and unfinished depends on it (nothing else ever reads its output in this run).
+    needed = {spec.identity for spec in targets}
+    planned: list[PlannedStep] = []
+    not_needed: list[PlannedStep] = []
+    for spec in reversed(specs):
+        output_path = paths[spec.identity]
+        if spec.identity not in needed:
+            not_needed.append(PlannedStep(spec, output_path, None))
+            continue
         status = read_status(output_path)
         check_recorded_identity(spec, output_path, status)
-        if spec.identity in existing_outputs and (status is None or status.status != STATUS_SUCCESS):
+        existing = spec.identity in existing_outputs
+        finished = status is not None and status.status == STATUS_SUCCESS
+        if existing and not finished:
             raise RunOptionError(
                 f"Step {spec.name!r} was given as finished at {output_path}, but its status there is "
                 f"{status.status if status else 'missing'}; run it to completion there first."
             )
+        if not finished or (read_every_step and not existing):
+            needed.update(dep.identity for dep in spec.deps)
         planned.append(PlannedStep(spec, output_path, status))
-    return planned
+    planned.reverse()
+    not_needed.reverse()
+    return Plan(planned, not_needed)
 
 
-def print_dry_run(planned: list[PlannedStep], *, prefix: str, force_run_failed: bool, report: RunReport) -> None:
-    """Print what a run would do with each planned step, and record it in ``report``."""
-    print(f"Dry run under {prefix}: {len(planned)} step(s)")
+def print_dry_run(plan: Plan, *, prefix: str, force_run_failed: bool, report: RunReport) -> None:
+    """Print what a run would do with each step of ``plan``, and record it in ``report``."""
+    planned = plan.steps
+    print(f"Dry run under {prefix}: {len(planned) + len(plan.not_needed)} step(s)")
     blocked: set[str] = set()
     for item in planned:
         spec, status = item.spec, item.status
@@ -97,10 +132,9 @@ def print_dry_run(planned: list[PlannedStep], *, prefix: str, force_run_failed: 
             outcome = Outcome.WOULD_RUN
         if outcome.blocks_dependents:
             blocked.add(spec.identity)
-        flops = planned_flops(spec)
-        compute = f"  {flops:9.2e} FLOPs{_size_and_data(spec)}" if flops is not None else ""
-        print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}{compute}")
-        report.outcomes.append(StepOutcome(spec.name, spec.identity, item.output_path, outcome))
+        _print_dry_run_line(item, outcome, report)
+    for item in plan.not_needed:
+        _print_dry_run_line(item, Outcome.NOT_NEEDED, report)
     counted = [(item, planned_flops(item.spec)) for item in planned]
     counted = [(item, flops) for item, flops in counted if flops is not None]
     if counted:
@@ -108,6 +142,14 @@ def print_dry_run(planned: list[PlannedStep], *, prefix: str, force_run_failed: 
         print(f"Planned compute: {sum(flops for _, flops in counted):.3g} FLOPs over {len(counted)} step(s) that "
               f"declare it; {to_run:.3g} of it still to run.")
     print(f"Dry run: {report.summary()}; nothing was written.")
+
+
+def _print_dry_run_line(item: PlannedStep, outcome: Outcome, report: RunReport) -> None:
+    spec = item.spec
+    flops = planned_flops(spec)
+    compute = f"  {flops:9.2e} FLOPs{_size_and_data(spec)}" if flops is not None else ""
+    print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}{compute}")
+    report.outcomes.append(StepOutcome(spec.name, spec.identity, item.output_path, outcome))
 
 
 def _size_and_data(spec: StepSpec) -> str:
@@ -132,29 +174,15 @@ _DRY_RUN_LABELS = {
     Outcome.WOULD_RUN: "to run",
     Outcome.FAILED: "failed (not rerun)",
     Outcome.DEP_FAILED: "dep failed",
+    Outcome.NOT_NEEDED: "not needed",
 }
 
 
-def _not_upstream_of(specs: list[StepSpec], roots: list[StepSpec], existing: Mapping[str, str]) -> list[StepSpec]:
-    """``specs`` less the steps needed only by steps whose outputs exist elsewhere (never run here)."""
-    if not existing:
-        return specs
-    needed: set[str] = set()
-    stack = list(roots)
-    while stack:
-        spec = stack.pop()
-        if spec.identity in needed:
-            continue
-        needed.add(spec.identity)
-        if spec.identity not in existing:
-            stack.extend(spec.deps)
-    return [spec for spec in specs if spec.identity in needed]
-
-
-def _select(specs: list[StepSpec], run_only: str | None) -> list[StepSpec]:
-    """``specs`` whose name ``run_only`` matches, with their dependencies; all of them without it."""
+def _select(specs: list[StepSpec], roots: list[StepSpec], run_only: str | None) -> tuple[list[StepSpec], list[StepSpec]]:
+    """The steps a run considers and the ones it is asked for: all of ``specs`` and the ``roots``, or
+    the steps whose name ``run_only`` matches with their dependencies, and those matched."""
     if not run_only:
-        return specs
+        return specs, roots
     try:
         pattern = re.compile(run_only)
     except re.error as exc:
@@ -164,5 +192,5 @@ def _select(specs: list[StepSpec], run_only: str | None) -> list[StepSpec]:
         names = ", ".join(s.name for s in specs)
         raise RunOptionError(f"run_only {run_only!r} matches no step. Step names: {names}.")
     # By identity: a dependency may be a different (but equal) object from the one kept in specs.
-    needed = {s.identity for s in topological_order(chosen)}
-    return [s for s in specs if s.identity in needed]
+    considered = {s.identity for s in topological_order(chosen)}
+    return [s for s in specs if s.identity in considered], chosen

@@ -67,7 +67,7 @@ from marin.execution.step_attempt import RunSession
 from marin.execution.step_context import LeaseLostError
 from marin.execution.step_executor import StepExecutor, executor_for
 from marin.execution.step_graph import StepGraphError, flatten_steps
-from marin.execution.step_plan import PlannedStep, plan_steps, print_dry_run
+from marin.execution.step_plan import Plan, PlannedStep, plan_steps, print_dry_run
 from marin.execution.step_scheduler import schedule_steps
 from marin.execution.step_spec import StepSpec
 
@@ -175,18 +175,25 @@ class StepRunner:
         _ensure_logging()
         executor = self._executor()  # a cluster setting that names nothing fails before anything is read
         check_prefix(self.prefix, self._prefix_source, writing=not options.dry_run)
-        planned = self.plan(steps, run_only=options.run_only)
-        logger.info("Running %d step(s) under %s (%d already done)", len(planned), self.prefix, sum(p.cached for p in planned))
+        plan = self._plan(steps, run_only=options.run_only, read_every_step=options.strict)
+        planned = plan.steps
+        logger.info(
+            "Running %d step(s) under %s (%d already done%s)", len(planned), self.prefix, sum(p.cached for p in planned),
+            f"; {len(plan.not_needed)} more not needed, only finished steps depend on them" if plan.not_needed else "",
+        )
         report_changed_code([(item.spec, item.output_path) for item in planned if item.code_changed], strict=options.strict)
         report = RunReport(dry_run=options.dry_run, prefix=self.prefix)
         if options.dry_run:
-            print_dry_run(planned, prefix=self.prefix, force_run_failed=options.force_run_failed, report=report)
+            print_dry_run(plan, prefix=self.prefix, force_run_failed=options.force_run_failed, report=report)
             return report
         check_placement = getattr(executor, "check_placement", None)
         if check_placement is not None:
             # Requests no node can hold, a scheduler that does not answer: said once, before any step starts.
             check_placement([item.spec for item in planned if not item.cached])
         self._execute(planned, options, report, executor)
+        report.outcomes.extend(
+            StepOutcome(item.spec.name, item.spec.identity, item.output_path, Outcome.NOT_NEEDED) for item in plan.not_needed
+        )
         logger.info("Run finished: %s", report.summary())
         self._print_final_summaries(planned)
         if raise_on_failure and not report.ok:
@@ -196,13 +203,21 @@ class StepRunner:
     # -- planning ---------------------------------------------------------------------------------
 
     def plan(self, steps: Iterable[Any], *, run_only: str | None = None) -> list[PlannedStep]:
-        """The steps ``run`` would consider, in topological order, with output paths and current status.
+        """The steps ``run`` needs, in topological order, with output paths and current status.
 
-        Reads one status file per step (plus ``.executor_info`` for explicit output paths) and
-        writes nothing. Raises on cycles, identity clashes and output-path conflicts.
+        Dependencies that only finished steps depend on are left out (a run neither reads nor runs
+        them). Reads one status file per needed step (plus ``.executor_info`` for explicit output
+        paths) and writes nothing. Raises on cycles, identity clashes and output-path conflicts.
         """
+        return self._plan(steps, run_only=run_only).steps
+
+    def _plan(self, steps: Iterable[Any], *, run_only: str | None, read_every_step: bool = False) -> Plan:
         return plan_steps(
-            steps, run_only=run_only, output_path_for=self.output_path_for, existing_outputs=self.existing_outputs
+            steps,
+            run_only=run_only,
+            output_path_for=self.output_path_for,
+            existing_outputs=self.existing_outputs,
+            read_every_step=read_every_step,
         )
 
     # -- scheduling -------------------------------------------------------------------------------
