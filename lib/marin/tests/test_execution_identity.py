@@ -152,3 +152,36 @@ def test_relative_and_absolute_explicit_output_paths(tmp_path):
     assert runner.output_path_for(StepSpec("x", _noop, output_path="memory://b/x")) == "memory://b/x"
     with pytest.raises(InvalidStepError, match=r"\.\."):
         StepSpec("x", _noop, output_path="../outside")
+
+
+class Kind(enum.Enum):
+    CAUSAL = "causal"
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    hidden: int
+    dropout: float = 0.0
+    kind: Kind = Kind.CAUSAL
+
+
+def test_identities_are_stable_across_releases():
+    """Pinned digests: a change to how identities are computed would orphan every cached output.
+
+    Computed by the code of earlier releases; nested, non-ASCII, float, enum and dataclass attributes,
+    a version and dependencies all take part.
+    """
+    raw = StepSpec("data/raw", _noop, hash_attrs={"source": "roneneldan/TinyStories", "sample_count": 1000})
+    tokens = StepSpec(
+        "tokenized/stories", _noop, deps=[raw], version="v2",
+        hash_attrs={"tokenizer": {"name": "gpt2", "vocab": 50257}, "text": "Ünïcode “quotes” \u2028",
+                    "flags": [True, None, 1.5, -0.0]},
+    )
+    model = StepSpec(
+        "checkpoints/tiny", _noop, deps=[tokens, raw], annotations={"flops": 1e12},
+        hash_attrs={"shape": Shape(4, 128), "lr": 6e-4, "steps": 100, "nested": {"b": [1, {"z": 2, "a": 1e300}], "a": []}},
+    )
+    assert raw.identity == "dd4d1cf039253546a6fae340ecc80106c4c58c8fc2e22f516de3cacf416ca782"
+    assert tokens.identity == "c66a10e8d8f73ae663240fab146321e552981562c0098acfb6ec2d468c4311f7"
+    assert model.identity == "d4aec7c25ac9fc4c0cb06bd0e1a360408987f5f125edf138801b3997a6345996"

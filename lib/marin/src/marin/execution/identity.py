@@ -100,7 +100,11 @@ def _canonical_items(value: Mapping, where: str, _open: frozenset[int]) -> dict[
     for key, item in value.items():
         if not isinstance(key, str):
             raise InvalidStepError(f"{where} has the key {key!r}; hash attribute keys must be strings.")
-        result[key] = canonicalize(item, where=f"{where}.{key}", _open=_open)
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            result[key] = item  # a leaf, as canonicalize would answer, without naming where it is
+        else:
+            result[key] = canonicalize(item, where=f"{where}.{key}", _open=_open)
     return result
 
 
@@ -110,12 +114,21 @@ def _omitted_default(value: Any, f: dataclasses.Field) -> bool:
     return bool(f.metadata.get("omit_when_default")) and f.default is not dataclasses.MISSING and getattr(value, f.name) == f.default
 
 
-# One encoder for every call: ``json.dumps`` with options builds a new one each time.
 _CANONICAL_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# The C encoder that ``JSONEncoder.encode`` would build on every call, built once (a sweep hashes
+# thousands of steps). No circular-reference markers: :func:`canonicalize` already refuses cycles.
+_C_ENCODER = (
+    json.encoder.c_make_encoder(None, None, json.encoder.c_encode_basestring, None, ":", ",", True, False, False)
+    if json.encoder.c_make_encoder is not None and json.encoder.c_encode_basestring is not None
+    else None
+)
 
 
 def canonical_json(value: Any) -> str:
-    return _CANONICAL_ENCODER.encode(value)
+    """``value`` as compact JSON with sorted keys, non-ASCII kept, NaN and infinities refused."""
+    if _C_ENCODER is None or not isinstance(value, dict):
+        return _CANONICAL_ENCODER.encode(value)
+    return "".join(_C_ENCODER(value, 0))
 
 
 def identity_record(

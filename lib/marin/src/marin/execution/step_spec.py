@@ -44,6 +44,23 @@ CALL_CONTEXT = "context"
 _CONTEXT_PARAMETER_NAMES = ("ctx", "context")
 
 
+class _computed_once:
+    """A value computed on first access and kept in the instance: ``functools.cached_property``
+    without the lock Python 3.11's takes on every first access (Python 3.12 dropped it). A step's
+    identity is the same whichever thread computes it first, and a sweep declares thousands."""
+
+    def __init__(self, compute: Callable[[Any], Any]) -> None:
+        self.compute = compute
+        self.name = compute.__name__
+        self.__doc__ = compute.__doc__
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
+
+
 class takes_context:
     """Mark ``fn`` as taking a :class:`~marin.execution.step_context.StepContext` whatever its signature.
 
@@ -154,16 +171,19 @@ class StepSpec:
                 )
         if self.hash_attrs is None:
             object.__setattr__(self, "hash_attrs", {})
-        if not isinstance(self.hash_attrs, Mapping):
+        if type(self.hash_attrs) is not dict and not isinstance(self.hash_attrs, Mapping):
             raise InvalidStepError(f"Step {self.name!r}: hash_attrs must be a dict, got {type(self.hash_attrs).__name__}.")
         # A private copy: mutating the caller's dict later must not change what this step is.
         object.__setattr__(self, "hash_attrs", dict(self.hash_attrs))
         # Kept for the identity: what is hashed is fixed when the step is declared.
         object.__setattr__(self, "_canonical_hash_attrs", canonicalize(self.hash_attrs, where=f"{self.name}.hash_attrs"))
-        if not isinstance(self.annotations or {}, Mapping):
+        if not self.annotations:
+            object.__setattr__(self, "annotations", {})
+        elif not isinstance(self.annotations, Mapping):
             raise InvalidStepError(f"Step {self.name!r}: annotations must be a dict, got {type(self.annotations).__name__}.")
-        object.__setattr__(self, "annotations", dict(self.annotations or {}))
-        canonicalize(self.annotations, where=f"{self.name}.annotations")
+        else:
+            object.__setattr__(self, "annotations", dict(self.annotations))
+            canonicalize(self.annotations, where=f"{self.name}.annotations")
         if self.version is not None and not isinstance(self.version, str):
             object.__setattr__(self, "version", str(self.version))
         if self.output_path is not None:
@@ -179,13 +199,13 @@ class StepSpec:
                 )
         call_style(self.fn)  # fail at definition time, not halfway through a run
 
-    @cached_property
+    @_computed_once
     def identity_record(self) -> dict[str, Any]:
         return identity_record(
             self.name, self.version, self._canonical_hash_attrs, (dep.identity for dep in self.deps), canonical=True
         )
 
-    @cached_property
+    @_computed_once
     def identity(self) -> str:
         return identity_hash(self.identity_record)
 
