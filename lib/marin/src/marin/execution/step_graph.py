@@ -67,6 +67,11 @@ def topological_order(roots: Iterable[Any]) -> list[Any]:
             child_state = state.get(id(child))
             if child_state == 2:
                 continue
+            if child_state is None and not child.deps:
+                # A leaf (most of a sweep's steps): done as soon as it is met.
+                state[id(child)] = 2
+                order.append(child)
+                continue
             if child_state == 1:
                 start = next(i for i, n in enumerate(path) if n is child)
                 cycle = " -> ".join(n.name for n in [*path[start:], child])

@@ -131,7 +131,8 @@ class StepRunner:
     def output_path_for(self, spec: StepSpec) -> str:
         """``<prefix>/<name>-<short hash>``, or the step's explicit ``output_path`` (relative ones under the prefix)."""
         if spec.output_path is None:
-            return fsx.join(self.prefix, f"{spec.name}-{spec.short_hash}")
+            # fsx.join's result: a step name is never empty, absolute or a URL (the spec refuses those).
+            return f"{self.prefix.rstrip('/')}/{spec.name}-{spec.short_hash}"
         if "://" in spec.output_path or spec.output_path.startswith("/"):
             return spec.output_path.rstrip("/")
         return fsx.join(self.prefix, spec.output_path.rstrip("/"))
@@ -296,9 +297,9 @@ class StepRunner:
         Final steps are those no other planned step depends on (the model, not its data), so a
         cached rerun shows the same summary as the run that made it.
         """
-        depended_on = {dep for item in planned for dep in item.spec.deps}
+        depended_on = {dep.identity for item in planned for dep in item.spec.deps}
         for item in planned:
-            if item.spec in depended_on:
+            if item.spec.identity in depended_on:
                 continue
             record = read_status(item.output_path)
             if record is None or record.status != STATUS_SUCCESS:
