@@ -26,7 +26,7 @@ Comparisons (``--only NAME,...``; a name that is no comparison's selects those i
   TinyStories documents (``--tokenize-100k`` adds 100,000).
 * ``engine_300``, ``engine_3000``: that many trivial steps under one root through each side's own
   ``StepRunner``: the first run and the all-cached rerun, ms per step (``--engine-30k`` adds
-  30,000 steps: about twenty minutes a repeat, most of it upstream's first run).
+  30,000 steps: about twelve minutes a repeat, most of it upstream's first run).
 
 Speed ratios are ours over upstream's throughput (>= 1: ours is faster); memory ratios ours over
 upstream's peak RSS (<= 1: ours uses less). Without a usable ``--upstream-python`` it prints how to
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per comparison instead of the table")
     parser.add_argument("--kernel-docs", type=int, default=20000, help="texts for minhash and exact_keys")
     parser.add_argument("--tokenize-100k", action="store_true", help="also tokenize 100,000 documents")
-    parser.add_argument("--engine-30k", action="store_true", help="also run the engine on 30,000 steps (about 20 minutes a repeat)")
+    parser.add_argument("--engine-30k", action="store_true", help="also run the engine on 30,000 steps (about 12 minutes a repeat)")
     parser.add_argument("--tiny", action="store_true", help="smoke-test sizes: checks the plumbing, the figures mean nothing")
     args = parser.parse_args(argv)
 

@@ -199,8 +199,10 @@ class StepSpec:
                 )
         call_style(self.fn)  # fail at definition time, not halfway through a run
 
-    @_computed_once
+    @property
     def identity_record(self) -> dict[str, Any]:
+        """What the identity hashes, made afresh on each access (a sweep's thousands of steps need
+        only their digests kept; the record is written once, into the step's ``.executor_info``)."""
         return identity_record(
             self.name, self.version, self._canonical_hash_attrs, (dep.identity for dep in self.deps), canonical=True
         )
