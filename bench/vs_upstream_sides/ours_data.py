@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     keys = commands.add_parser("exact-keys")
     keys.add_argument("texts", help="a JSON list of texts")
-    keys.add_argument("--work", choices=("equal", "own"), default="equal")
+    # Our own key is the equal-work key (normalise, then BLAKE2b): both choices time the same work.
+    keys.add_argument("--work", choices=("equal", "own"), default="equal", help="accepted for the driver; the same on this side")
     tok = commands.add_parser("tokenize")
     tok.add_argument("docs", help="a jsonl file of {'text': ...}")
     tok.add_argument("tokenizer", help="a tokenizer folder or tokenizer.json")

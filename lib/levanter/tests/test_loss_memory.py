@@ -46,6 +46,16 @@ def _loss_inputs(key, batch: int, seq_len: int, embed: int, vocab: int):
     return hidden, unembedding, tokens
 
 
+def _mean_loss_and_grads(loss_fn):
+    """``value_and_grad`` over (hidden, unembedding) of a loss function's ``LossSums``, z-loss included, per weighted token."""
+
+    def mean(h, w):
+        sums = loss_fn(h, w)
+        return (sums.loss_sum + sums.z_loss_sum) / sums.weight_sum
+
+    return jax.value_and_grad(mean, argnums=(0, 1))
+
+
 def _step_temp_bytes(config: LlamaConfig, vocab: int, batch: int, seq_len: int, fused_loss) -> int:
     """Scratch memory XLA plans for one bfloat16 train step (compiled, never run)."""
     model = _abstract(config, vocab)
@@ -92,11 +102,7 @@ def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_i
     mask = jnp.ones((batch, seq_len), jnp.float32).at[1, 5:9].set(0.0)
 
     def objective(loss_fn):
-        def value(h, w):
-            sums = loss_fn(h, w)
-            return (sums.loss_sum + sums.z_loss_sum) / sums.weight_sum
-
-        return jax.jit(jax.value_and_grad(value, argnums=(0, 1)))
+        return jax.jit(_mean_loss_and_grads(loss_fn))
 
     plain = objective(lambda h, w: next_token_loss(jnp.dot(h, w), tokens, mask, z_loss_weight=1e-2))
     # 7 positions of every row per block: 40 positions give 6 blocks, the last one padded.
@@ -124,19 +130,12 @@ def test_the_vocabulary_streamed_loss_gives_the_plain_loss_and_gradients(vocab_b
     hidden, unembedding, tokens = _loss_inputs(jax.random.PRNGKey(1), batch, seq_len, embed, vocab)
     mask = jnp.ones((batch, seq_len), jnp.float32).at[1, 2:6].set(0.0)
 
-    def value(loss_fn):
-        def objective(h, w):
-            sums = loss_fn(h, w)
-            return (sums.loss_sum + sums.z_loss_sum) / sums.weight_sum
-
-        return jax.value_and_grad(objective, argnums=(0, 1))
-
     def capped(logits):
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
-    expected, (dh, dw) = value(lambda h, w: next_token_loss(capped(jnp.dot(h, w)), tokens, mask, z_loss_weight=1e-2))(
+    expected, (dh, dw) = _mean_loss_and_grads(lambda h, w: next_token_loss(capped(jnp.dot(h, w)), tokens, mask, z_loss_weight=1e-2))(
         hidden, unembedding)
-    got, (dh_got, dw_got) = value(lambda h, w: fused_next_token_loss(
+    got, (dh_got, dw_got) = _mean_loss_and_grads(lambda h, w: fused_next_token_loss(
         h, w, tokens, mask, z_loss_weight=1e-2, logit_softcap=cap, vocab_block=vocab_block))(hidden, unembedding)
     # float32 sums over 33 tokens and 96 words, in another order: far below 1e-5 relative.
     np.testing.assert_allclose(got, expected, rtol=1e-5)

@@ -13,11 +13,13 @@ import re
 
 from rigging.errors import RiggingError
 
-_SEGMENT = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 MAX_SEGMENT_LENGTH = 200
 MAX_NAME_LENGTH = 1000
+_FIRST, _REST = r"[A-Za-z0-9_\-]", r"[A-Za-z0-9_.\-]"  # a segment's first character, and the others
+_SEGMENT = re.compile(f"{_FIRST}{_REST}*")
 # Every rule below at once, for the common case of a good name (a sweep declares thousands).
-_GOOD_NAME = re.compile(rf"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{{0,{MAX_SEGMENT_LENGTH - 1}}}(?:/[A-Za-z0-9_\-][A-Za-z0-9_.\-]{{0,{MAX_SEGMENT_LENGTH - 1}}})*")
+_BOUNDED_SEGMENT = f"{_FIRST}{_REST}{{0,{MAX_SEGMENT_LENGTH - 1}}}"
+_GOOD_NAME = re.compile(f"{_BOUNDED_SEGMENT}(?:/{_BOUNDED_SEGMENT})*")
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 

@@ -37,6 +37,10 @@ def validate_step_name(name: str) -> str:
         raise InvalidStepError(str(exc)) from None
 
 
+# Values that are their own canonical form, matched by exact type (an int subclass such as IntEnum is not).
+_LEAF_TYPES = frozenset({str, int, bool, type(None)})
+
+
 def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int] = frozenset()) -> Any:
     """Turn a hash attribute into plain JSON data, refusing anything whose meaning is ambiguous.
 
@@ -44,7 +48,7 @@ def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int]
     that holds itself has no finite JSON form and is refused instead of recursing forever.
     """
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind in _LEAF_TYPES:
         return value  # the common leaves, by exact type: what the checks below would answer, sooner
     if kind is dict:
         if not value:
@@ -100,9 +104,8 @@ def _canonical_items(value: Mapping, where: str, _open: frozenset[int]) -> dict[
     for key, item in value.items():
         if not isinstance(key, str):
             raise InvalidStepError(f"{where} has the key {key!r}; hash attribute keys must be strings.")
-        kind = type(item)
-        if kind is str or kind is int or kind is bool or item is None:
-            result[key] = item  # a leaf, as canonicalize would answer, without naming where it is
+        if type(item) in _LEAF_TYPES:
+            result[key] = item  # as canonicalize would answer, without building the path to name it by
         else:
             result[key] = canonicalize(item, where=f"{where}.{key}", _open=_open)
     return result
@@ -126,7 +129,7 @@ _C_ENCODER = (
 
 def canonical_json(value: Any) -> str:
     """``value`` as compact JSON with sorted keys, non-ASCII kept, NaN and infinities refused."""
-    if _C_ENCODER is None or not isinstance(value, dict):
+    if _C_ENCODER is None:  # a Python without the C accelerator
         return _CANONICAL_ENCODER.encode(value)
     return "".join(_C_ENCODER(value, 0))
 

@@ -47,6 +47,10 @@ class PlannedStep:
         """Cached, and made by code other than the step's function now (when the two can be compared)."""
         return self.cached and made_by_other_code(self.spec, self.status)
 
+    def outcome(self, kind: Outcome, *, error: str | None = None) -> StepOutcome:
+        """This step's line in a run's report, for a step the run did not try (cached, not needed, ...)."""
+        return StepOutcome(self.spec.name, self.spec.identity, self.output_path, kind, error=error)
+
 
 @dataclass
 class Plan:
@@ -149,7 +153,7 @@ def _print_dry_run_line(item: PlannedStep, outcome: Outcome, report: RunReport) 
     flops = planned_flops(spec)
     compute = f"  {flops:9.2e} FLOPs{_size_and_data(spec)}" if flops is not None else ""
     print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}{compute}")
-    report.outcomes.append(StepOutcome(spec.name, spec.identity, item.output_path, outcome))
+    report.outcomes.append(item.outcome(outcome))
 
 
 def _size_and_data(spec: StepSpec) -> str:

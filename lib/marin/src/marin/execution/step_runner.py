@@ -192,9 +192,7 @@ class StepRunner:
             # Requests no node can hold, a scheduler that does not answer: said once, before any step starts.
             check_placement([item.spec for item in planned if not item.cached])
         self._execute(planned, options, report, executor)
-        report.outcomes.extend(
-            StepOutcome(item.spec.name, item.spec.identity, item.output_path, Outcome.NOT_NEEDED) for item in plan.not_needed
-        )
+        report.outcomes.extend(item.outcome(Outcome.NOT_NEEDED) for item in plan.not_needed)
         logger.info("Run finished: %s", report.summary())
         self._print_final_summaries(planned)
         if raise_on_failure and not report.ok:
@@ -261,13 +259,13 @@ class StepRunner:
         for item in planned:
             spec, status = item.spec, item.status
             if item.cached:
-                outcomes[spec.identity] = StepOutcome(spec.name, spec.identity, item.output_path, Outcome.CACHED)
+                outcomes[spec.identity] = item.outcome(Outcome.CACHED)
                 cached += 1
                 if cached <= _CACHED_NAMED:
                     logger.info("Step %s cached: %s", spec.name, item.output_path)
             elif status is not None and status.status == STATUS_FAILED and not options.force_run_failed:
                 error = f"failed in an earlier run ({status.error}); not rerun because force_run_failed is off"
-                outcomes[spec.identity] = StepOutcome(spec.name, spec.identity, item.output_path, Outcome.FAILED, error=error)
+                outcomes[spec.identity] = item.outcome(Outcome.FAILED, error=error)
                 logger.error("Step %s %s: %s", spec.name, error, item.output_path)
             else:
                 pending.append(item)
