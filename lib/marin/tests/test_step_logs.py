@@ -158,6 +158,11 @@ StepRunner(prefix=sys.argv[1], lease_ttl_s=3, heartbeat_s=0.5).run([StepSpec("sl
 """
 
 
+def _logged(prefix, text: str) -> bool:
+    """Whether the sleeper's first attempt has logged ``text``."""
+    return any(text in log.read_text(errors="replace") for log in prefix.glob("sleeper-*/.attempts/001/*.log"))
+
+
 def test_follow_stops_on_a_step_whose_runner_was_killed(tmp_path, capsys, monkeypatch):
     import subprocess
     import sys
@@ -167,8 +172,9 @@ def test_follow_stops_on_a_step_whose_runner_was_killed(tmp_path, capsys, monkey
     script.write_text(KILLED_RUNNER)
     runner = subprocess.Popen([sys.executable, str(script), prefix], cwd=tmp_path)
     try:
+        # Killed once the step's function has printed: the attempt's log exists a moment before that.
         deadline = time.monotonic() + 60
-        while not list((tmp_path / "prefix").glob("sleeper-*/.attempts/001/*.log")) and time.monotonic() < deadline:
+        while not _logged(tmp_path / "prefix", "sleeping") and time.monotonic() < deadline:
             assert runner.poll() is None
             time.sleep(0.05)
     finally:
