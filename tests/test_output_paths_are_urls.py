@@ -77,6 +77,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("rigging.conditional_writes", "_LocalDisk.remove", "conditional writes on LocalFileSystem: an atomic rename aside, then a check"),
     Allowed("rigging.config.discovery", "_resolve_prefix", "runs after URLs are returned unchanged; resolves local prefixes only"),
     Allowed("rigging.config.discovery", "discover_config", "the working directory where marin.yaml is searched for, upwards"),
+    Allowed("rigging.config.discovery", "_find_upwards", "walks up the local working directory's folders to marin.yaml / pyproject.toml"),
     Allowed("rigging.lease", "_proc_stat", "reads /proc/<pid>/stat to tell whether a local holder is alive"),
     Allowed("rigging.lease", "_pid_namespace", "reads /proc for the boot id and pid namespace of this machine"),
     Allowed("rigging.local_stores", "_serving", "the local server process writes its log to a local file"),

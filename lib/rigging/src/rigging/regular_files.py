@@ -36,6 +36,10 @@ class RefusedFileError(RiggingError, OSError):
         super().__init__(f"{url} is refused: {reason}")
 
 
+class FileTooLargeError(RefusedFileError):
+    """A regular file longer than the limit a whole-file read was given."""
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
@@ -131,7 +135,7 @@ def _read_local(url: str, path: str, within: str | None, limit: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise _not_regular(url, info.st_mode)  # replaced between the stat and the open
         if info.st_size > limit:
-            raise RefusedFileError(url, f"larger than {limit} bytes ({info.st_size} bytes)")
+            raise FileTooLargeError(url, f"larger than {limit} bytes ({info.st_size} bytes)")
         # As much as fstat says and one byte more (reading ``limit + 1`` would allocate that much each
         # time); only a file that grew since fills that, and is read on up to the bound. A regular
         # file reads short only at its end, and O_NONBLOCK changes nothing for one.
@@ -168,7 +172,7 @@ def read_bounded(url: str, limit: int = RECORD_LIMIT_BYTES, *, within: str | Non
         except (FileNotFoundError, NotADirectoryError):
             return None
     if len(data) > limit:
-        raise RefusedFileError(url, f"larger than {limit} bytes")
+        raise FileTooLargeError(url, f"larger than {limit} bytes")
     return data
 
 

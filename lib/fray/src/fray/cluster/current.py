@@ -117,11 +117,20 @@ def _shared_client(spec: str, what: str) -> DistributedClient:
         return _from_settings[spec]
 
 
-def current_client() -> DistributedClient:
-    """The client to use now; see the module docstring for the order."""
+_UNREAD: Any = object()
+
+
+def current_client(setting: str | None = _UNREAD) -> DistributedClient:
+    """The client to use now; see the module docstring for the order.
+
+    ``setting``: what :func:`configured_cluster` answered, for a caller that has just asked it (the
+    configuration is then not looked up a second time).
+    """
     if _installed:
         return _installed[-1]
-    return _shared_client(configured_cluster() or "local", "cluster setting")
+    if setting is _UNREAD:
+        setting = configured_cluster()
+    return _shared_client(setting or "local", "cluster setting")
 
 
 def client_for(choice: DistributedClient | str | None, *, what: str = "backend") -> DistributedClient:

@@ -74,20 +74,22 @@ def _resolve_prefix(value: str, base: Path) -> str:
         return value.rstrip("/")
     if value.startswith("file://"):
         value = value[len("file://") :]
-    path = Path(value)
-    if not path.is_absolute():
-        path = base / path
-    return str(path.resolve())
+    return os.path.realpath(os.path.join(base, value))  # an absolute value replaces base
 
 
-def _find_upwards(start: Path, filename: str) -> Path | None:
+def _find_upwards(start: str, filename: str) -> Path | None:
     # Anything by that name counts (a link to nothing, a FIFO): reading it then says why it cannot
-    # be used, where skipping it would drop the settings the person meant without a word.
-    for folder in (start, *start.parents):
-        candidate = folder / filename
+    # be used, where skipping it would drop the settings the person meant without a word. Plain
+    # strings, not Paths: every runner looks, and pathlib costs several times as much.
+    folder = start
+    while True:
+        candidate = os.path.join(folder, filename)
         if os.path.lexists(candidate):
-            return candidate
-    return None
+            return Path(candidate)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 def _read_marin_yaml(path: Path) -> dict[str, Any]:
@@ -164,8 +166,8 @@ def discover_config(
     refuses a prefix whose storage cannot be opened here (:class:`PrefixUnusableError`); callers
     that want only another setting pass ``False``.
     """
-    start = Path(cwd) if cwd is not None else Path.cwd()
-    start = start.resolve()
+    # The working directory as the system gives it has no links in it already.
+    start = os.path.realpath(cwd) if cwd is not None else os.getcwd()
     explicit = {k: v for k, v in overrides.items() if v is not None}
     _check_keys(explicit, "discover_config() arguments")
     if prefix is not None:
@@ -210,7 +212,7 @@ def discover_config(
         sources[key] = "argument"
 
     if "prefix" not in values:
-        values["prefix"] = str((project_root or start) / DEFAULT_OUTPUT_FOLDER)
+        values["prefix"] = os.path.join(project_root or start, DEFAULT_OUTPUT_FOLDER)
         sources["prefix"] = "default"
 
     if check_prefix:

@@ -51,21 +51,20 @@ _TAG_KINDS = {
 def read_settings_text(url: str, label: str) -> str:
     """The text of the settings file at ``url`` (a path or URL), or a :class:`ConfigError`."""
     try:
-        with regular_files.open_regular(url) as handle:
-            data = handle.read(MAX_SETTINGS_BYTES + 1)
+        data = regular_files.read_bounded(url, MAX_SETTINGS_BYTES)
+    except regular_files.FileTooLargeError:
+        fs, path = filesystem.filesystem(url)
+        raise ConfigError(f"{label} is {fs.size(path):,} bytes; config files are limited to {MAX_SETTINGS_BYTES:,} "
+                          "bytes (they hold settings, not data).") from None
     except regular_files.RefusedFileError as exc:
         raise ConfigError(f"{label} is {exc.reason}; give the path of a settings file.") from None
-    except FileNotFoundError:
+    except OSError as exc:
+        raise ConfigError(f"{label} cannot be read: {exc.strerror or exc}.") from None
+    if data is None:
         local_path = filesystem.filesystem(url)[1] if filesystem.is_local(url) else None
         if local_path is not None and os.path.islink(local_path):
             raise ConfigError(f"{label} is a link to a file that does not exist ({os.readlink(local_path)}).") from None
-        raise ConfigError(f"{label} does not exist.") from None
-    except OSError as exc:
-        raise ConfigError(f"{label} cannot be read: {exc.strerror or exc}.") from None
-    if len(data) > MAX_SETTINGS_BYTES:
-        fs, path = filesystem.filesystem(url)
-        raise ConfigError(f"{label} is {fs.size(path):,} bytes; config files are limited to {MAX_SETTINGS_BYTES:,} "
-                          "bytes (they hold settings, not data).")
+        raise ConfigError(f"{label} does not exist.")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
