@@ -185,3 +185,16 @@ def test_identities_are_stable_across_releases():
     assert raw.identity == "dd4d1cf039253546a6fae340ecc80106c4c58c8fc2e22f516de3cacf416ca782"
     assert tokens.identity == "c66a10e8d8f73ae663240fab146321e552981562c0098acfb6ec2d468c4311f7"
     assert model.identity == "d4aec7c25ac9fc4c0cb06bd0e1a360408987f5f125edf138801b3997a6345996"
+
+
+@pytest.mark.parametrize("version", [None, "", "v2", 'say "hi"\\', "Ünïcode \u2028 \x00 \t", "null"])
+@pytest.mark.parametrize("hash_attrs", [{}, {"a": 1}, {"z": {"y": [1.5, None]}, "a": "\u00e9"}])
+def test_a_step_hashes_exactly_the_record_it_stores(version, hash_attrs):
+    """The identity is spelled out without building the record; it must be the record's hash, which
+    ``.executor_info`` keeps and ``marin explain`` shows, for any version text and attributes."""
+    from marin.execution.identity import identity_hash
+
+    dep = StepSpec("data/raw", _noop, hash_attrs={"n": 1})
+    for deps in ([], [dep], [dep, StepSpec("data/other", _noop)]):
+        step = StepSpec("tokenized/x", _noop, deps=deps, version=version, hash_attrs=hash_attrs)
+        assert step.identity == identity_hash(step.identity_record)

@@ -99,6 +99,18 @@ def canonicalize(value: Any, *, where: str = "hash_attrs", _open: frozenset[int]
     )
 
 
+def canonical_hash_attrs(attrs: Mapping[str, Any], *, step_name: str) -> dict[str, Any]:
+    """What :func:`canonicalize` makes of a step's hash attributes, in a new dict (sooner for the
+    common flat dict of strings, ints, bools and Nones, which is its own canonical form)."""
+    if type(attrs) is dict:
+        for key, value in attrs.items():
+            if type(key) is not str or type(value) not in _LEAF_TYPES:
+                break
+        else:
+            return dict(attrs)
+    return canonicalize(attrs, where=f"{step_name}.hash_attrs")
+
+
 def _canonical_items(value: Mapping, where: str, _open: frozenset[int]) -> dict[str, Any]:
     result = {}
     for key, item in value.items():
@@ -154,6 +166,20 @@ def identity_record(
 
 def identity_hash(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(record).encode("utf-8")).hexdigest()
+
+
+_JSON_STRING = json.encoder.encode_basestring  # a JSON string literal, non-ASCII kept (ensure_ascii off)
+
+
+def step_identity(name: str, version: str | None, canonical_hash_attrs: Any, dep_identities: Iterable[str]) -> str:
+    """``identity_hash(identity_record(...))`` for hash attributes already canonical, without
+    building the record: its keys are fixed, so its canonical JSON is spelled out here in their
+    sorted order (a sweep hashes thousands of steps; the test suite holds the two to one answer)."""
+    deps = ",".join([f'"{identity}"' for identity in sorted(dep_identities)])  # hex digests: no escapes
+    attrs = canonical_json(canonical_hash_attrs) if canonical_hash_attrs else "{}"
+    version_json = "null" if version is None else _JSON_STRING(version)
+    text = f'{{"deps":[{deps}],"format":{IDENTITY_FORMAT},"hash_attrs":{attrs},"name":{_JSON_STRING(name)},"version":{version_json}}}'
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def short_hash(identity: str) -> str:

@@ -31,10 +31,11 @@ from typing import Any
 from marin.execution.code_fingerprint import CodeFingerprint, fingerprint_function
 from marin.execution.identity import (
     InvalidStepError,
+    canonical_hash_attrs,
     canonicalize,
-    identity_hash,
     identity_record,
     short_hash,
+    step_identity,
     validate_step_name,
 )
 
@@ -81,6 +82,19 @@ def _is_root(output_path: str) -> bool:
     if "://" in path:
         path = path.split("://", 1)[1].split("/", 1)[1] if "/" in path.split("://", 1)[1] else ""
     return all(segment in ("", ".") for segment in path.split("/"))
+
+
+def _check_output_path(name: str, output_path: Any) -> None:
+    if not isinstance(output_path, str) or not output_path:
+        raise InvalidStepError(f"Step {name!r}: output_path must be a non-empty string or None.")
+    if ".." in output_path.replace("\\", "/").split("/"):
+        raise InvalidStepError(f"Step {name!r}: output_path {output_path!r} must not contain '..'.")
+    if _is_root(output_path):
+        raise InvalidStepError(
+            f"Step {name!r}: output_path {output_path!r} is the root of a file system, bucket or "
+            "prefix, where the step's files would mix with everything else; name a folder for it, like "
+            "'outputs/preprocess'."
+        )
 
 
 def describe_function(fn: Callable[..., Any]) -> str:
@@ -138,7 +152,7 @@ def _call_style(fn: Callable[..., Any]) -> str:
     return CALL_OUTPUT_PATH
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class StepSpec:
     """One unit of cached work. See the module docstring for how ``fn`` is called.
 
@@ -158,46 +172,58 @@ class StepSpec:
     # the step's ``.executor_info``.
     annotations: Mapping[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        validate_step_name(self.name)
+    # Written here rather than generated: a frozen dataclass's ``__init__`` sets each field through
+    # ``object.__setattr__`` and a ``__post_init__`` then replaces half of them, which was most of
+    # the cost of declaring a step (a sweep declares thousands). The fields above stay the
+    # dataclass's, for ``dataclasses.replace`` and ``fields``.
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        deps: Sequence[StepSpec] | None = (),
+        hash_attrs: Mapping[str, Any] | None = None,
+        output_path: str | None = None,
+        version: str | None = None,
+        resources: Any = None,
+        annotations: Mapping[str, Any] | None = None,
+    ) -> None:
+        validate_step_name(name)
         # Lists are accepted for convenience (the documented examples use deps=[]); stored as a tuple
         # so the spec stays immutable.
-        object.__setattr__(self, "deps", tuple(self.deps or ()))
-        for dep in self.deps:
+        if type(deps) is not tuple:
+            deps = tuple(deps or ())
+        for dep in deps:
             if not isinstance(dep, StepSpec):
                 raise InvalidStepError(
-                    f"Step {self.name!r} has a dependency of type {type(dep).__name__}; deps must be steps "
+                    f"Step {name!r} has a dependency of type {type(dep).__name__}; deps must be steps "
                     "(StepSpecs or the lazy handles that lazy_step, tokenized(), train_lm() ... return)."
                 )
-        if self.hash_attrs is None:
-            object.__setattr__(self, "hash_attrs", {})
-        if type(self.hash_attrs) is not dict and not isinstance(self.hash_attrs, Mapping):
-            raise InvalidStepError(f"Step {self.name!r}: hash_attrs must be a dict, got {type(self.hash_attrs).__name__}.")
-        # A private copy: mutating the caller's dict later must not change what this step is.
-        object.__setattr__(self, "hash_attrs", dict(self.hash_attrs))
-        # Kept for the identity: what is hashed is fixed when the step is declared.
-        object.__setattr__(self, "_canonical_hash_attrs", canonicalize(self.hash_attrs, where=f"{self.name}.hash_attrs"))
-        if not self.annotations:
-            object.__setattr__(self, "annotations", {})
-        elif not isinstance(self.annotations, Mapping):
-            raise InvalidStepError(f"Step {self.name!r}: annotations must be a dict, got {type(self.annotations).__name__}.")
-        else:
-            object.__setattr__(self, "annotations", dict(self.annotations))
-            canonicalize(self.annotations, where=f"{self.name}.annotations")
-        if self.version is not None and not isinstance(self.version, str):
-            object.__setattr__(self, "version", str(self.version))
-        if self.output_path is not None:
-            if not isinstance(self.output_path, str) or not self.output_path:
-                raise InvalidStepError(f"Step {self.name!r}: output_path must be a non-empty string or None.")
-            if ".." in self.output_path.replace("\\", "/").split("/"):
-                raise InvalidStepError(f"Step {self.name!r}: output_path {self.output_path!r} must not contain '..'.")
-            if _is_root(self.output_path):
-                raise InvalidStepError(
-                    f"Step {self.name!r}: output_path {self.output_path!r} is the root of a file system, bucket or "
-                    "prefix, where the step's files would mix with everything else; name a folder for it, like "
-                    "'outputs/preprocess'."
-                )
-        call_style(self.fn)  # fail at definition time, not halfway through a run
+        if hash_attrs is None:
+            hash_attrs = {}
+        elif type(hash_attrs) is not dict and not isinstance(hash_attrs, Mapping):
+            raise InvalidStepError(f"Step {name!r}: hash_attrs must be a dict, got {type(hash_attrs).__name__}.")
+        if annotations and not isinstance(annotations, Mapping):
+            raise InvalidStepError(f"Step {name!r}: annotations must be a dict, got {type(annotations).__name__}.")
+        if annotations:
+            annotations = dict(annotations)
+            canonicalize(annotations, where=f"{name}.annotations")
+        if version is not None and not isinstance(version, str):
+            version = str(version)
+        if output_path is not None:
+            _check_output_path(name, output_path)
+        call_style(fn)  # fail at definition time, not halfway through a run
+        fields = self.__dict__
+        fields["name"] = name
+        fields["fn"] = fn
+        fields["deps"] = deps
+        # Private copies: mutating the caller's dicts later must not change what this step is.
+        fields["hash_attrs"] = dict(hash_attrs)
+        fields["output_path"] = output_path
+        fields["version"] = version
+        fields["resources"] = resources
+        fields["annotations"] = annotations or {}
+        # What the identity hashes, fixed when the step is declared.
+        fields["_canonical_hash_attrs"] = canonical_hash_attrs(hash_attrs, step_name=name)
 
     @property
     def identity_record(self) -> dict[str, Any]:
@@ -209,7 +235,7 @@ class StepSpec:
 
     @_computed_once
     def identity(self) -> str:
-        return identity_hash(self.identity_record)
+        return step_identity(self.name, self.version, self._canonical_hash_attrs, [dep.identity for dep in self.deps])
 
     @property
     def call_style(self) -> str:
