@@ -9,11 +9,13 @@ preempted step without the step failing, so the summary is where a run says it w
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from iris.attempt_log import AttemptTally, attempt_records
 
@@ -89,13 +91,30 @@ class StepOutcome:
         return f"{self.name} {verb} {tally.describe()}"
 
 
-@dataclass
 class RunReport:
-    """What one ``run`` did, per step: the steps it needed in topological order, then those it did not."""
+    """What one ``run`` did, per step: the steps it needed in topological order, then those it did not.
 
-    outcomes: list[StepOutcome] = field(default_factory=list)
-    dry_run: bool = False
-    prefix: str = ""
+    The lines of steps a run did not need are made when first read (:meth:`add_not_needed`): a
+    sweep's rerun has thousands, and most runs only ask for the summary.
+    """
+
+    def __init__(self, outcomes: Iterable[StepOutcome] = (), *, dry_run: bool = False, prefix: str = "") -> None:
+        self._outcomes = list(outcomes)
+        self._not_needed: Sequence[_NotNeeded] = ()
+        self.dry_run = dry_run
+        self.prefix = prefix
+
+    @property
+    def outcomes(self) -> list[StepOutcome]:
+        if self._not_needed:
+            self._outcomes.extend(step.outcome(Outcome.NOT_NEEDED) for step in self._not_needed)
+            self._not_needed = ()
+        return self._outcomes
+
+    def add_not_needed(self, steps: Sequence[_NotNeeded]) -> None:
+        """Steps the run neither read nor ran, listed after all others; each says its line with ``outcome``."""
+        self.outcomes  # noqa: B018 - those added before keep their place
+        self._not_needed = steps
 
     def _names(self, outcome: Outcome) -> list[str]:
         return [o.name for o in self.outcomes if o.outcome == outcome]
@@ -126,7 +145,7 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return not self.failed and not self.dep_failed
+        return not any(o.outcome.blocks_dependents for o in self._outcomes)  # a step not needed never failed
 
     def outcome_of(self, name: str) -> StepOutcome:
         for outcome in self.outcomes:
@@ -135,19 +154,29 @@ class RunReport:
         raise KeyError(f"No step named {name!r} in this run.")
 
     def summary(self) -> str:
+        counts = collections.Counter(o.outcome for o in self._outcomes)
+        counts[Outcome.NOT_NEEDED] += len(self._not_needed)
         if self.dry_run:
-            parts = [f"{len(self.would_run)} to run", f"{len(self.cached)} cached", f"{len(self.failed)} failed"]
+            shown = [(Outcome.WOULD_RUN, "to run"), (Outcome.CACHED, "cached"), (Outcome.FAILED, "failed")]
         else:
-            parts = [f"{len(self.ran)} ran", f"{len(self.cached)} cached", f"{len(self.failed)} failed", f"{len(self.dep_failed)} dep-failed"]
-        if self.not_needed:
-            parts.append(f"{len(self.not_needed)} not needed")
+            shown = [(Outcome.RAN, "ran"), (Outcome.CACHED, "cached"), (Outcome.FAILED, "failed"), (Outcome.DEP_FAILED, "dep-failed")]
+        parts = [f"{counts[kind]} {label}" for kind, label in shown]
+        if counts[Outcome.NOT_NEEDED]:
+            parts.append(f"{counts[Outcome.NOT_NEEDED]} not needed")
         text = ", ".join(parts)
         if not self.dry_run:
             # Only a step tried in this run has attempts to tell of (a sweep's rerun has thousands that were not).
-            tried = (outcome for outcome in self.outcomes if outcome.outcome in (Outcome.RAN, Outcome.FAILED))
+            tried = (outcome for outcome in self._outcomes if outcome.outcome in (Outcome.RAN, Outcome.FAILED))
             eventful = [outcome.attempts_text() for outcome in tried]
             text += "".join(f"; {line}" for line in eventful if line)
         return text
+
+    def __repr__(self) -> str:
+        return f"RunReport({self.summary()!r}, dry_run={self.dry_run}, prefix={self.prefix!r})"
+
+
+class _NotNeeded(Protocol):
+    def outcome(self, kind: Outcome) -> StepOutcome: ...
 
 
 class StepRunFailed(MarinError, RuntimeError):

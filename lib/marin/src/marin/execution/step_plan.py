@@ -26,7 +26,7 @@ from marin.execution.step_graph import StepGraphError, collect_steps, flatten_st
 from marin.execution.step_spec import StepSpec
 
 
-@dataclass
+@dataclass(slots=True)
 class PlannedStep:
     """One step of a plan: the spec, where its output goes, and its status when planned.
 
@@ -82,23 +82,18 @@ def plan_steps(
     """
     roots = flatten_steps(steps, taker="StepRunner.run")
     specs, targets = _select(collect_steps(roots), roots, run_only)
-    paths: dict[str, str] = {}
-    owners: dict[str, StepSpec] = {}
-    for spec in specs:
-        output_path = paths[spec.identity] = existing_outputs.get(spec.identity) or output_path_for(spec)
-        other = owners.setdefault(output_path, spec)
-        if other is not spec:
-            raise StepGraphError(
-                f"Steps {other.name!r} ({other.short_hash}) and {spec.name!r} ({spec.short_hash}) both write to "
-                f"{output_path}; give one of them another output_path."
-            )
+    paths = [existing_outputs.get(spec.identity) or output_path_for(spec) for spec in specs] if existing_outputs else [
+        output_path_for(spec) for spec in specs
+    ]
+    owners = dict(zip(paths, specs))
+    if len(owners) < len(specs):
+        _refuse_shared_folders(specs, paths)
     # From the steps asked for down to their dependencies: a step is needed when something needed
     # and unfinished depends on it (nothing else ever reads its output in this run).
     needed = {spec.identity for spec in targets}
     planned: list[PlannedStep] = []
     not_needed: list[PlannedStep] = []
-    for spec in reversed(specs):
-        output_path = paths[spec.identity]
+    for spec, output_path in zip(reversed(specs), reversed(paths)):
         if spec.identity not in needed:
             not_needed.append(PlannedStep(spec, output_path, None))
             continue
@@ -117,6 +112,17 @@ def plan_steps(
     planned.reverse()
     not_needed.reverse()
     return Plan(planned, not_needed)
+
+
+def _refuse_shared_folders(specs: list[StepSpec], paths: list[str]) -> None:
+    owners: dict[str, StepSpec] = {}
+    for spec, output_path in zip(specs, paths):
+        other = owners.setdefault(output_path, spec)
+        if other is not spec:
+            raise StepGraphError(
+                f"Steps {other.name!r} ({other.short_hash}) and {spec.name!r} ({spec.short_hash}) both write to "
+                f"{output_path}; give one of them another output_path."
+            )
 
 
 def print_dry_run(plan: Plan, *, prefix: str, force_run_failed: bool, report: RunReport) -> None:

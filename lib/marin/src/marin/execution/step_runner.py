@@ -45,7 +45,8 @@ from rigging.log import get_logger, is_configured, setup_logging
 from marin.errors import MarinError
 from marin.execution.artifact import result_summary
 from marin.execution.engine_slots import EngineSlots, local_slots
-from marin.execution.executor_files import STATUS_FAILED, STATUS_SUCCESS, read_status
+from marin.execution.executor_files import STATUS_FAILED
+from marin.execution.identity import SHORT_HASH_LENGTH
 from marin.execution.interrupts import Interrupt, RunInterruption, RunInterrupts
 from marin.execution.output_reuse import (
     CodeChangedError,
@@ -132,7 +133,7 @@ class StepRunner:
         """``<prefix>/<name>-<short hash>``, or the step's explicit ``output_path`` (relative ones under the prefix)."""
         if spec.output_path is None:
             # fsx.join's result: a step name is never empty, absolute or a URL (the spec refuses those).
-            return f"{self.prefix.rstrip('/')}/{spec.name}-{spec.short_hash}"
+            return f"{self.prefix.rstrip('/')}/{spec.name}-{spec.identity[:SHORT_HASH_LENGTH]}"
         if "://" in spec.output_path or spec.output_path.startswith("/"):
             return spec.output_path.rstrip("/")
         return fsx.join(self.prefix, spec.output_path.rstrip("/"))
@@ -192,9 +193,10 @@ class StepRunner:
             # Requests no node can hold, a scheduler that does not answer: said once, before any step starts.
             check_placement([item.spec for item in planned if not item.cached])
         self._execute(planned, options, report, executor)
-        report.outcomes.extend(item.outcome(Outcome.NOT_NEEDED) for item in plan.not_needed)
+        finished = {outcome.identity for outcome in report.outcomes if outcome.outcome.succeeded}
+        report.add_not_needed(plan.not_needed)
         logger.info("Run finished: %s", report.summary())
-        self._print_final_summaries(planned)
+        self._print_final_summaries(planned, finished)
         if raise_on_failure and not report.ok:
             raise StepRunFailed(report)
         return report
@@ -237,22 +239,9 @@ class StepRunner:
             except InvalidJobSpec as exc:
                 where = "StepRunner(cluster=...)" if self.cluster is not None else "MARIN_CLUSTER or cluster: in marin.yaml"
                 raise ClusterConfigError(f"The cluster setting {setting!r} ({where}) names no engine iris knows: {exc}") from None
-        return executor_for(client_for(self.cluster, what="cluster") if self.cluster is not None else current_client())
+        return executor_for(client_for(self.cluster, what="cluster") if self.cluster is not None else current_client(setting))
 
     def _execute(self, planned: list[PlannedStep], options: RunOptions, report: RunReport, executor: StepExecutor) -> None:
-        session = RunSession(
-            prefix=self.prefix,
-            runner_id=self.runner_id,
-            started_at=time.time(),
-            executor=executor,
-            # Fresh per run: it records which signal (Ctrl-C or SIGTERM) stopped this run, and a
-            # step still finishing from an earlier run keeps its own.
-            cancelled=RunInterruption(),
-            lease_ttl_s=self.lease_ttl_s,
-            heartbeat_s=self.heartbeat_s,
-            poll_s=self.poll_s,
-            slots=EngineSlots(local_slots() if fsx.is_local(self.prefix) else None),
-        )
         outcomes: dict[str, StepOutcome] = {}
         pending: list[PlannedStep] = []
         cached = 0
@@ -273,7 +262,33 @@ class StepRunner:
             # A sweep's rerun is thousands of cached steps: a line each would bury the ones that run.
             logger.info("... and %d more cached step(s) (`marin status` lists every step)", cached - _CACHED_NAMED)
 
-        workers = options.max_concurrent
+        if pending:
+            self._run_pending(pending, planned, outcomes, options.max_concurrent, executor)
+        report.outcomes.extend(outcomes[item.spec.identity] for item in planned if item.spec.identity in outcomes)
+
+    def _run_pending(
+        self,
+        pending: list[PlannedStep],
+        planned: list[PlannedStep],
+        outcomes: dict[str, StepOutcome],
+        workers: int,
+        executor: StepExecutor,
+    ) -> None:
+        """Run the ``pending`` steps, ``workers`` at a time, as their dependencies finish; each
+        step's outcome goes into ``outcomes``."""
+        session = RunSession(
+            prefix=self.prefix,
+            runner_id=self.runner_id,
+            started_at=time.time(),
+            executor=executor,
+            # Fresh per run: it records which signal (Ctrl-C or SIGTERM) stopped this run, and a
+            # step still finishing from an earlier run keeps its own.
+            cancelled=RunInterruption(),
+            lease_ttl_s=self.lease_ttl_s,
+            heartbeat_s=self.heartbeat_s,
+            poll_s=self.poll_s,
+            slots=EngineSlots(local_slots() if fsx.is_local(self.prefix) else None),
+        )
         running: dict[futures.Future, PlannedStep] = {}
         paths = {item.spec.identity: item.output_path for item in planned}
         with (
@@ -287,20 +302,17 @@ class StepRunner:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
         interrupts.raise_if_interrupted()
-        report.outcomes.extend(outcomes[item.spec.identity] for item in planned if item.spec.identity in outcomes)
 
-    def _print_final_summaries(self, planned: list[PlannedStep]) -> None:
-        """Print what the run produced: the ``summary()`` of each final step's result, if it has one.
+    def _print_final_summaries(self, planned: list[PlannedStep], finished: set[str]) -> None:
+        """Print what the run produced: the ``summary()`` of each final step's result, if it has one
+        (``finished``: the identities of the steps whose output is there).
 
         Final steps are those no other planned step depends on (the model, not its data), so a
         cached rerun shows the same summary as the run that made it.
         """
         depended_on = {dep.identity for item in planned for dep in item.spec.deps}
         for item in planned:
-            if item.spec.identity in depended_on:
-                continue
-            record = read_status(item.output_path)
-            if record is None or record.status != STATUS_SUCCESS:
+            if item.spec.identity in depended_on or item.spec.identity not in finished:
                 continue
             text = result_summary(item.output_path)
             if text:
