@@ -291,7 +291,7 @@ def summarise(comparison: Comparison, runs: dict[str, list[Run]]) -> list[dict]:
     def details(side: str, metric: Metric | None) -> dict:
         got = runs[side]
         compile_s = [r.record["first_step_s"] for r in got if "first_step_s" in r.record]
-        return {"runs": [round(metric.value(r.record), 3) if metric else round(r.peak_rss_mib, 1) for r in got],
+        return {"runs": [_significant(metric.value(r.record)) if metric else round(r.peak_rss_mib, 1) for r in got],
                 "cpu_s": round(statistics.median(r.cpu_s for r in got), 2),
                 "peak_rss_mib": round(statistics.median(r.peak_rss_mib for r in got), 1),
                 **({"compile_s": round(statistics.median(compile_s), 2)} if compile_s else {}),
@@ -301,8 +301,8 @@ def summarise(comparison: Comparison, runs: dict[str, list[Run]]) -> list[dict]:
     for metric in comparison.metrics:
         ours, upstream = (statistics.median(metric.value(r.record) for r in runs[side]) for side in ("ours", "upstream"))
         compared = None if refused else round(ratio(ours, upstream, higher_is_better=metric.higher_is_better), 3)
-        found.append({"name": metric.name, "kind": "speed", "unit": metric.unit, "ours": round(ours, 3),
-                      "upstream": round(upstream, 3), "ratio": compared,
+        found.append({"name": metric.name, "kind": "speed", "unit": metric.unit, "ours": _significant(ours),
+                      "upstream": _significant(upstream), "ratio": compared,
                       "better": "higher" if metric.higher_is_better else "lower"})
     ours_rss, upstream_rss = (statistics.median(r.peak_rss_mib for r in runs[side]) for side in ("ours", "upstream"))
     found.append({"name": f"{comparison.name}_peak_rss", "kind": "memory", "unit": "MiB", "ours": round(ours_rss, 1),
@@ -397,6 +397,12 @@ def table(results: list[dict], environment: dict) -> str:
             facts = ", ".join(f"{k} {d[k]}" for k in FACTS if k in d and k != "work")
             lines.append(f"  {side}: runs {d['runs']}{'; ' + facts if facts else ''}{'; ' + d['work'] if 'work' in d else ''}")
     return "\n".join(lines)
+
+
+def _significant(value: float) -> float:
+    """``value`` to three decimals, and to four significant figures below one (a cached rerun costs
+    thousandths of a millisecond per step)."""
+    return round(value, 3) if abs(value) >= 1 else float(f"{value:.4g}")
 
 
 def _figure(value: float) -> str:
