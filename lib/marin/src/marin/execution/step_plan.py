@@ -82,11 +82,8 @@ def plan_steps(
     """
     roots = flatten_steps(steps, taker="StepRunner.run")
     specs, targets = _select(collect_steps(roots), roots, run_only)
-    paths = [existing_outputs.get(spec.identity) or output_path_for(spec) for spec in specs] if existing_outputs else [
-        output_path_for(spec) for spec in specs
-    ]
-    owners = dict(zip(paths, specs))
-    if len(owners) < len(specs):
+    paths = [existing_outputs.get(spec.identity) or output_path_for(spec) for spec in specs]
+    if len(set(paths)) < len(paths):  # rare: only then is it worth finding which two
         _refuse_shared_folders(specs, paths)
     # From the steps asked for down to their dependencies: a step is needed when something needed
     # and unfinished depends on it (nothing else ever reads its output in this run).
@@ -115,6 +112,7 @@ def plan_steps(
 
 
 def _refuse_shared_folders(specs: list[StepSpec], paths: list[str]) -> None:
+    """Raise :class:`StepGraphError` naming the first two steps whose output folders coincide."""
     owners: dict[str, StepSpec] = {}
     for spec, output_path in zip(specs, paths):
         other = owners.setdefault(output_path, spec)
