@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
             # A rerun reads the finished root only: the steps it was made from are not needed.
             done = report.cached + report.not_needed if run else report.ran
             assert len(done) == args.steps + 1, (run, len(report.ran), len(report.cached), len(report.not_needed))
+            del report  # not kept through the next run (upstream's runner returns nothing to keep)
     print(json.dumps({"steps": args.steps + 1, "first_s": round(seconds[0], 4),
                       "rerun_s": round(statistics.median(seconds[1:]), 5)}))
 
