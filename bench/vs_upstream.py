@@ -26,8 +26,8 @@ Comparisons (``--only NAME,...``; a name that is no comparison's selects those i
   TinyStories documents (``--tokenize-100k`` adds 100,000).
 * ``engine_300``, ``engine_3000``: that many trivial steps under one root through each side's own
   ``StepRunner``: the first run and the all-cached rerun (the median of five in each process: one
-  takes milliseconds), ms per step (``--engine-30k`` adds
-  30,000 steps: about twelve minutes a repeat, most of it upstream's first run).
+  takes milliseconds), ms per step (``--engine-30k`` adds 30,000 steps: about twelve minutes a
+  repeat, most of it upstream's first run).
 
 Speed ratios are ours over upstream's throughput (>= 1: ours is faster); memory ratios ours over
 upstream's peak RSS (<= 1: ours uses less). Without a usable ``--upstream-python`` it prints how to

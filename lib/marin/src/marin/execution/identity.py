@@ -151,6 +151,9 @@ def identity_record(
 ) -> dict[str, Any]:
     """Exactly what is hashed; stored in ``.executor_info`` so ``marin explain`` can show it.
 
+    :func:`step_identity` hashes the same record without building it: a key added here must be
+    spelled out there too (``test_a_step_hashes_exactly_the_record_it_stores`` holds them equal).
+
     ``canonical``: ``hash_attrs`` is already what :func:`canonicalize` made of them (a step keeps
     that from its declaration), so it is not walked again.
     """

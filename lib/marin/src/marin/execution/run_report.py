@@ -106,15 +106,18 @@ class RunReport:
 
     @property
     def outcomes(self) -> list[StepOutcome]:
-        if self._not_needed:
-            self._outcomes.extend(step.outcome(Outcome.NOT_NEEDED) for step in self._not_needed)
-            self._not_needed = ()
+        self._make_not_needed_lines()
         return self._outcomes
 
     def add_not_needed(self, steps: Sequence[_NotNeeded]) -> None:
         """Steps the run neither read nor ran, listed after all others; each says its line with ``outcome``."""
-        self.outcomes  # noqa: B018 - those added before keep their place
+        self._make_not_needed_lines()  # any added before keep their place
         self._not_needed = steps
+
+    def _make_not_needed_lines(self) -> None:
+        if self._not_needed:
+            self._outcomes.extend(step.outcome(Outcome.NOT_NEEDED) for step in self._not_needed)
+            self._not_needed = ()
 
     def _names(self, outcome: Outcome) -> list[str]:
         return [o.name for o in self.outcomes if o.outcome == outcome]

@@ -46,7 +46,6 @@ from marin.errors import MarinError
 from marin.execution.artifact import result_summary
 from marin.execution.engine_slots import EngineSlots, local_slots
 from marin.execution.executor_files import STATUS_FAILED
-from marin.execution.identity import SHORT_HASH_LENGTH
 from marin.execution.interrupts import Interrupt, RunInterruption, RunInterrupts
 from marin.execution.output_reuse import (
     CodeChangedError,
@@ -133,7 +132,7 @@ class StepRunner:
         """``<prefix>/<name>-<short hash>``, or the step's explicit ``output_path`` (relative ones under the prefix)."""
         if spec.output_path is None:
             # fsx.join's result: a step name is never empty, absolute or a URL (the spec refuses those).
-            return f"{self.prefix.rstrip('/')}/{spec.name}-{spec.identity[:SHORT_HASH_LENGTH]}"
+            return f"{self.prefix.rstrip('/')}/{spec.name}-{spec.short_hash}"
         if "://" in spec.output_path or spec.output_path.startswith("/"):
             return spec.output_path.rstrip("/")
         return fsx.join(self.prefix, spec.output_path.rstrip("/"))

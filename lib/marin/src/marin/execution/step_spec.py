@@ -202,9 +202,9 @@ class StepSpec:
             hash_attrs = {}
         elif type(hash_attrs) is not dict and not isinstance(hash_attrs, Mapping):
             raise InvalidStepError(f"Step {name!r}: hash_attrs must be a dict, got {type(hash_attrs).__name__}.")
-        if annotations and not isinstance(annotations, Mapping):
-            raise InvalidStepError(f"Step {name!r}: annotations must be a dict, got {type(annotations).__name__}.")
         if annotations:
+            if not isinstance(annotations, Mapping):
+                raise InvalidStepError(f"Step {name!r}: annotations must be a dict, got {type(annotations).__name__}.")
             annotations = dict(annotations)
             canonicalize(annotations, where=f"{name}.annotations")
         if version is not None and not isinstance(version, str):
