@@ -15,7 +15,15 @@ STAMP := $(VENV)/.marin-installed
 TEST_WORKERS ?= 4
 TEST_STAMP := $(VENV)/.marin-test-installed
 
-.PHONY: setup setup-test tutorial test clean-venv
+# The TPU lane: tests that need the chip (marked tpu, in files named test_tpu_*.py so that nothing
+# else is collected: the chip's machine has only what they import), in one process (a TPU admits one
+# program at a time), at the default matmul precision and again under "highest". TPU_PYTHON is the
+# chip machine's own interpreter where there is no .venv.
+TPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+TPU_TESTS := $(wildcard lib/*/tests/test_tpu_*.py)
+TPU_PYTEST := JAX_PLATFORMS=tpu XLA_FLAGS= $(TPU_PYTHON) -m pytest -p no:xdist -p no:cacheprovider -m tpu $(TPU_TESTS) $(PYTEST_ARGS)
+
+.PHONY: setup setup-test tutorial test test-tpu clean-venv
 
 setup: $(STAMP)
 
@@ -39,6 +47,10 @@ test: $(TEST_STAMP)
 	bash scripts/install_slurm.sh
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+test-tpu:
+	$(TPU_PYTEST)
+	JAX_DEFAULT_MATMUL_PRECISION=highest $(TPU_PYTEST)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -34,6 +34,9 @@ _USER_HF_HUB_OFFLINE = os.environ.get("HF_HUB_OFFLINE", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
                                    "--xla_cpu_use_fusion_emitters=false")
+# Tests that compile for TPU topologies (libtpu, no chip) may run in several workers at once; libtpu
+# otherwise takes a machine-wide lock meant for processes sharing a real chip.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -114,15 +114,18 @@ def fused_next_token_loss(
 
 
 # Logits per block of ``fused_next_token_loss``: on CPU about 4M (16 MiB in float32), a size that
-# stays in cache; on accelerators 64M (256 MiB), large enough that each block's matmul fills the chip
-# and a 128k vocabulary at 16k tokens per device takes ~32 blocks.
+# stays in cache; on accelerators 256M (1 GiB in float32: 2,048 tokens of a 128k vocabulary). Fewer,
+# larger blocks matter there because the backward adds each block's [hidden, vocab] gradient into a
+# float32 accumulator, a pass over memory per block: forward + backward at llama_600m's shape (16k
+# tokens, hidden 1,024, vocabulary 128,256) took 145 ms on a TPU v5e with blocks of 523 tokens and
+# 105 ms with 2,048 (bench/tpu_kernels.py --only loss); the step's peak memory did not change.
 CPU_BLOCK_LOGITS = 1 << 22
 # Logits per vocabulary block of the streamed loss on CPU (8 MiB in float32). Forward and backward
 # of a 50,257-word output layer for 4 x 512 tokens, 2 cores, against token blocks of 83: hidden 64,
 # 899 ms at 1,024 words a block, 936 at 2,048, 996 at 8,192, 992 with token blocks; hidden 128,
 # 1,396 / 1,412 / 1,666 against 1,611.
 CPU_VOCAB_BLOCK_LOGITS = 1 << 21
-ACCELERATOR_BLOCK_LOGITS = 1 << 26
+ACCELERATOR_BLOCK_LOGITS = 1 << 28
 
 
 def default_block_size(vocab_size: int, num_devices: int = 1) -> int:
@@ -131,7 +134,7 @@ def default_block_size(vocab_size: int, num_devices: int = 1) -> int:
     ``num_devices`` is the number of devices the batch's rows are split over: each holds its
     share of a block's logits.
     """
-    per_device = CPU_BLOCK_LOGITS if jax.default_backend() == "cpu" else ACCELERATOR_BLOCK_LOGITS
+    per_device = CPU_BLOCK_LOGITS if _platform() == "cpu" else ACCELERATOR_BLOCK_LOGITS
     return max(per_device * num_devices // vocab_size, 16)
 
 
@@ -139,9 +142,17 @@ def default_vocab_block(vocab_size: int, num_tokens: int) -> int | None:
     """Words per block of the vocabulary-streamed loss for ``num_tokens`` tokens per device, or
     ``None`` where the token blocks are the better cut: off the CPU (not measured there), and when
     there are at least as many tokens as words."""
-    if jax.default_backend() != "cpu" or num_tokens >= vocab_size:
+    if _platform() != "cpu" or num_tokens >= vocab_size:
         return None
     return max(128, min(vocab_size, CPU_VOCAB_BLOCK_LOGITS // max(num_tokens, 1)))
+
+
+def _platform() -> str:
+    """Where the loss is being traced for: the active mesh's platform (a TPU mesh compiled for on a
+    CPU machine is a TPU), else JAX's default backend."""
+    from haliax.nn.attention_kernels import Platform
+
+    return Platform.current().name
 
 
 def _vocab_streamed_loss(hidden: jax.Array, unembedding: jax.Array, tokens: jax.Array, loss_mask: jax.Array,

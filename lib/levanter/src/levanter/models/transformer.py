@@ -24,6 +24,7 @@ from haliax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP, SEQ
 from haliax.module import NamedModule
 from haliax.nn import Embedding, Linear, RMSNorm, apply_rotary, attend, attention_mask, dot_product_attention, rotary_cos_sin
 from haliax.nn.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from haliax.nn.attention_kernels import SPLASH_RESIDUALS_NAME
 from haliax.partitioning import constrain
 
 from levanter.errors import LevanterError
@@ -53,7 +54,24 @@ def check_attention_shape(hidden_dim: int, num_heads: int, num_kv_heads: int, he
 #   o, and the dense MLP's gate, up, down or the MoE router); norms, RoPE, activations, attention
 #   (whose scores are the large [B, heads, T, T] part) and the MoE experts' grouped matmuls
 #   (ragged_dot) are recomputed. Memory between the two, for much less recompute than "full".
-REMAT_POLICIES = ("none", "full", "save_matmuls")
+# - "save_attention": "full", except that the splash kernel's output and softmax statistics (its
+#   residuals) are kept, so the backward reruns projections, norms and the MLP but not the attention
+#   kernel, the slowest part of a layer to redo on a TPU. Costs one [B, heads, T, head_dim] array
+#   per layer beyond "full"; elsewhere (no splash) it is "full".
+REMAT_POLICIES = ("none", "full", "save_matmuls", "save_attention")
+
+# The name the splash kernel gives its residuals (haliax.nn.attention_kernels.SPLASH_RESIDUALS_NAME):
+# what "save_attention" keeps.
+ATTENTION_CHECKPOINT = SPLASH_RESIDUALS_NAME
+
+
+def remat_policy(remat: str):
+    """The ``jax.checkpoint`` policy of a remat setting other than "none" (None: save nothing)."""
+    if remat == "save_matmuls":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    if remat == "save_attention":
+        return jax.checkpoint_policies.save_only_these_names(ATTENTION_CHECKPOINT)
+    return None
 
 # The gate activations of the gated MLP, by the names model configs use. "gelu" is the exact (erf)
 # GELU, "gelu_tanh" its tanh approximation (Gemma's; transformers calls it gelu_pytorch_tanh).
@@ -425,8 +443,7 @@ def run_layers(
     if remat != "none":
         # Under scan, XLA cannot merge the recomputation back into the forward pass, so CSE
         # prevention (extra barriers) is needed only for unrolled layers.
-        policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "save_matmuls" else None
-        apply = jax.checkpoint(apply, policy=policy, prevent_cse=not isinstance(layers, Stacked))
+        apply = jax.checkpoint(apply, policy=remat_policy(remat), prevent_cse=not isinstance(layers, Stacked))
 
     if isinstance(layers, Stacked):
 

@@ -376,13 +376,22 @@ def build_step_functions(
     if mesh_context is None:
         return StepFunctions(FirstCallLogged(jit_train, "the training step"), FirstCallLogged(jit_eval, "the evaluation step"))
 
-    # haliax's constrain() reads the active mesh while tracing, so tracing must happen inside it.
-    def with_mesh(fn):
-        def run(*args):
-            with mesh_context():
-                return fn(*args)
+    return StepFunctions(FirstCallLogged(UnderMesh(jit_train, mesh_context), "the training step"),
+                         FirstCallLogged(UnderMesh(jit_eval, mesh_context), "the evaluation step"))
 
-        return run
 
-    return StepFunctions(FirstCallLogged(with_mesh(jit_train), "the training step"),
-                         FirstCallLogged(with_mesh(jit_eval), "the evaluation step"))
+class UnderMesh:
+    """A jitted function traced inside ``mesh_context()``: haliax's ``constrain`` reads the active
+    mesh while tracing, so calling it and lowering it (ahead-of-time compilation) both happen there."""
+
+    def __init__(self, jitted: Callable[..., Any], mesh_context: Callable[[], Any]):
+        self._jitted = jitted
+        self._mesh_context = mesh_context
+
+    def __call__(self, *args):
+        with self._mesh_context():
+            return self._jitted(*args)
+
+    def lower(self, *args):
+        with self._mesh_context():
+            return self._jitted.lower(*args)

@@ -1,0 +1,130 @@
+"""Compile for TPUs on this CPU machine, with no chip: what would fail on the chip fails here.
+
+libtpu (installed by the test extra, the version that goes with jaxlib) describes TPU topologies, and
+XLA compiles for their devices the real TPU programs, Pallas kernels included
+(``levanter.trainer.ahead_of_time``). Compiled here, for v5e, v5p and v6e:
+
+- splash attention, forward and backward, in bfloat16 and float32, at the default matmul precision
+  and under "highest" (where Mosaic once refused bfloat16 operands: "Bad lhs type");
+- the blocked cross-entropy of the output layer;
+- the whole training step of a Llama and of an MoE with scanned layers, under every remat policy,
+  sharded fsdp over four chips, each reporting its compiled memory per chip (``record_property``;
+  ``pytest --junitxml`` keeps it) and checked against a count from the config.
+"""
+
+import dataclasses
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from haliax.nn import dot_product_attention
+from haliax.partitioning import make_mesh, use_mesh
+from levanter.models.llama import LlamaConfig
+from levanter.models.loss import fused_next_token_loss
+from levanter.models.moe import MoeConfig
+from levanter.models.transformer import REMAT_POLICIES
+from levanter.optim import AdamConfig
+from levanter.trainer import MeshConfig, TrainerConfig
+from levanter.trainer.ahead_of_time import compile_train_step, tpu_topology_devices
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                       reason="compiling for a TPU without one needs libtpu (pip install '.[test]' installs it)"),
+]
+
+# Four chips of each generation; v5p's topologies are three-dimensional.
+TOPOLOGIES = {"v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+B, T, H, KV, D = 8, 512, 4, 2, 128
+
+
+def sharded(shape, dtype, sharding):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def attention_program(devices, dtype):
+    mesh = make_mesh(data=len(devices), devices=devices)
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+
+    def forward_and_backward(q, k, v, segment_ids):
+        def loss(q, k, v):
+            return jnp.sum(dot_product_attention(q, k, v, segment_ids=segment_ids).astype(jnp.float32))
+
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    args = (sharded((B, T, H, D), dtype, rows), sharded((B, T, KV, D), dtype, rows), sharded((B, T, KV, D), dtype, rows),
+            sharded((B, T), jnp.int32, rows))
+    return mesh, forward_and_backward, args
+
+
+@pytest.mark.parametrize("precision", ["default", "highest"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("generation", sorted(TOPOLOGIES))
+def test_splash_attention_compiles_for_tpus_at_every_precision(generation, dtype, precision, record_property):
+    devices = tpu_topology_devices(TOPOLOGIES[generation])
+    mesh, program, args = attention_program(devices, dtype)
+    with jax.default_matmul_precision(precision), use_mesh(mesh):
+        lowered = jax.jit(program).lower(*args)
+    assert "tpu_custom_call" in lowered.as_text(), "auto did not choose the splash kernel on a TPU mesh"
+    compiled = lowered.compile()
+    memory = compiled.memory_analysis()
+    record_property("temp_bytes", int(memory.temp_size_in_bytes))
+    # The gradients of q, k and v come out per chip, a quarter of the batch of each (plus the
+    # output tuple's few bytes of index).
+    itemsize = jnp.dtype(dtype).itemsize
+    assert memory.output_size_in_bytes == pytest.approx(B // 4 * T * (H + 2 * KV) * D * itemsize, rel=1e-3)
+
+
+def test_the_blocked_loss_compiles_for_a_tpu():
+    """A 128k vocabulary over 4,096 tokens a chip: 2.1 GB of float32 logits per chip if materialised."""
+    devices = tpu_topology_devices(TOPOLOGIES["v5e"])
+    mesh = make_mesh(data=len(devices), devices=devices)
+    rows, whole = NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
+    seq_len, hidden, vocab = 2048, 256, 128_256
+
+    def loss(h, w, tokens, mask):
+        sums = fused_next_token_loss(h, w, tokens, mask, z_loss_weight=1e-4)
+        return sums.loss_sum / sums.weight_sum
+
+    args = (sharded((B, seq_len, hidden), jnp.bfloat16, rows), sharded((hidden, vocab), jnp.bfloat16, whole),
+            sharded((B, seq_len), jnp.int32, rows), sharded((B, seq_len), jnp.float32, rows))
+    with use_mesh(mesh):
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < B // 4 * seq_len * vocab * 4
+
+
+LLAMA = LlamaConfig(hidden_dim=256, intermediate_dim=512, num_layers=2, num_heads=2, num_kv_heads=1, max_seq_len=T, use_scan=True)
+MOE = MoeConfig(hidden_dim=256, intermediate_dim=256, num_layers=2, num_heads=2, num_kv_heads=1, num_experts=4,
+                num_experts_per_token=2, max_seq_len=T, use_scan=True)
+VOCAB = 1024
+
+
+def expected_state_bytes_per_chip(config, chips: int) -> int:
+    """Parameters and AdamW's two moments, float32, sharded over ``chips`` (fsdp): the step's
+    arguments beyond a small remainder (step counter, key, batch)."""
+    return 3 * 4 * config.num_parameters(VOCAB) // chips
+
+
+@pytest.mark.parametrize("remat", REMAT_POLICIES)
+@pytest.mark.parametrize("family", ["llama", "moe"])
+def test_the_training_step_compiles_for_a_v5e_slice_under_every_remat_policy(family, remat, record_property):
+    config = dataclasses.replace(LLAMA if family == "llama" else MOE, remat=remat)
+    devices = tpu_topology_devices(TOPOLOGIES["v5e"])
+    trainer = TrainerConfig(num_train_steps=10, batch_size=B, mesh=MeshConfig(data=1, fsdp=len(devices)))
+    step = compile_train_step(lambda key: config.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1),
+                              seq_len=T, devices=devices)
+    memory = step.memory
+    for name, value in dataclasses.asdict(memory).items():
+        record_property(name, value)
+    assert step.device_kind == "TPU v5 lite" and step.num_devices == 4 and step.mesh["fsdp"] == 4
+    # The state is donated: it comes in and goes out in the same buffers.
+    assert memory.aliased >= 0.99 * expected_state_bytes_per_chip(config, 4)
+    assert memory.arguments == pytest.approx(expected_state_bytes_per_chip(config, 4), rel=0.05)
+    assert 0 < memory.total < 16 * 2**30
+    # fsdp gathers each layer's weights and scatters its gradients: collectives in every layer.
+    assert step.collectives.counts.get("all-gather", 0) >= config.num_layers
+
