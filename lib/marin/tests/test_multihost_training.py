@@ -153,9 +153,9 @@ def runs(inputs, tmp_path_factory):
 # rows; only the order of the sums differs (8 devices and a cross-process all-reduce against one
 # device's loop). The first loss is a mean of B x T = 8 x 64 = 512 token losses, all positive: summed
 # in any order its relative error is at most about log2(512) x eps_f32 = 9 x 1.2e-7 ~ 1.1e-6. Later
-# steps add the updates computed from gradients rounded the same way; AdamW (with clipping) turns a
-# gradient element into a step of about lr x sign, changed by rounding only where the element is
-# itself about zero, which moves the loss at second order. A margin of ten over the first bound
+# steps add the updates computed from gradients rounded the same way; Adam turns a gradient element
+# into a step of about lr x sign (a ratio of moments, blind to a relative error in the gradient),
+# changed by rounding only where the element is itself about zero, which moves the loss at second order. A margin of ten over the first bound
 # holds the whole few-step trajectory; a real difference (a batch row read twice, a shard missed)
 # moves the loss by 1e-3 or more.
 RTOL = 10 * 9 * float(np.finfo(np.float32).eps)
