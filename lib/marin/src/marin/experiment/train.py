@@ -82,7 +82,7 @@ class MeshUsed:
         return self.data * self.fsdp * self.experts * self.model
 
     def describe(self) -> str:
-        axes = f"data={self.data} x fsdp={self.fsdp} x experts={self.experts} x model={self.model}"
+        axes = MeshConfig(data=self.data, fsdp=self.fsdp, experts=self.experts, model=self.model).describe()
         hosts = f" in {self.processes} processes" if self.processes > 1 else ""
         return f"{axes}: {self.devices} device{'s' if self.devices > 1 else ''}{hosts}"
 
