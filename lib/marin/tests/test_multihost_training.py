@@ -29,7 +29,9 @@ from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 6
-RUN_TIMEOUT_S = 420  # four processes compiling at once on a busy 2-core machine take minutes
+RUN_TIMEOUT_S = 240  # four processes compiling at once on a busy 2-core machine take minutes
+# The first test to run waits for the three runs of the module's fixture, each under RUN_TIMEOUT_S.
+pytestmark = pytest.mark.timeout(4 * RUN_TIMEOUT_S + 60)
 KILLED_REPLICA = 2  # not replica 0, whose process also holds jax.distributed's coordinator
 
 # argv: inputs folder, prefix, processes, fsdp. One process with fsdp=1 takes the mesh with_cpu()
@@ -112,22 +114,25 @@ class Run:
             )
 
     def result(self) -> dict:
-        """Wait for the runner (killing it and its jobs past the timeout); what it printed."""
+        """Wait for the runner (killing it and its jobs past the timeout, or whatever stops the wait); what it printed."""
         try:
             self.process.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            pass
         finally:
-            self.stop_jobs()
+            self.end()
         output = self.log.read_text(errors="replace")
         lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
         if self.process.returncode != 0 or not lines:
             pytest.fail(f"the runner exited with {self.process.returncode} (timeout {RUN_TIMEOUT_S}s):\n{output[-6000:]}")
         return json.loads(lines[-1][len("RESULT "):])
 
-    def stop_jobs(self) -> None:
-        """Stop every iris job of this run still going: their supervisors are detached from the runner."""
+    def end(self) -> None:
+        """Kill the runner if it still runs, and stop every iris job of this run still going (their
+        supervisors are detached from the runner)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
         store = JobStore(self.iris_home, create=False)
         for record in store.all():
             if not record.state.finished:
@@ -208,8 +213,7 @@ def _wait_for(predicate, what: str, run: Run, timeout: float = RUN_TIMEOUT_S):
         if run.process.poll() is not None:
             pytest.fail(f"the runner ended before {what}:\n{run.log.read_text(errors='replace')[-6000:]}")
         time.sleep(0.1)
-    run.stop_jobs()
-    os.killpg(run.process.pid, signal.SIGKILL)
+    run.end()
     pytest.fail(f"timed out waiting for {what}")
 
 
@@ -236,9 +240,7 @@ def test_killing_one_of_four_processes_fails_the_attempt_and_iris_reruns_the_gan
         killed_at = time.time()
         result = run.result()
     finally:
-        run.stop_jobs()
-        if run.process.poll() is None:
-            os.killpg(run.process.pid, signal.SIGKILL)
+        run.end()
 
     first, second = list_attempts(result["output"])
     assert first.record.outcome == "FAILED" and first.record.replicas == 4
