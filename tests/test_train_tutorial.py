@@ -4,6 +4,9 @@ setting for a name the tutorial does not read is refused before any step is plan
 
 from pathlib import Path
 
+import pytest
+
+from levanter.trainer.config import MeshConfigError
 from marin import cli
 
 TUTORIAL = str(Path(__file__).resolve().parents[1] / "experiments" / "tutorials" / "train_tiny_model.py")
@@ -45,3 +48,26 @@ def test_a_setting_the_tutorial_never_reads_is_refused_before_any_step_is_planne
     assert "settings were given for trian" in captured.err and "nothing was run" in captured.err
     assert "Dry run" not in captured.out  # refused before the plan, not after the whole script
     assert not prefix.exists()
+
+
+def test_the_tutorial_on_a_tpu_pod_plans_the_hash_it_has_on_the_cpu_and_the_pods_mesh(monkeypatch, tmp_path, capsys):
+    # The same script with only its resources changed: a v5e slice of 256 chips (64 hosts).
+    _offline(monkeypatch, tmp_path)
+    source = Path(TUTORIAL).read_text()
+    assert source.count("resources=ResourceConfig.with_cpu(),") == 1
+    on_a_pod = tmp_path / "train_tiny_model_on_a_pod.py"
+    on_a_pod.write_text(source.replace("resources=ResourceConfig.with_cpu(),",
+                                       'resources=ResourceConfig.with_tpu("v5litepod-256"),'))
+    prefix = str(tmp_path / "prefix")
+    # Every chip on fsdp takes a batch of a multiple of 256 rows.
+    planned = {}
+    for name, script in (("cpu", TUTORIAL), ("pod", str(on_a_pod))):
+        assert cli.main(["run", script, "--dry-run", "--prefix", prefix, "--set", "train.batch_size=256"]) == 0
+        planned[name] = capsys.readouterr().out
+    assert _planned_hashes(planned["cpu"]) == _planned_hashes(planned["pod"])
+    training = {name: next(line for line in out.splitlines() if "checkpoints/marin-nano-tinystories" in line)
+                for name, out in planned.items()}
+    assert training["cpu"].endswith("  mesh 1 device") and training["pod"].endswith("  mesh fsdp=256")
+    # The tutorial's own batch of 4 rows cannot split over 256 chips: refused as the step is declared.
+    with pytest.raises(MeshConfigError, match="batch_size=4 does not split into whole rows over the data x fsdp x experts = 256"):
+        cli.main(["run", str(on_a_pod), "--dry-run", "--prefix", prefix])

@@ -163,6 +163,28 @@ def test_replicas_are_all_or_nothing(store, tmp_path):
     assert len(coordinators) == 1 and coordinators.pop().startswith("c=127.0.0.1:")
 
 
+def test_the_rest_of_a_broken_gang_is_stopped_together_not_one_after_another():
+    # Peers of a dead replica, blocked in a collective with it, each take their whole grace period to
+    # stop: one after the other, a gang of N would take N of them to end. Each stop below returns only
+    # once all three have begun, so stopping them one at a time breaks the barrier instead.
+    import threading
+
+    from iris.supervisor import stop_together
+
+    started = threading.Barrier(3, timeout=TIMEOUT)
+
+    class BlockedReplica:
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def stop(self) -> int:
+            started.wait()
+            return self.code
+
+    assert stop_together([BlockedReplica(-9), BlockedReplica(-15), BlockedReplica(75)]) == [-9, -15, 75]
+    assert stop_together([]) == []
+
+
 def test_a_restarted_iris_lists_earlier_jobs_with_their_final_states(tmp_path):
     home = str(tmp_path / "iris")
 

@@ -1,5 +1,6 @@
 """Two CPU processes (2 devices each) train one model under jax.distributed, each feeding only its
-own rows of every global batch, and match one process training on 4 devices.
+own rows of every global batch, and match one process training on 4 devices; a tree sharded over
+both is gathered whole onto process 0 (how a multi-host run writes its export).
 
 The processes are this file run as a script (``python test_multiprocess_training.py RUN ...``), so
 the worker code lives next to the test that checks it.
@@ -62,13 +63,35 @@ def _train(cache_url: str, output_dir: str) -> None:
     print("RESULT " + json.dumps(report), flush=True)
 
 
+def _gather() -> None:
+    """One process's part of gathering a sharded tree onto process 0 (the Hugging Face export's way)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from levanter.distributed import gathered_on_process_0, initialize_distributed, wait_for_every_process
+
+    initialize_distributed()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",))
+    whole = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    sharded = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, PartitionSpec("fsdp")), lambda i: whole[i])
+    replicated = jax.device_put(np.ones(2, np.float32), NamedSharding(mesh, PartitionSpec()))
+    gathered = gathered_on_process_0({"sharded": sharded, "replicated": replicated, "static": "kept"})
+    wait_for_every_process("test: gathered")
+    report = None if gathered is None else {"sharded": np.asarray(gathered["sharded"]).tolist(),
+                                            "replicated": np.asarray(gathered["replicated"]).tolist(),
+                                            "static": gathered["static"]}
+    print("RESULT " + json.dumps({"process_index": jax.process_index(), "gathered": report}), flush=True)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _spawn(cache_url: str, output_dir: Path, devices: int, extra_env: dict[str, str], log: Path) -> subprocess.Popen:
+def _spawn(cache_url: str, output_dir: Path, devices: int, extra_env: dict[str, str], log: Path,
+           mode: str = "RUN") -> subprocess.Popen:
     env = {
         key: value
         for key, value in os.environ.items()
@@ -85,7 +108,7 @@ def _spawn(cache_url: str, output_dir: Path, devices: int, extra_env: dict[str, 
     )
     # Output to a file, not a pipe: nobody reads a pipe while we wait on all processes together.
     with open(log, "w") as handle:
-        return subprocess.Popen([sys.executable, __file__, "RUN", cache_url, str(output_dir)], env=env,
+        return subprocess.Popen([sys.executable, __file__, mode, cache_url, str(output_dir)], env=env,
                                 stdout=handle, stderr=subprocess.STDOUT)
 
 
@@ -172,6 +195,21 @@ def test_two_processes_train_together_like_one_process_on_four_devices(token_cac
     assert (tmp_path / "replicas" / "metrics.process-1.jsonl").exists()
 
 
+@pytest.mark.slow
+def test_a_sharded_tree_is_gathered_whole_on_process_0_only(tmp_path):
+    port = _free_port()
+    replica_env = {"IRIS_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "IRIS_NUM_REPLICAS": "2"}
+    processes = {}
+    for index in range(2):
+        log = tmp_path / f"gather-{index}.log"
+        processes[f"replica {index}"] = (_spawn("-", tmp_path, 2, {**replica_env, "IRIS_REPLICA_INDEX": str(index)}, log,
+                                                mode="GATHER"), log)
+    results = _collect(processes)
+    expected = np.arange(8 * 3, dtype=np.float32).reshape(8, 3).tolist()
+    assert results["replica 0"]["gathered"] == {"sharded": expected, "replicated": [1.0, 1.0], "static": "kept"}
+    assert results["replica 1"]["gathered"] is None
+
+
 def test_environment_settings_are_read_and_checked():
     from levanter.distributed import DistributedConfig, DistributedConfigError, distributed_config_from_env
 
@@ -210,3 +248,5 @@ def test_joining_after_jax_started_its_devices_is_refused_with_advice(monkeypatc
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "RUN":
     _train(sys.argv[2], sys.argv[3])
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "GATHER":
+    _gather()

@@ -410,6 +410,22 @@ def test_sft_whose_replies_lie_past_every_window_is_refused_before_training(word
     assert not (Path(runner.output_path_for(model)) / "metrics.jsonl").exists()
 
 
+def test_sft_takes_a_mesh_and_refuses_one_its_batch_does_not_split_over(word_tokenizers, tmp_path):
+    from fray.cluster import ResourceConfig
+    from levanter.trainer import MeshConfig
+    from levanter.trainer.config import MeshConfigError
+
+    source = _write_jsonl(tmp_path / "chats.jsonl", [MULTI_TURN] * 4)
+    data = chat_dataset("chat/multi", source=str(source), tokenizer=str(word_tokenizers["header"]))
+    args = dict(model=TINY, datasets={data: 1.0}, batch_size=2, seq_len=16, num_train_steps=2)
+    on_cpu = sft("checkpoints/multi-sft", **args)
+    on_gpus = sft("checkpoints/multi-sft", **args, resources=ResourceConfig.with_gpu("H100", 2), mesh=MeshConfig(data=2))
+    assert on_cpu.identity == on_gpus.identity
+    assert on_gpus.annotations["mesh"] == {"data": 2, "fsdp": 1, "experts": 1, "model": 1}
+    with pytest.raises(MeshConfigError, match="batch_size=2 does not split into whole rows over the data x fsdp x experts = 4"):
+        sft("checkpoints/multi-sft", **args, mesh=MeshConfig(data=1, fsdp=4))
+
+
 def test_sft_can_refuse_conversations_cut_by_the_windows(word_tokenizers, tmp_path):
     source = _write_jsonl(tmp_path / "chats.jsonl", [MULTI_TURN] * 40)
     data = chat_dataset("chat/multi", source=str(source), tokenizer=str(word_tokenizers["header"]))

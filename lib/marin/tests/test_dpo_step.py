@@ -15,6 +15,8 @@ from levanter.lora import LoraConfig
 from levanter.models.llama import LlamaConfig
 from levanter.optim import AdamConfig
 from levanter.tokenization import load_tokenizer, save_tokenizer, train_bpe_tokenizer
+from levanter.trainer import MeshConfig
+from levanter.trainer.config import MeshConfigError
 from levanter.trainer.tracker import read_metrics
 from marin.execution.artifact import load_artifact
 from marin.execution.step_runner import StepRunner
@@ -89,6 +91,12 @@ def test_preference_data_is_refused_by_train_lm_and_sft_and_dpo_refuses_other_da
     with pytest.raises(TrainConfigError, match="even batch_size"):
         dpo("checkpoints/z", initialize_from=str(setup["base"]), model=TINY, datasets={setup["pairs"]: 1.0},
             batch_size=7, seq_len=64, num_train_steps=1)
+    # A mesh, like any placement, is checked when declared and leaves the identity alone.
+    args = dict(initialize_from=str(setup["base"]), model=TINY, datasets={setup["pairs"]: 1.0}, batch_size=8, seq_len=64,
+                num_train_steps=1)
+    with pytest.raises(MeshConfigError, match="batch_size=8 does not split into whole rows over the data x fsdp x experts = 16"):
+        dpo("checkpoints/z", mesh=MeshConfig(data=1, fsdp=16), **args)
+    assert dpo("checkpoints/z", mesh=MeshConfig(data=1, fsdp=8), **args).identity == dpo("checkpoints/z", **args).identity
 
 
 def test_a_dpo_lora_run_from_a_hugging_face_folder_starts_at_log_two_and_exports_merged_and_adapter(setup):

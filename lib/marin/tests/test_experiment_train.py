@@ -13,9 +13,10 @@ from levanter.models.llama import LlamaConfig
 from levanter.optim import AdamConfig
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 from marin.execution.artifact import load_artifact
+from marin.execution.executor_files import read_info
 from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
-from marin.experiment.train import TrainConfigError, TrainedModel, train_lm
+from marin.experiment.train import MeshUsed, TrainConfigError, TrainedModel, train_lm
 
 TINY = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=128)
 
@@ -117,6 +118,10 @@ def test_training_step_writes_checkpoints_metrics_export_and_artifact(first_run)
     assert steps == list(range(1, 7))
     assert len(result.samples) == 1 and result.samples[0].startswith("Once upon a time")
     assert result.datasets[0].builtin_source is False and result.builtin_tokenizer is False
+    # The mesh: the one with_cpu() gives in the step's record of what ran, the one that ran in its result.
+    assert read_info(out)["annotations"]["mesh"] == {"data": 1, "fsdp": 1, "experts": 1, "model": 1}
+    assert result.mesh == MeshUsed(data=1, fsdp=1, experts=1, model=1, processes=1)
+    assert "  mesh:        data=1 x fsdp=1 x experts=1 x model=1: 1 device" in result.summary()
 
 
 def test_rerun_is_cached_and_still_prints_the_summary(first_run, capsys):
@@ -139,10 +144,20 @@ def test_changing_num_train_steps_retrains_without_retokenizing(first_run, input
 def test_placement_does_not_change_identity(inputs):
     from fray.cluster import ResourceConfig
 
+    from levanter.trainer import MeshConfig
+
     _, on_cpu = _model(inputs, steps=6)
     _, on_gpu = _model(inputs, steps=6, resources=ResourceConfig.with_gpu("H100", 8), steps_per_checkpoint=2)
+    # Two slices of four chips, then the same with tensor parallelism over the model's two heads.
+    _, on_a_pod = _model(inputs, steps=6, resources=ResourceConfig.with_tpu("v5litepod-4", slice_count=2))
+    _, tensor_parallel = _model(inputs, steps=6, resources=ResourceConfig.with_tpu("v5litepod-4", slice_count=2),
+                                mesh=MeshConfig(data=2, fsdp=2, model=2))
     runner = StepRunner(prefix="/tmp/unused-prefix")
-    assert runner.output_path_for(on_cpu) == runner.output_path_for(on_gpu)
+    assert {runner.output_path_for(step) for step in (on_cpu, on_gpu, on_a_pod, tensor_parallel)} == {runner.output_path_for(on_cpu)}
+    # What does change: the mesh each one trains on.
+    assert [step.annotations["mesh"] for step in (on_cpu, on_gpu, on_a_pod, tensor_parallel)] == [
+        {"data": 1, "fsdp": 1, "experts": 1, "model": 1}, {"data": 1, "fsdp": 8, "experts": 1, "model": 1},
+        {"data": 2, "fsdp": 4, "experts": 1, "model": 1}, {"data": 2, "fsdp": 2, "experts": 1, "model": 2}]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 from levanter.models.llama import LlamaConfig
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 from levanter.tokenization.loading import TokenizerNotFoundError
+from levanter.trainer import MeshConfig
 from marin import cli
 from marin.datasets.sources import SourceUnavailableError
 from marin.execution.executor_files import read_status
@@ -84,8 +85,10 @@ def test_batch_size_the_devices_do_not_divide_fails_once_naming_step_and_folder(
     if devices < 2:
         pytest.skip("needs several (simulated) devices")
     data = tokenized("tokenized/small", str(small_inputs / "train.jsonl"), str(small_inputs / "tokenizer"))
+    # data=-1: every device this machine has, a number only the run knows (the CPU's are simulated),
+    # so the mismatch is found when the step runs, not when it is declared.
     model = train_lm("checkpoints/odd-batch", model=TINY, datasets={data: 1.0}, batch_size=devices + 1, seq_len=32,
-                     num_train_steps=1, num_samples=0)
+                     num_train_steps=1, num_samples=0, mesh=MeshConfig(data=-1))
     caplog.set_level(logging.INFO)
     with pytest.raises(StepRunFailed) as caught:
         StepRunner(prefix=str(tmp_path)).run([model])

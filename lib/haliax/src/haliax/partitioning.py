@@ -90,8 +90,33 @@ def make_mesh(
             f"Mesh data={sizes[0]} x fsdp={sizes[1]} x experts={sizes[2]} x model={sizes[3]} needs "
             f"{int(np.prod(sizes))} devices, but {len(devices)} are available. Pass -1 for one axis to use all devices."
         )
-    grid = np.array(devices).reshape(sizes)
-    return Mesh(grid, MESH_AXES)
+    return Mesh(device_grid(devices, sizes), MESH_AXES)
+
+
+def device_grid(devices: Sequence[jax.Device], sizes: Sequence[int]) -> np.ndarray:
+    """``devices`` laid out in an array of shape ``sizes`` (the mesh axes in :data:`MESH_AXES` order).
+
+    On TPUs, JAX's ``mesh_utils`` chooses the layout: neighbours in the chips' physical torus sit
+    next to each other along every mesh axis, and when the devices span several slices, the
+    slices split the outermost (``data``) axis, so that only data parallelism crosses the
+    data-centre network between slices. Elsewhere (CPU, GPU) the devices keep the order given.
+    """
+    devices = list(devices)
+    if devices[0].platform != "tpu":
+        return np.array(devices).reshape(sizes)
+    from jax.experimental import mesh_utils
+
+    slices = len({getattr(device, "slice_index", 0) for device in devices})
+    if slices > 1:
+        if sizes[0] % slices:
+            raise PartitioningError(
+                f"The devices span {slices} TPU slices, which must split the data axis (data={sizes[0]}) so that "
+                f"only data parallelism crosses the network between them; make data a multiple of {slices}."
+            )
+        within = [sizes[0] // slices, *sizes[1:]]
+        across = [slices] + [1] * (len(sizes) - 1)
+        return mesh_utils.create_hybrid_device_mesh(within, across, devices, allow_split_physical_axes=True)
+    return mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
 
 
 def partition_spec(axes: Axes | Sequence[str | None], shape: Sequence[int] | None, mesh: Mesh, rules: AxisRules) -> PartitionSpec:

@@ -19,6 +19,10 @@ The settings come from the environment; for each, the iris name wins over JAX's 
 One process (no variables, or a count of 1) needs nothing and nothing is done. On Cloud TPU and
 under SLURM, JAX finds these settings on its own; set ``LEVANTER_JAX_DISTRIBUTED=auto`` there to
 call ``jax.distributed.initialize()`` without arguments.
+
+Writing what the processes trained together (a Hugging Face export) is one process's job:
+:func:`gathered_on_process_0` brings each array whole to process 0, and :func:`wait_for_every_process`
+holds the others until it has written.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 
@@ -172,3 +177,33 @@ def _backend_started() -> bool:
 def _platforms_include_cpu() -> bool:
     platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
     return not platforms or "cpu" in platforms
+
+
+def gathered_on_process_0(tree: Any) -> Any:
+    """``tree`` with every array whole on this host, on process 0; ``None`` on the other processes.
+
+    In a multi-process run each process holds only its own shards of a sharded array. Every process
+    must call this, in the same order as the others (each array is gathered by a collective), and
+    only process 0 keeps what was gathered, so the others hold no more than one array at a time.
+    With one process, ``tree`` as it is.
+    """
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    keep = jax.process_index() == 0
+    leaves, structure = jax.tree.flatten(tree)
+    gathered = []
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            leaf = multihost_utils.process_allgather(leaf, tiled=True)
+        gathered.append(leaf if keep else None)
+    return jax.tree.unflatten(structure, gathered) if keep else None
+
+
+def wait_for_every_process(name: str) -> None:
+    """Return once every process of the run has reached the point called ``name`` (at once with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

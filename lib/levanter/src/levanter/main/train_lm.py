@@ -30,7 +30,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import equinox as eqx
@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from rigging import filesystem as fsx
 
+from levanter.distributed import gathered_on_process_0, wait_for_every_process
 from levanter.errors import LevanterError
 from levanter.lora import (
     LoraConfig,
@@ -153,6 +154,10 @@ class TrainLmResult:
     eval_path: str
     hf_path: str | None
     adapter_path: str | None = None  # under LoRA: the PEFT adapter folder
+    # The mesh the run trained on, each axis's size by name (data, fsdp, experts, model), and the
+    # number of processes (hosts) that fed it.
+    mesh: dict[str, int] = field(default_factory=dict)
+    process_count: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -181,15 +186,41 @@ def _write_json_atomically(path: str, record: dict[str, Any]) -> None:
     fsx.atomic_write(path, json.dumps(record, indent=2))
 
 
-def _export_hf(model, out_dir: str, tokenizer: str | None) -> str | None:
+def _export(model: Any, out: str, config: TrainLmConfig) -> tuple[str | None, str | None]:
+    """Write ``hf/`` (and, under LoRA, ``hf-adapter/``) from process 0; the folders, on every process.
+
+    Every process takes part in gathering the weights (:func:`gathered_on_process_0`) and waits
+    until process 0 has written them, so that any process may read them next.
+    """
+    merged = merge_lora(model) if config.lora is not None else model
+    hf_path = fsx.join(out, "hf") if _has_hf_family(merged) else None
+    adapter_path = fsx.join(out, "hf-adapter") if config.lora is not None and hf_path is not None else None
+    whole = gathered_on_process_0((merged, model if adapter_path is not None else None))
+    if whole is not None:
+        if hf_path is not None:
+            _export_hf(whole[0], hf_path, config.tokenizer)
+        if adapter_path is not None:
+            base = config.initialize_from.path if config.initialize_from is not None else "random initialisation"
+            export_peft_adapter(whole[1], adapter_path, base_model_name_or_path=base)
+    wait_for_every_process("levanter.main.train_lm: the export is written")
+    return hf_path, adapter_path
+
+
+def _has_hf_family(model: Any) -> bool:
     try:
-        from levanter.compat.hf_checkpoints import export_to_hf, family_of_model
+        from levanter.compat.hf_checkpoints import family_of_model
     except ImportError:
         logger.warning("Hugging Face export unavailable (levanter.compat.hf_checkpoints missing); skipped.")
-        return None
+        return False
     if family_of_model(model) is None:
         logger.info("No Hugging Face export for %s models; skipped.", type(model).__name__)
-        return None
+        return False
+    return True
+
+
+def _export_hf(model, out_dir: str, tokenizer: str | None) -> str:
+    from levanter.compat.hf_checkpoints import export_to_hf
+
     tokenizer_arg: Any = tokenizer
     if tokenizer is not None and _is_file(tokenizer):
         from tokenizers import Tokenizer
@@ -261,11 +292,7 @@ def train_lm(
     trainer.raise_if_abandoned(result.final_step)
     hf_path = adapter_path = None
     if config.export_hf:
-        merged = merge_lora(result.model) if config.lora is not None else result.model
-        hf_path = _export_hf(merged, fsx.join(out, "hf"), config.tokenizer)
-        if config.lora is not None and hf_path is not None:
-            base = config.initialize_from.path if config.initialize_from is not None else "random initialisation"
-            adapter_path = export_peft_adapter(result.model, fsx.join(out, "hf-adapter"), base_model_name_or_path=base)
+        hf_path, adapter_path = _export(result.model, out, config)
     trainer.checkpointer.close()
     return TrainLmResult(
         final_step=result.final_step,
@@ -278,6 +305,8 @@ def train_lm(
         eval_path=eval_path,
         hf_path=hf_path,
         adapter_path=adapter_path,
+        mesh={axis: int(size) for axis, size in trainer.mesh.shape.items()},
+        process_count=jax.process_count(),
     )
 
 

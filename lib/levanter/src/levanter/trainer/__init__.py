@@ -2,7 +2,7 @@
 and checkpoints that resume to the same trajectory."""
 
 from levanter.trainer.checkpoint import CheckpointError, Checkpointer
-from levanter.trainer.config import MeshConfig, ProfileConfig, TrainerConfig, TrainerConfigError
+from levanter.trainer.config import MeshConfig, MeshConfigError, ProfileConfig, TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError
 from levanter.trainer.evaluation import EvalSources
 from levanter.trainer.hardware import model_flops_utilization, peak_flops_per_device
@@ -26,6 +26,7 @@ __all__ = [
     "DataSourceError",
     "EvalSources",
     "MeshConfig",
+    "MeshConfigError",
     "NonFiniteLossError",
     "ProfileConfig",
     "StopAction",

@@ -23,11 +23,19 @@ class TrainerConfigError(LevanterError, ValueError):
     """Trainer settings that contradict each other or the hardware."""
 
 
+class MeshConfigError(TrainerConfigError):
+    """A device mesh that does not fit its devices, its batch, or its model's heads or experts."""
+
+
 # Field metadata of the settings that decide the trained weights (see the module's docstring).
 HASHED = {"hashed": True}
 # The same, for settings added after runs were identified by these hashes: left out of
 # hashed_settings() while they hold their default, so those runs keep their identities.
 HASHED_WHEN_SET = {"hashed": True, "omit_when_default": True}
+
+
+# The mesh axes that split a batch's rows: experts is a data axis for everything but the experts.
+BATCH_AXES = ("data", "fsdp", "experts")
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,24 @@ class MeshConfig:
     fsdp: int = 1
     model: int = 1
     experts: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = self.sizes()
+        bad = [f"{axis}={size!r}" for axis, size in sizes.items()
+               if isinstance(size, bool) or not isinstance(size, int) or not (size >= 1 or size == -1)]
+        if bad:
+            raise MeshConfigError(f"Mesh axis sizes must be positive integers (or -1 for one axis); got {', '.join(bad)}.")
+        if list(sizes.values()).count(-1) > 1:
+            hint = " (data is -1 unless given: MeshConfig(data=1, ...))" if self.data == -1 else ""
+            raise MeshConfigError(f"At most one mesh axis may be -1 (the remaining devices); got {self.describe()}{hint}.")
+
+    def sizes(self) -> dict[str, int]:
+        """Each axis's size by name, in the order the mesh lays them out (the outermost first)."""
+        return {"data": self.data, "fsdp": self.fsdp, "experts": self.experts, "model": self.model}
+
+    def describe(self) -> str:
+        """``data=1 x fsdp=256 x experts=1 x model=1``: the sizes, as messages and records write them."""
+        return " x ".join(f"{axis}={size}" for axis, size in self.sizes().items())
 
 
 @dataclass(frozen=True)

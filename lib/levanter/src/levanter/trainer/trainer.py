@@ -34,7 +34,7 @@ from levanter.data.batch import Batch
 from levanter.distributed import initialize_distributed
 from levanter.optim import OptimizerConfig
 from levanter.trainer.checkpoint import Checkpointer
-from levanter.trainer.config import TrainerConfig, TrainerConfigError
+from levanter.trainer.config import BATCH_AXES, MeshConfig, MeshConfigError, TrainerConfig, TrainerConfigError
 from levanter.trainer.data_feed import DataSourceError, Prefetcher
 from levanter.trainer.evaluation import EvalSources, eval_hook, evaluate_sets
 from levanter.trainer.hardware import peak_flops_per_device
@@ -166,35 +166,21 @@ class Trainer:
     def _build_mesh(self):
         from haliax.partitioning import make_mesh
 
-        m = self.config.mesh
-        sizes = (m.data, m.fsdp, m.experts, m.model)
-        devices = jax.devices()
-        if -1 not in sizes:
-            needed = int(np.prod(sizes))
-            if needed > len(devices):
-                raise TrainerConfigError(
-                    f"Mesh data={m.data} x fsdp={m.fsdp} x experts={m.experts} x model={m.model} needs {needed} devices; "
-                    f"only {len(devices)} are visible."
-                )
-            devices = devices[:needed]
-        return make_mesh(data=m.data, fsdp=m.fsdp, model=m.model, experts=m.experts, devices=devices)
-
-    # The mesh axes that split a batch's rows: the experts axis is a data axis for all but the experts.
-    BATCH_AXES = ("data", "fsdp", "experts")
+        return make_mesh(**self.config.mesh.sizes(), devices=mesh_devices(jax.devices(), self.config.mesh))
 
     @property
     def batch_parallelism(self) -> int:
-        return int(np.prod([self.mesh.shape[axis] for axis in self.BATCH_AXES]))
+        return int(np.prod([self.mesh.shape[axis] for axis in BATCH_AXES]))
 
     def _batch_sharding(self) -> NamedSharding:
         rows = self.config.microbatch_size or self.config.batch_size
         if rows % self.batch_parallelism:
-            axes = " x ".join(a for a in self.BATCH_AXES if a != "experts" or self.mesh.shape[a] > 1)
+            axes = " x ".join(a for a in BATCH_AXES if a != "experts" or self.mesh.shape[a] > 1)
             raise TrainerConfigError(
                 f"Each (micro)batch of {rows} rows must split evenly over {axes} = "
                 f"{self.batch_parallelism} devices; change batch_size/microbatch_size or the mesh."
             )
-        return NamedSharding(self.mesh, PartitionSpec(self.BATCH_AXES, None))
+        return NamedSharding(self.mesh, PartitionSpec(BATCH_AXES, None))
 
     def _mesh_context(self):
         from haliax.partitioning import use_mesh
@@ -524,3 +510,26 @@ def _last_logged_loss(metrics_path: str) -> float | None:
 
     losses = [r["loss"] for r in read_metrics(metrics_path) if r.get("loss") is not None]
     return losses[-1] if losses else None
+
+
+def mesh_devices(devices: list[jax.Device], mesh: MeshConfig) -> list[jax.Device]:
+    """The devices ``mesh`` runs on: all of them when an axis is -1, else as many as it has, the
+    first ones of each process, as many from each.
+
+    Every process feeds its own rows of each batch to its own devices, so each must hold an equal
+    share of the mesh; one process's devices alone would leave the others nothing to feed.
+    """
+    sizes = mesh.sizes().values()
+    if -1 in sizes:
+        return devices
+    needed = int(np.prod(list(sizes)))
+    if needed > len(devices):
+        raise MeshConfigError(f"Mesh {mesh.describe()} needs {needed} devices; only {len(devices)} are visible.")
+    processes = sorted({device.process_index for device in devices})
+    if needed % len(processes):
+        raise MeshConfigError(
+            f"Mesh {mesh.describe()} has {needed} devices, which do not spread evenly over the {len(processes)} "
+            f"processes of this run; make it a multiple of {len(processes)}."
+        )
+    share = needed // len(processes)
+    return [device for process in processes for device in [d for d in devices if d.process_index == process][:share]]

@@ -156,7 +156,7 @@ def _print_dry_run_line(item: PlannedStep, outcome: Outcome, report: RunReport) 
     spec = item.spec
     flops = planned_flops(spec)
     compute = f"  {flops:9.2e} FLOPs{_size_and_data(spec)}" if flops is not None else ""
-    print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}{compute}")
+    print(f"  {_DRY_RUN_LABELS[outcome]:<18} {spec.short_hash}  {spec.name:<40} {item.output_path}{compute}{_mesh(spec)}")
     report.outcomes.append(item.outcome(outcome))
 
 
@@ -169,6 +169,16 @@ def _size_and_data(spec: StepSpec) -> str:
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (params, tokens)):
         return ""
     return f"  N {params:.2g}  D {tokens:.2g}"
+
+
+def _mesh(spec: StepSpec) -> str:
+    """``  mesh data=2 x fsdp=256`` for a step that declares the device mesh it runs on (training
+    steps do), naming the axes larger than one; -1 is an axis that takes the devices there are."""
+    mesh = spec.annotations.get("mesh")
+    if not isinstance(mesh, Mapping):
+        return ""
+    shown = [f"{axis}={size}" for axis, size in mesh.items() if size != 1]
+    return "  mesh " + (" x ".join(shown) if shown else "1 device")
 
 
 def planned_flops(spec: StepSpec) -> float | None:

@@ -110,7 +110,7 @@ def train_sweep(
         arguments["model"] = _model(arguments.get("model"), models)
         arguments["optimizer"] = _optimizer(arguments.get("optimizer"), shared.get("optimizer"))
         step = train_lm(f"{name}/{label}", **arguments)
-        annotations = {"sweep": {"name": name, "label": label, "setting": _plain(setting)}}
+        annotations = {**step.annotations, "sweep": {"name": name, "label": label, "setting": _plain(setting)}}
         flops = _planned_flops(arguments, vocab_size)
         if flops is not None:
             annotations["flops"] = flops
@@ -256,6 +256,7 @@ def isoflop_sweep(
         step = train_lm(f"{name}/{budget_label(point.budget)}/{point.model_label}", model=point.model,
                         batch_size=batch_size, seq_len=seq_len, num_train_steps=point.num_train_steps, **shared)
         annotations = {
+            **step.annotations,
             "flops": point.flops,
             "sweep": {"name": name, "kind": "isoflop", "budget": point.budget, "model": point.model_label,
                       "params": point.params, "tokens": point.tokens, "flops_per_token": point.flops_per_token},

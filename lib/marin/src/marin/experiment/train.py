@@ -3,8 +3,10 @@
 The handle depends on its datasets' tokenize handles. Its identity covers what determines the
 trained weights: the model config, the optimizer config, the data mixture (through the datasets'
 identities and their weights), batch size, sequence length, number of steps, seed and numerics.
-Where it runs (``resources``), how often it checkpoints or logs, whether it is profiled, and where
-it writes are placement and never enter the hash. A run started from existing weights
+Where it runs (``resources``, and the device mesh they give, :mod:`levanter.trainer.mesh_choice`),
+how often it checkpoints or logs, whether it is profiled, and where it writes are placement and
+never enter the hash; the mesh is kept in the step's annotations (``.executor_info``) and the mesh
+that ran in its artifact. A run started from existing weights
 (``initialize_from=``) also depends on their identity (:mod:`marin.experiment.initial_weights`);
 a run without them hashes exactly as before. So do ``lora=`` (train adapters, export the merged
 model to ``hf/`` and the adapters to ``hf-adapter/``) and ``dpo=`` (preference training, declared
@@ -30,7 +32,8 @@ from fray.cluster import ResourceConfig
 from levanter.lora import LoraConfig
 from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.trainer.dpo import DpoConfig
-from levanter.trainer import ProfileConfig, TrainerConfig
+from levanter.trainer import MeshConfig, ProfileConfig, TrainerConfig
+from levanter.trainer.mesh_choice import choose_mesh
 from marin.evaluation.harness import HarnessConfigError, HarnessResults, HarnessSettings, include_path_identity, lm_eval_version
 from marin.evaluation.tasks import TASKS_DIR
 from marin.execution.artifact import register_result_type
@@ -64,6 +67,26 @@ class DatasetUsed:
     validation_tokens: int | None
 
 
+@dataclass(frozen=True)
+class MeshUsed:
+    """The device mesh a run trained on: each axis's size, and the processes (hosts) that fed it."""
+
+    data: int
+    fsdp: int
+    experts: int
+    model: int
+    processes: int
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.fsdp * self.experts * self.model
+
+    def describe(self) -> str:
+        axes = MeshConfig(data=self.data, fsdp=self.fsdp, experts=self.experts, model=self.model).describe()
+        hosts = f" in {self.processes} processes" if self.processes > 1 else ""
+        return f"{axes}: {self.devices} device{'s' if self.devices > 1 else ''}{hosts}"
+
+
 @register_result_type
 @dataclass(frozen=True)
 class TrainedModel:
@@ -93,6 +116,7 @@ class TrainedModel:
     # Training FLOPs per token by the model's own count (forward and backward, at this seq_len and
     # vocabulary); None for records made before it was kept, and for models that do not count them.
     flops_per_token: float | None = None
+    mesh: MeshUsed | None = None  # None for records made before it was kept
 
     @property
     def training_flops(self) -> float | None:
@@ -111,6 +135,8 @@ class TrainedModel:
             lines.append(f"  started from: {self.initialized_from}")
         tok_origin = "BUILT-IN OFFLINE tokenizer trained by this project" if self.builtin_tokenizer else "tokenizer"
         lines.append(f"  tokenizer:   {tok_origin} at {self.tokenizer} (vocab {self.vocab_size:,})")
+        if self.mesh is not None:
+            lines.append(f"  mesh:        {self.mesh.describe()}")
         loss = "n/a" if self.final_train_loss is None else f"{self.final_train_loss:.3f}"
         lines.append(f"  train loss:  {loss}")
         for name, value in self.validation_losses.items():
@@ -138,6 +164,7 @@ def train_lm(
     optimizer: OptimizerConfig | None = None,
     version: str | None = None,
     resources: ResourceConfig | None = None,
+    mesh: MeshConfig | None = None,
     seed: int = 0,
     microbatch_size: int | None = None,
     z_loss_weight: float = 0.0,
@@ -160,7 +187,11 @@ def train_lm(
 ) -> LazyStep:
     """A lazy handle that trains ``model`` on the weighted mixture ``datasets`` (``{tokenized handle: weight}``).
 
-    ``resources`` defaults to the local CPU. ``profile=ProfileConfig(start_step, num_steps)``
+    ``resources`` defaults to the local CPU; the device mesh comes from them (every chip of a TPU
+    slice on fsdp, slices on data; see :mod:`levanter.trainer.mesh_choice`) unless ``mesh=MeshConfig(
+    data=..., fsdp=..., model=..., experts=...)`` names one. Either is checked here against the
+    devices, the batch and the model's heads and experts (``MeshConfigError``), and neither enters
+    the hash. ``profile=ProfileConfig(start_step, num_steps)``
     writes a ``jax.profiler`` trace of those steps to ``<output>/profile/`` (docs/training.md).
     ``initialize_from`` starts from existing weights instead of random ones: another ``train_lm``
     handle, a Hugging Face folder or model id, or a checkpoint folder; ``model`` may then be left
@@ -196,6 +227,7 @@ def train_lm(
         raise TrainConfigError("A LoRA run trains new adapters: there is no optimizer state to resume; drop resume_optimizer.")
     if initial is not None:
         initial.check_fits(model, optimizer)
+    mesh = choose_mesh(resources, model, batch_size, microbatch_size=microbatch_size, mesh=mesh)
     trainer = TrainerConfig(
         num_train_steps=num_train_steps,
         batch_size=batch_size,
@@ -208,6 +240,7 @@ def train_lm(
         minutes_per_checkpoint=minutes_per_checkpoint,
         trackers=tuple(trackers),
         profile=profile,
+        mesh=mesh,
     )
     harness = _harness_settings(evals, eval_harness_every, eval_harness_limit, compute_dtype, seed)
     weights = {handle: float(weight) for handle, weight in datasets.items()}
@@ -246,6 +279,8 @@ def train_lm(
         version=version,
         resources=resources,
         output_path=output_path,
+        # Placement, beside the resources it comes from: recorded in .executor_info, shown by a dry run.
+        annotations={"mesh": mesh.sizes()},
     )
 
 
@@ -365,6 +400,7 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         adapter_path=training.adapter_path,
         harness=run.harness,
         flops_per_token=flops_per_token_of(request.model, first.vocab_size, request.seq_len),
+        mesh=MeshUsed(**training.mesh, processes=training.process_count) if training.mesh else None,
     )
 
 

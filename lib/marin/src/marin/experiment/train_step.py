@@ -129,7 +129,8 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
         model_evaluations=[harness.model_evaluation(request.harness_every)] if harness is not None else (),
     )
     seconds = time.perf_counter() - started
-    samples = sample_texts(training.hf_path, first.tokenizer_source, request.num_samples)
+    # The step's result is process 0's (iris's replica 0); the other hosts of a multi-host run skip the sampling.
+    samples = sample_texts(training.hf_path, first.tokenizer_source, request.num_samples) if jax.process_index() == 0 else []
     return TrainingRun(datasets=datasets, training=training, seconds=seconds, samples=samples,
                        harness=harness.latest if harness is not None else None)
 
