@@ -14,6 +14,7 @@ XLA compiles for their devices the real TPU programs, Pallas kernels included
 
 import dataclasses
 import importlib.util
+import re
 
 import jax
 import jax.numpy as jnp
@@ -128,3 +129,25 @@ def test_the_training_step_compiles_for_a_v5e_slice_under_every_remat_policy(fam
     # fsdp gathers each layer's weights and scatters its gradients: collectives in every layer.
     assert step.collectives.counts.get("all-gather", 0) >= config.num_layers
 
+
+
+def forward_attention_kernels(compiled) -> int:
+    """How many splash forward kernels the compiled program runs per layer (the scan's body holds one
+    layer): once for the forward pass, and once more in the backward where the layer is recomputed."""
+    return len(re.findall(r"^\s*%splash_mha_fwd\S* = .* custom-call\(", compiled.as_text(), flags=re.MULTILINE))
+
+
+def test_save_attention_keeps_the_backward_from_rerunning_the_attention_kernel_on_one_chip():
+    """On one chip the policy reaches inside the kernel, which names its residuals: the backward
+    reads them instead of recomputing the attention, so the forward kernel runs once, not twice.
+    (Under a mesh of several chips the kernel runs inside a per-shard map whose residuals the policy
+    does not see: there "save_attention" is "full".)"""
+    devices = tpu_topology_devices(TOPOLOGIES["v5e"])[:1]
+    trainer = TrainerConfig(num_train_steps=10, batch_size=B // 4, mesh=MeshConfig(data=1))
+    kernels = {}
+    for remat in ("full", "save_attention"):
+        config = dataclasses.replace(LLAMA, remat=remat)
+        step = compile_train_step(lambda key, config=config: config.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1),
+                                  seq_len=T, devices=devices)
+        kernels[remat] = forward_attention_kernels(step.compiled)
+    assert kernels == {"full": 2, "save_attention": 1}

@@ -66,6 +66,8 @@ def test_remat_lowers_the_activation_memory_of_a_gradient():
     # while attention scores and elementwise results are recomputed.
     assert temp["full"] < temp["save_matmuls"] < temp["none"], temp
     assert temp["full"] < 0.5 * temp["none"], temp
+    # Off a TPU attention is not the splash kernel, so there is nothing more for it to keep.
+    assert temp["save_attention"] == temp["full"], temp
 
 
 def test_unknown_policy_is_refused_naming_the_choices():
