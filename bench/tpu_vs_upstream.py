@@ -1,13 +1,14 @@
 """Ours and upstream Levanter training Llama on the accelerator, shape by shape, each side in a process of its own.
 
     python bench/tpu_vs_upstream.py --upstream-python python3 --upstream-path /tmp/upstream-site
-    python bench/tpu_vs_upstream.py ... --shapes llama_150m:16,llama_600m:8:save_matmuls,llama_600m:16::4
+    python bench/tpu_vs_upstream.py ... --shapes llama_150m:16,llama_600m:4:save_matmuls,llama_600m:16:full:8
     python bench/tpu_vs_upstream.py --upstream-python /tmp/up-venv/bin/python --tiny      # the plumbing, on a CPU
 
 A shape is ``MODEL:BATCH[:REMAT[:MICROBATCH]]``: a Llama size of ``experiments/llama.py`` (or
 ``llama_nano``), the batch in sequences of ``--seq-len`` tokens, and for our side only a remat policy
-and a microbatch (work is counted in model FLOPs, so what a side recomputes is its own cost). For each
-shape our side (``bench/tpu_step.py``: the trainer's compiled step) runs, then upstream's
+(default: the config's) and a microbatch. Work is counted in model FLOPs, so what a side recomputes is
+its own cost; upstream recomputes each layer, its default. For each shape our side
+(``bench/tpu_step.py``: the trainer's compiled step) runs, then upstream's
 (``bench/vs_upstream_sides/upstream_tpu_step.py``: its Llama through its own ``Trainer`` at its
 accelerator defaults); a TPU admits one process at a time. Both train on the same batch (seeded
 random tokens packed into documents with segment ids), f32 parameters, bf16 compute, AdamW with
@@ -55,7 +56,8 @@ UPSTREAM_STEP = BENCH / "vs_upstream_sides" / "upstream_tpu_step.py"
 sys.path.insert(0, str(BENCH))
 from vs_upstream import SideFailed, run_side  # noqa: E402
 
-DEFAULT_SHAPES = "llama_150m:16,llama_600m:8,llama_600m:16"
+# Our Llama keeps every activation by default ("none"); llama_600m fits one v5e chip only recomputing them.
+DEFAULT_SHAPES = "llama_150m:16,llama_600m:8:full,llama_600m:16:full"
 TINY_SHAPES = "llama_nano:2"
 # What a chip that has just been let go of can say to the next process that opens it: worth one retry.
 CHIP_BUSY = ("multi-process lockfile", "TPU is already in use", "Unable to initialize backend 'tpu'")
