@@ -10,14 +10,20 @@ ours does; ``--layout defaults`` leaves every model and trainer setting at upstr
 replaced by the no-op one and checkpoints go to a scratch folder.
 
 Prints one JSON line: parameters, the time from building the state to the end of the first step
-(initialisation, compilation and one step), and steady-state tokens/s over the steps after warm-up.
+(initialisation, compilation and one step), and steady-state tokens/s over the steps after warm-up,
+each step timed around the trainer's loop (``upstream_loop.py``: upstream runs hooks only from its
+third step, so a clock in a hook would miss two steps).
 """
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # upstream_loop: run with python -I, whose path omits this folder
+from upstream_loop import steady_tokens_per_second, timed_steps  # noqa: E402
 
 
 def main() -> None:
@@ -74,19 +80,16 @@ def main() -> None:
     def loss_function(model, example, *, key=None):
         return model.compute_next_token_loss(example, key=key)
 
-    marks: list[float] = []
     with Trainer(trainer_config, optimizer, loss_function) as trainer:
-        trainer.add_hook(lambda info: marks.append(time.perf_counter()), every=1)
         started = time.perf_counter()
         model_key, training_key = jax.random.split(jax.random.PRNGKey(0))
         state = trainer.initial_state(training_key, model_init=lambda: model_config.build(Vocab, key=model_key))
         parameters = sum(leaf.size for leaf in jax.tree.leaves(eqx.filter(state.model, eqx.is_inexact_array)))
         loader = trainer.data_loader(ListAsyncDataset(examples)).iter_from_step(0)
-        for _ in trainer.training_steps(state, loader):
-            pass
-    steady = marks[-1] - marks[args.warmup_steps - 1]
-    print(json.dumps({"parameters": int(parameters), "first_step_s": round(marks[0] - started, 3),
-                      "steps": args.steps, "tokens_per_s": round(args.steps * args.batch * args.seq_len / steady, 1),
+        marks, _ = timed_steps(trainer.training_steps(state, loader), total)
+    tokens_per_s = steady_tokens_per_second(marks, args.warmup_steps, args.batch * args.seq_len)
+    print(json.dumps({"parameters": int(parameters), "first_step_s": round(marks[1] - started, 3),
+                      "steps": args.steps, "tokens_per_s": round(tokens_per_s, 1),
                       "layout": args.layout, "scan_layers": model_config.scan_layers,
                       "gradient_checkpointing": str(model_config.gradient_checkpointing)}))
 
