@@ -89,7 +89,7 @@ def test_page_draws_every_run_linked_to_its_step_and_a_parabola_per_budget(sweep
     print(f"/scaling on {len(sweep['names']) + 1} runs answered in {time.perf_counter() - started:.2f} s")
     assert response.status_code == 200
     html = response.text
-    used = set(sweep["names"]) | {sweep["odd"]}  # the odd run's loss is its first (and only) set's
+    used = set(sweep["names"])  # the odd run's loss is on another validation set: refused, not fitted
     steps = {row["name"]: row["path"] for row in client.get("/api/steps").json()["steps"]}
     step_pages = {"/step?" + urlencode({"path": steps[name]}) for name in used}
     for chart in ("loss-flops", "loss-params"):
@@ -136,11 +136,15 @@ def test_fitted_values_in_the_tables_are_the_analysis_own(sweep):
 
 def test_api_lists_runs_skipped_runs_and_both_fits(sweep):
     data = sweep["client"].get("/api/scaling").json()
-    assert len(data["runs"]) == len(sweep["names"]) + 1
+    assert len(data["runs"]) == len(sweep["names"])
     assert data["isoflop"] is not None and data["parametric"] is not None
     assert data["isoflop_error"] is None and data["parametric_error"] is None
-    assert [len(curve["runs"]) for curve in data["isoflop"]["curves"]] == [5, 6, 5]
-    assert [skip["name"] for skip in data["skipped"]] == [sweep["unfinished"]]
+    assert [len(curve["runs"]) for curve in data["isoflop"]["curves"]] == [5, 5, 5]
+    reasons = {skip["name"]: skip["reason"] for skip in data["skipped"]}
+    assert set(reasons) == {sweep["unfinished"], sweep["odd"]}
+    # Its loss is read on another validation set than the sweep's: it would measure something else.
+    assert reasons[sweep["odd"]].startswith("differs from the 15 run(s) fitted in more than size and budget: "
+                                            'validation set ("<script>alert(1)</script>", theirs "valid")')
 
 
 def test_steps_glob_chooses_the_runs_fitted(sweep):

@@ -34,6 +34,18 @@ def flatten_attributes(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix or "(value)": value}
 
 
+def identity_settings(info: dict[str, Any]) -> dict[str, Any]:
+    """What went into a step's identity, one entry per setting, as ``marin explain A B`` compares
+    them: ``version``, each flattened hash attribute (``hash_attrs.optimizer.learning_rate``) and each
+    dependency's identity (``dependency tokenized/x``, its first 8 hex digits)."""
+    settings: dict[str, Any] = {"version": info.get("version")}
+    settings.update({f"hash_attrs.{k}": v for k, v in flatten_attributes(info.get("hash_attrs") or {}).items()})
+    for dep in info.get("deps") or []:
+        if isinstance(dep, dict) and dep.get("name"):
+            settings[f"dependency {dep['name']}"] = str(dep.get("identity") or "")[:8]
+    return settings
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 100 else text[:97] + "..."

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marin.execution.executor_files import CorruptRecordError, read_info
-from marin.execution.explain import flatten_attributes
+from marin.execution.explain import identity_settings
 from marin.serve.paths import resolve
 from marin.serve.runs import final_metrics
 
@@ -33,12 +33,7 @@ def run_settings(prefix: str, path: str) -> dict[str, Any]:
         info = read_info(resolve(prefix, path), strict=True, within=prefix) or {}
     except CorruptRecordError:
         return {}
-    settings: dict[str, Any] = {"version": info.get("version")}
-    settings.update({f"hash_attrs.{k}": v for k, v in flatten_attributes(info.get("hash_attrs") or {}).items()})
-    for dep in info.get("deps") or []:
-        if isinstance(dep, dict) and dep.get("name"):
-            settings[f"dependency {dep['name']}"] = str(dep.get("identity") or "")[:8]
-    return settings
+    return identity_settings(info)
 
 
 def compare_runs(prefix: str, paths: list[str], series_by_run: dict[str, dict]) -> Comparison:
