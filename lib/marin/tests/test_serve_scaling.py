@@ -204,3 +204,29 @@ def test_an_empty_prefix_says_how_to_make_a_sweep(tmp_path):
     data = client.get("/api/scaling").json()
     assert data["runs"] == [] and data["isoflop"] is None and data["parametric"] is None
     assert data["isoflop_error"] and data["parametric_error"]
+
+
+def test_a_sweep_that_cannot_tell_the_best_size_shows_what_is_not_identified_and_no_optimum(tmp_path):
+    # Loss does not depend on size: the page marks the size term's values and gives no optimum for them.
+    for budget in BUDGETS:
+        for model, params in SIZES.items():
+            write_run(tmp_path, budget, model, params, losses={"valid": 2 + 300 / (budget / (6 * params)) ** 0.3})
+    client = TestClient(create_app(str(tmp_path)), raise_server_exceptions=False)
+    html = client.get("/scaling").text
+    data = client.get("/api/scaling").json()
+    marked = re.findall(r'<td class="unidentified" data-for="parametric-(\w+)">not identified: ([^<]+)</td>', html)
+    assert {name for name, _ in marked} >= {"A", "alpha"}
+    assert unescape(dict(marked)["alpha"]) == data["parametric"]["alpha"]["unidentified"]
+    cells = re.findall(r'<tr data-flops="[^"]+">(.*?)</tr>', html, re.S)
+    assert len(cells) == 3 and all("not identified: A and alpha:" in unescape(cell) for cell in cells)
+    assert all("unidentified" in row["parametric"] and "params" not in row["parametric"] for row in data["optimal"])
+    # No frontier is drawn from a law whose optimum is not known.
+    assert 'data-source="parametric fit"' not in html
+
+
+def test_an_optimum_beyond_the_largest_budget_says_so_on_the_page(sweep):
+    html = sweep["client"].get("/scaling").text
+    rows = dict(re.findall(r'<tr data-flops="([^"]+)">(.*?)</tr>', html, re.S))
+    assert "beyond the largest budget" not in rows[repr(3e16)]
+    assert re.search(r"10× beyond the largest budget fitted, its interval a factor of [\d.]+ wide", rows[repr(3e17)])
+    assert "100× beyond the largest budget fitted" in rows[repr(3e18)]
