@@ -21,12 +21,14 @@ STEPS = 10
 TOKENS_PER_STEP = 512
 
 
-def _run(prefix: Path, short: str, lr: float, finished: float, loss_start: float) -> str:
+def _run(prefix: Path, short: str, lr: float, finished: float, loss_start: float, *, batch_size: int = 4,
+         **optimizer: object) -> str:
     folder = prefix / "checkpoints" / f"tiny-{short}"
     folder.mkdir(parents=True)
     (folder / ".executor_info").write_text(json.dumps({
         "name": "checkpoints/tiny", "identity": short + "0" * 56, "version": "v1",
-        "hash_attrs": {"optimizer": {"learning_rate": lr, "weight_decay": 0.1}, "batch_size": 4},
+        "hash_attrs": {"optimizer": {"type": "adam", "learning_rate": lr, "weight_decay": 0.1, **optimizer},
+                       "batch_size": batch_size},
         "deps": [{"name": "tokenized/stories", "identity": "ab" * 32}]}))
     (folder / ".executor_status").write_text(json.dumps({"status": "SUCCESS", "time": finished}))
     with open(folder / "metrics.jsonl", "w") as handle:
@@ -107,15 +109,44 @@ def test_x_by_tokens_log_y_and_zoom_redraw_on_the_server(runs):
     assert [x for x, _ in zoomed["checkpoints/tiny 22222222"]] == [3, 4, 5, 6]
 
 
-def test_comparison_shows_final_metrics_and_only_the_settings_that_differ(runs):
+def test_comparison_names_the_optimizer_and_peak_rate_first_then_what_differs_then_the_metrics(runs):
     client, older, newer = runs
     table = client.get("/api/compare", params={"run": [older, newer]}).json()
-    assert table["settings"] == ["hash_attrs.optimizer.learning_rate"]  # batch size, decay, data: the same
+    # The learning rate differs, but it is already in the leading columns; batch size, decay, data: the same.
+    assert table["settings"] == []
+    assert table["values"][older]["optimizer"] == "adam" and table["values"][older]["peak learning rate"] == "0.0006"
+    assert table["values"][newer]["peak learning rate"] == "0.006"
     assert table["values"][older]["loss"] == pytest.approx(5.0 - 0.25 * STEPS)
     assert table["values"][newer]["stories loss"] == pytest.approx(2.0)
-    assert table["values"][newer]["hash_attrs.optimizer.learning_rate"] == 6e-3
+    assert "learning rate" not in table["metrics"]  # the peak is shown once, in front
     page = client.get("/runs", params={"run": [older, newer]}).text
-    assert 'id="comparison"' in page and "weight_decay" not in page.split('id="comparison"')[1].split("</table>")[0]
+    comparison = page.split('id="comparison"')[1].split("</table>")[0]
+    headings = re.findall(r'<th data-key="([^"]+)"', comparison)
+    assert headings[:3] == ["optimizer", "peak learning rate", "steps"]  # no settings differ: the metrics follow
+    assert "weight_decay" not in comparison
+
+
+def test_differing_settings_come_before_the_metrics_the_optimizers_first(tmp_path):
+    runs = [_run(tmp_path, "11111111", 6e-4, 1.0e9, 5.0),
+            _run(tmp_path, "22222222", 2e-2, 2.0e9, 4.0, batch_size=8, type="muon", adam_learning_rate=3e-3, momentum=0.95)]
+    client = TestClient(create_app(str(tmp_path)))
+    table = client.get("/api/compare", params={"run": runs}).json()
+    assert table["values"][runs[1]]["optimizer"] == "muon"
+    assert table["values"][runs[1]]["peak learning rate"] == "0.02 (adam_learning_rate 0.003)"
+    assert table["settings"] == ["hash_attrs.optimizer.momentum", "hash_attrs.batch_size"]
+    comparison = client.get("/runs", params={"run": runs}).text.split('id="comparison"')[1].split("</table>")[0]
+    headings = re.findall(r'<th data-key="([^"]+)"', comparison)
+    assert headings[:4] == ["optimizer", "peak learning rate", "hash_attrs.optimizer.momentum", "hash_attrs.batch_size"]
+    assert headings.index("hash_attrs.batch_size") < headings.index("loss")
+    assert ">optimizer.momentum</th>" in comparison  # shown without the hash_attrs. prefix
+
+
+def test_a_run_without_an_optimizer_record_shows_the_peak_of_its_logged_rate(tmp_path):
+    from marin.serve.runs import final_metrics
+
+    series = {"loss": [(1, 5.0), (2, 4.0), (3, 3.5)], "lr": [(1, 1e-3), (2, 3e-3), (3, 1e-5)]}
+    assert final_metrics(series)["peak learning rate"] == 3e-3
+    assert "learning rate" not in final_metrics(series)
 
 
 def test_lineage_labels_are_cut_in_the_middle_so_versions_stay_apart():

@@ -29,7 +29,7 @@ pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
 figure.chart{margin:0;min-width:0}figure.chart figcaption{font-weight:bold}svg.chart{width:100%;height:auto;display:block;cursor:crosshair;user-select:none}
 .tick{font-size:11px;fill:#555}.axis-title{font-size:12px;fill:#333}.readout{font-size:12px;min-height:1.5em}.readout .row{margin-left:10px;padding-left:4px}
 .controls{background:#f6f6f6;padding:6px 8px}.controls input[type=range]{vertical-align:middle}pre.sample{white-space:pre-wrap;max-width:100ch}
-.wide{overflow-x:auto}table.sortable th[data-key]{cursor:pointer}th[data-order=asc]:after{content:" ▲"}th[data-order=desc]:after{content:" ▼"}
+.wide{overflow-x:auto;max-width:100%}table#comparison td,table#comparison th{max-width:22ch;overflow-wrap:anywhere}table.sortable th[data-key]{cursor:pointer}th[data-order=asc]:after{content:" ▲"}th[data-order=desc]:after{content:" ▼"}
 .newest{color:#1a7f37;font-size:11px;border:1px solid #1a7f37;border-radius:3px;padding:0 3px;margin-left:4px}.older{color:#888;font-size:11px;margin-left:4px}
 .legend .key{margin-right:10px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .lineage text{font-size:11px}.lineage rect{fill:#eef3fb;stroke:#8aa4cc}.lineage rect.self{fill:#fff3d6;stroke:#c9a13b}
@@ -220,15 +220,19 @@ def _cell(value: Any) -> str:
 
 
 def comparison_table(comparison: Comparison, names: dict[str, str]) -> str:
-    columns = comparison.metrics + comparison.settings
-    head = "".join(f'<th data-key="{escape(c)}" class="{"metric" if c in comparison.metrics else "setting"}" '
-                   f'title="click to sort">{escape(c)}</th>' for c in columns)
+    """What each run was trained with, then the settings that differ, then the final metrics."""
+    columns = [*comparison.leading, *comparison.settings, *comparison.metrics]
+    kinds = {**dict.fromkeys(comparison.leading, "leading"), **dict.fromkeys(comparison.settings, "setting"),
+             **dict.fromkeys(comparison.metrics, "metric")}
+    head = "".join(f'<th data-key="{escape(c)}" class="{kinds[c]}" title="{escape(c)}: click to sort">'
+                   f"{escape(c.removeprefix('hash_attrs.'))}</th>" for c in columns)
     rows = "".join(f'<tr data-run="{escape(path)}"><td>{escape(names.get(path, path))}</td>'
                    + "".join(_cell(comparison.values[path].get(c)) for c in columns) + "</tr>"
                    for path in comparison.runs)
     note = ("" if comparison.settings else '<p class="muted">no settings differ between these runs</p>')
-    return (f'<h3>Comparison</h3><p class="muted">final metrics, then only the settings that differ '
-            f'(as <code>marin explain A B</code> compares them); click a heading to sort</p>'
+    return (f'<h3>Comparison</h3><p class="muted">each run\'s optimizer and peak learning rate, then only the settings '
+            f'that differ (as <code>marin explain A B</code> compares them, the optimizer\'s first), then the final '
+            f'metrics; click a heading to sort</p>'
             f'<div class="wide"><table id="comparison" class="sortable"><thead><tr><th>run</th>{head}</tr></thead>'
             f'<tbody>{rows}</tbody></table></div>{note}<script>{SORT_SCRIPT}</script>')
 
