@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -221,3 +222,39 @@ def test_a_failed_attempt_iris_retries_is_one_console_line_and_its_traceback_sta
     first, _ = list_attempts(report.outcome_of("flaky").output_path)
     log = read_log(first.logs[0]).decode()
     assert "Traceback" in log and "ValueError: a bug that only the first attempt hits" in log  # a real crash keeps it
+
+
+def trains_for_a_while(output_path):
+    import logging
+
+    log = logging.getLogger("levanter.trainer")
+    for step in range(1, 41):
+        time.sleep(0.05)
+        log.info("step %d/40  loss %.4f  lr 0.003  grad_norm 0.5  50000 tokens/s  elapsed 0m%02ds  ETA 0m%02ds",
+                 step, 6.0 - 0.05 * step, step // 20, (40 - step) // 20)
+        log.info("a line that is not progress")
+    return "trained"
+
+
+def test_a_cluster_steps_progress_reaches_the_runners_console_at_a_bounded_rate(tmp_path, monkeypatch, caplog):
+    import marin.execution.progress_relay as progress_relay
+
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    monkeypatch.setattr(progress_relay, "PROGRESS_EVERY_S", 0.5)
+    step = StepSpec("trainer", trains_for_a_while, resources=ResourceConfig.with_cpu(ram="256m"))
+    started = time.monotonic()
+    with caplog.at_level("INFO", logger="marin.execution.step_runner"):
+        report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    waited = time.monotonic() - started
+    assert report.outcome_of("trainer").result == "trained"
+    said = [record.getMessage() for record in caplog.records if record.name == "marin.execution.step_runner"]
+    assert said.count("Step trainer: its progress is shown here at most every 0.5s; the whole log: "
+                      "marin logs trainer --follow") == 1
+    relayed = [line for line in said if line.startswith("Step trainer: step ")]
+    # The newest line when one is due (the first at once), never more often than every 0.5 s, and the last at the end.
+    assert 2 <= len(relayed) <= waited / 0.5 + 2, relayed
+    assert relayed[-1] == "Step trainer: step 40/40 loss 4.0000 lr 0.003 grad_norm 0.5 50000 tokens/s elapsed 0m02s ETA 0m00s"
+    assert all(re.fullmatch(r"Step trainer: step \d+/40 loss [\d.]+ .* tokens/s elapsed \S+ ETA \S+", line) for line in relayed)
+    assert not any("not progress" in line for line in said)
+    steps = [int(re.search(r"step (\d+)/", line).group(1)) for line in relayed]
+    assert steps == sorted(set(steps))  # each newer than the last

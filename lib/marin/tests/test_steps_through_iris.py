@@ -227,6 +227,17 @@ def _through_iris(inputs, tmp_path, engine_env: dict[str, str], preempt: Callabl
             driver.kill()
     _assert_preempted_twice_and_logged(outputs, iris_home, preempted_at)
     _assert_equal_to_uninterrupted(outputs, uninterrupted)
+    _assert_progress_on_the_console((tmp_path / "driver" / "driver.err").read_text(errors="replace"))
+
+
+def _assert_progress_on_the_console(console: str) -> None:
+    """The training step's progress reached the runner's console from the job's log, as a local run shows it:
+    once how to follow the whole log, and step, loss, tokens/s and ETA lines, the last one the final step."""
+    assert console.count("Step checkpoints/tiny: its progress is shown here at most every 30s; the whole log: "
+                         "marin logs checkpoints/tiny --follow") == 1
+    relayed = re.findall(rf"Step checkpoints/tiny: step (\d+)/{STEPS} loss \S+ .* tokens/s .*ETA \S+", console)
+    assert len(relayed) >= 3, console[-4000:]  # each attempt's first and last, at least
+    assert int(relayed[-1]) == STEPS
 
 
 def _slurm_jobs_running(name_part: str, env: dict[str, str]) -> list[str]:

@@ -26,6 +26,9 @@ Cached steps never reach iris.
   replicas: they stop at their next heartbeat.
 * Work a step starts itself (a tokenizer's shards) runs inside the step's own allocation
   (``MARIN_CLUSTER=local`` in the job), not as more jobs.
+* While the job runs, its progress lines (the trainer's step, loss, tokens/s and ETA) are relayed
+  from the attempt's log to the runner's console at a bounded rate
+  (:mod:`marin.execution.progress_relay`), with one line saying how to follow the whole log.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from rigging.secrets import SecretNames
 
 from marin.errors import MarinError
 from marin.execution.executor_files import STATUS_RUNNING, STATUS_SUCCESS, read_status
+from marin.execution.progress_relay import ProgressRelay
 from marin.execution.step_context import RunCancelled
 from marin.execution.step_executor import StepCall
 from marin.execution.step_job import StepJobCall, call_url, result_url
@@ -100,11 +104,13 @@ class IrisStepExecutor:
     commits_itself = True
 
     def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, prefix: str | None = None,
-                 poll_s: float = 0.5, replica_heartbeat_s: float = REPLICA_HEARTBEAT_S) -> None:
+                 poll_s: float = 0.5, replica_heartbeat_s: float = REPLICA_HEARTBEAT_S,
+                 progress_every_s: float | None = None) -> None:
         self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
         self._store = store
         self._prefix = prefix
         self.poll_s = poll_s
+        self.progress_every_s = progress_every_s  # None: progress_relay.PROGRESS_EVERY_S
         self.replica_heartbeat_s = replica_heartbeat_s
         self._slurm: Any = None
         self._adopted: dict[str, JobStore] = {}  # job id -> the database an adopted job is recorded in
@@ -225,6 +231,8 @@ class IrisStepExecutor:
     def _wait(self, call: StepCall, job_id: str, store: JobStore) -> Any:
         reported: int | None = None
         news = _AttemptNews(call.spec.name, call.output_path, job_id)
+        progress = ProgressRelay(call.spec.name, call.output_path, job_id, every_s=self.progress_every_s)
+        progress.announce()
         while True:
             record = get_job(job_id, store)
             if record.attempts and record.attempts != reported and call.placed is not None:
@@ -232,8 +240,11 @@ class IrisStepExecutor:
                 if folder_attempt is not None:  # the supervisor opens the folder just after the attempt starts
                     reported = record.attempts
                     call.placed(attempt=folder_attempt)
+            if record.attempts:
+                progress.poll(record.attempts)
             news.tell(record, store)
             if record.state.finished:
+                progress.flush()
                 return record
             if call.cancelled.is_set() or call.lease_lost.is_set():
                 stop_job(job_id, store, timeout=STOP_TIMEOUT_S)
