@@ -14,7 +14,7 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
 from marin.serve.app import create_app
-from marin.serve.charts import Axes, tick_label, log_ticks, ticks, line_chart, short_label, smooth
+from marin.serve.charts import LEFT, RIGHT, WIDTH, Axes, tick_label, log_ticks, ticks, line_chart, short_label, smooth
 from marin.serve.runs import by_tokens
 
 STEPS = 10
@@ -88,13 +88,20 @@ def test_runs_page_opens_on_the_newest_run_first(runs):
     assert page.index(newer) < page.index(older)
 
 
-def test_step_list_marks_the_newest_of_same_named_steps(runs):
+def test_step_list_marks_no_newest_between_outputs_of_other_settings(runs):
     client, older, newer = runs
+    # Two learning rates under one name: two experiments, neither newer nor older than the other.
     marks = {s["path"]: s["newest"] for s in client.get("/api/steps").json()["steps"]}
-    assert marks == {newer: True, older: False}
-    page = client.get("/").text
-    newer_row = page[page.index(f'path={newer.replace("/", "%2F")}'):]
-    assert newer_row.index('class="newest"') < newer_row.index("</tr>")
+    assert marks == {newer: None, older: None}
+    assert '<span class="newest">' not in client.get("/").text.split("<script>")[0]
+
+
+def test_step_list_marks_the_newest_rerun_of_one_configuration(tmp_path):
+    first = _run(tmp_path, "11111111", 6e-4, 1.0e9, 5.0)
+    again = _run(tmp_path, "22222222", 6e-4, 2.0e9, 4.0)  # the same settings, run again (another version or data)
+    other = _run(tmp_path, "33333333", 6e-3, 3.0e9, 4.0)
+    marks = {s["path"]: s["newest"] for s in TestClient(create_app(str(tmp_path))).get("/api/steps").json()["steps"]}
+    assert marks == {again: True, first: False, other: None}
 
 
 def test_x_by_tokens_log_y_and_zoom_redraw_on_the_server(runs):
@@ -175,3 +182,32 @@ def test_a_training_run_in_progress_shows_its_curve_from_its_staging_folder(tmp_
     (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "staging": "../other"}))
     with pytest.raises(Exception, match="not a training run"):
         run_metrics(str(tmp_path), "checkpoints/live-ab12cd34")
+
+
+def test_a_running_training_steps_page_links_its_curves(tmp_path):
+    step = tmp_path / "checkpoints" / "live-ab12cd34"
+    staged = step / ".staging" / "g3"
+    staged.mkdir(parents=True)
+    (step / ".executor_info").write_text(json.dumps({"name": "checkpoints/live", "identity": "ab12cd34" + "0" * 56}))
+    (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "generation": 3, "staging": ".staging/g3"}))
+    (staged / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    page = TestClient(create_app(str(tmp_path))).get("/step", params={"path": "checkpoints/live-ab12cd34"}).text
+    assert re.search(r'<a id="training-curves" href="/runs\?run=checkpoints%2Flive-ab12cd34">', page)
+
+
+def test_charts_nothing_logged_are_named_in_one_line_not_drawn_as_empty_panels(runs):
+    client, older, newer = runs
+    page = client.get("/runs", params={"run": newer}).text
+    titles = re.findall(r'<figure class="chart" data-title="([^"]+)"', page)
+    assert titles == ["loss", "validation loss", "learning rate"]  # what these runs logged
+    assert re.search(r'<p class="muted" id="not-logged">not logged by these runs: lm-eval-harness, tokens/s, MFU</p>', page)
+    assert "no data" not in page
+
+
+def test_the_first_and_last_points_stand_off_the_plots_border():
+    svg = line_chart("validation loss", {"run": [(10, 3.0), (100, 2.5)]}, Axes(y_title="validation loss"))
+    scale = dict(re.findall(r'data-(x-lo|x-hi)="([^"]+)"', svg))
+    assert float(scale["x-lo"]) < 10 and float(scale["x-hi"]) > 100
+    left, width = LEFT, WIDTH - LEFT - RIGHT
+    xs = [float(x) for x in re.search(r'class="series"[^>]* points="([^"]+)"', svg).group(1).replace(",", " ").split()[::2]]
+    assert left < xs[0] and xs[-1] < left + width

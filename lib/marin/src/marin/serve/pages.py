@@ -146,7 +146,8 @@ def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
 
 
 def step_page(detail: StepDetail, prefix: str, compare: str | None, differences: list[str] | None,
-              attempts: list[AttemptRow] | None = None) -> str:
+              attempts: list[AttemptRow] | None = None, training: bool = False) -> str:
+    """``training``: the step has a ``metrics.jsonl``, committed or (while it runs) in its staging folder."""
     row, info = detail.row, detail.info
     attrs = "".join(f'<tr><td class="mono">{escape(k)}</td><td class="mono">{escape(json.dumps(v, default=str))}</td></tr>'
                     for k, v in flatten_attributes(info.get("hash_attrs") or {}).items())
@@ -158,7 +159,7 @@ def step_page(detail: StepDetail, prefix: str, compare: str | None, differences:
                f'<tr><th>folder</th><td class="mono">{escape(row.path)}</td></tr>'
                + (f'<tr><th>error</th><td class="FAILED">{escape(row.error)}</td></tr>' if row.error else "")
                + (f"<tr><th>not read</th><td>{_problems_html(row.problems)}</td></tr>" if row.problems else "") + "</table>")
-    if any(f["name"] == "metrics.jsonl" for f in detail.files):  # a training run: its curves are one click away
+    if training or any(f["name"] == "metrics.jsonl" for f in detail.files):  # a training run: its curves are one click away
         summary += f'<p><a id="training-curves" href="{escape(link("/runs", run=row.path))}">training curves</a></p>'
     parts = [summary, "<h3>Attempts</h3>", _attempts_table(row.path, attempts or []), "<h3>Hash attributes</h3>", f"<table id=\"hash-attrs\">{attrs}</table>" if attrs else '<p class="muted">none</p>']
     parts.append("<h3>Lineage</h3>")
@@ -267,7 +268,7 @@ def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str,
     if comparison is not None and len(comparison.runs) > 1:
         parts.append(comparison_table(comparison, names))
     axes_x = "tokens" if view.x_axis == "tokens" else "step"
-    charts = []
+    charts, not_logged = [], []
     for title, pattern, y_title in CHARTS:
         overlaid: dict[str, list] = {}
         for path in selected:
@@ -275,9 +276,14 @@ def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str,
             for label, points in chart_series(by_tokens(series) if axes_x == "tokens" else series, pattern).items():
                 key = names.get(path, path) if "*" not in pattern else f"{names.get(path, path)} · {label}"
                 overlaid[key] = points
+        if not overlaid and view.x_range is None:
+            not_logged.append(title)  # a panel saying "no data" tells less than one line naming them all
+            continue
         axes = Axes(x_title=axes_x, y_title=y_title, log_y=view.log_y, x_range=view.x_range)
         charts.append(line_chart(title, overlaid, axes, smoothing=view.smoothing))
     parts.append(f'<div class="charts">{"".join(charts)}</div><script>{CHART_SCRIPT}</script>')
+    if not_logged and selected:
+        parts.append(f'<p class="muted" id="not-logged">not logged by these runs: {escape(", ".join(not_logged))}</p>')
     for path in selected:
         extra = extras.get(path) or {}
         if extra.get("problem"):
