@@ -74,7 +74,9 @@ class ParametricFit:
 
     ``flops_per_param_token`` is the k of ``C = k*N*D`` used by :meth:`optimal`. ``refits`` holds
     the successful bootstrap refits as ``(E, A, B, alpha, beta)``, from which the intervals of
-    the allocation exponents are drawn at coverage ``confidence``.
+    the allocation exponents and of :meth:`optimum` are drawn at coverage ``confidence``. Each
+    coefficient's ``unidentified`` says why the runs do not determine it, when they do not; a law
+    made from published coefficients has no runs, so nothing of it is judged.
     """
 
     E: Estimate
