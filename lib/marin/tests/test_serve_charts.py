@@ -130,6 +130,7 @@ def test_comparison_names_the_optimizer_and_peak_rate_first_then_what_differs_th
     comparison = page.split('id="comparison"')[1].split("</table>")[0]
     headings = re.findall(r'<th data-key="([^"]+)"', comparison)
     assert headings[:3] == ["optimizer", "peak learning rate", "steps"]  # no settings differ: the metrics follow
+    assert '<p class="muted">no other settings differ between these runs</p>' in page  # the rate differs, in front
     assert "weight_decay" not in comparison
 
 

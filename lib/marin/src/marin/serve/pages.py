@@ -230,7 +230,9 @@ def comparison_table(comparison: Comparison, names: dict[str, str]) -> str:
     rows = "".join(f'<tr data-run="{escape(path)}"><td>{escape(names.get(path, path))}</td>'
                    + "".join(_cell(comparison.values[path].get(c)) for c in columns) + "</tr>"
                    for path in comparison.runs)
-    note = ("" if comparison.settings else '<p class="muted">no settings differ between these runs</p>')
+    leading_differ = any(len({repr(comparison.values[p].get(c)) for p in comparison.runs}) > 1 for c in comparison.leading)
+    note = ("" if comparison.settings else
+            f'<p class="muted">no {"other " if leading_differ else ""}settings differ between these runs</p>')
     return (f'<h3>Comparison</h3><p class="muted">each run\'s optimizer and peak learning rate, then only the settings '
             f'that differ (as <code>marin explain A B</code> compares them, the optimizer\'s first), then the final '
             f'metrics; click a heading to sort</p>'
