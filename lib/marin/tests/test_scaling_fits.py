@@ -106,6 +106,8 @@ def test_an_exponent_pinned_at_its_bound_is_not_identified_and_no_optimum_is_giv
     # Loss falls with size far faster than any power the fit allows (alpha <= 5): it stops on the bound.
     fit = fit_parametric(_degenerate_runs(lambda n, d: 2 + 0.5 * (1e4 / n) ** 8 + 300 / d**0.3), bootstrap=30)
     assert fit.alpha.value == 5.0 and fit.alpha.unidentified == "at its upper bound 5"
+    # A is the size term at N = 1: with its exponent on a bound, it means nothing either.
+    assert fit.A.unidentified == "rests on alpha, which is not identified" and fit.B.identified
     assert fit.beta.identified and fit.beta.contains(0.3)
     assert fit.params_exponent.unidentified == "alpha: at its upper bound 5"
     optimum = fit.optimum(1e16)
@@ -123,6 +125,25 @@ def test_a_term_the_runs_cannot_see_leaves_its_coefficient_and_exponent_unidenti
     assert fit.beta.identified and fit.beta.value == pytest.approx(0.3, rel=1e-6)  # noise-free: the rest is recovered
     assert fit.unidentified() == [f"A and alpha: {fit.alpha.unidentified}"]
     assert fit.optimum(1e16).unidentified == f"A and alpha: {fit.alpha.unidentified}"
+
+
+def test_a_coefficient_is_judged_at_the_runs_scale_not_at_one_parameter(parametric):
+    # A's interval at N = 1 carries alpha's spread (A moves by N**alpha); the term at the runs' own
+    # sizes is what they pin, and that is what decides whether A is identified.
+    assert parametric.A.identified and parametric.B.identified
+    typical = np.exp(np.mean(np.log([run.params for run in parametric.runs])))
+    refits = np.array(parametric.refits)
+    at_scale = refits[:, 1] / typical ** refits[:, 3]
+    assert np.percentile(at_scale, 97.5) / np.percentile(at_scale, 2.5) < parametric.A.high / parametric.A.low
+
+
+def test_an_optimum_known_only_to_within_a_factor_of_ten_is_not_given():
+    from marin.scaling.estimates import optimum_from
+
+    wide = optimum_from(1e20, 1e19, 1e8, 1e11, np.geomspace(2e7, 5e8, 50), np.geomspace(2e10, 5e11, 50), 0.95)
+    assert wide.params is None and wide.unidentified.startswith("N_opt's interval at this budget spans a factor of")
+    narrow = optimum_from(1e20, 1e19, 1e8, 1e11, np.geomspace(6e7, 1.5e8, 50), np.geomspace(7e10, 1.6e11, 50), 0.95)
+    assert narrow.params.value == 1e8 and narrow.extrapolated and narrow.beyond == pytest.approx(10.0)
 
 
 def test_one_budget_cannot_separate_size_from_tokens(sweep):

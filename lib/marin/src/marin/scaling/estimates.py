@@ -28,6 +28,8 @@ from marin.scaling.points import ScalingRun
 # An interval whose ends differ by this many powers of ten (a factor of 100) or more gives the
 # order of a value, not the value: it is not identified.
 ORDERS_OF_MAGNITUDE = 2.0
+# An optimum is a size to train next: one uncertain by a factor of ten or more does not say which.
+OPTIMUM_ORDERS_OF_MAGNITUDE = 1.0
 # A refit counts as on a bound within this relative distance of it (L-BFGS-B projects onto the
 # bound exactly; percentiles interpolate between refits that sit there).
 BOUND_TOLERANCE = 1e-4
@@ -156,14 +158,17 @@ def optimum_from(compute: float, largest_budget: float, params: float, tokens: f
                  params_samples: np.ndarray, tokens_samples: np.ndarray, confidence: float,
                  blockers: Sequence[str] = ()) -> Optimum:
     """The optimum at ``compute`` from its point value and bootstrap samples; not identified when
-    ``blockers`` name parameters it rests on that are not, or when its own interval spans orders of magnitude."""
+    ``blockers`` name parameters it rests on that are not, or when its own interval spans a factor of
+    ten or more (:data:`OPTIMUM_ORDERS_OF_MAGNITUDE`)."""
     if blockers:
         return Optimum(compute, largest_budget, None, None, "; ".join(blockers))
     size, data = estimate(params, params_samples, confidence), estimate(tokens, tokens_samples, confidence)
     for name, value in (("N_opt", size), ("D_opt", data)):
-        if judged(value).unidentified:
+        if value.orders_of_magnitude >= OPTIMUM_ORDERS_OF_MAGNITUDE:
+            factor = value.high / value.low if value.low > 0 else math.inf
             return Optimum(compute, largest_budget, None, None,
-                           f"{name}'s interval at this budget spans {value.orders_of_magnitude:.0f} orders of magnitude")
+                           f"{name}'s interval at this budget spans a factor of {factor:.3g}, from {value.low:.3g} to "
+                           f"{value.high:.3g}")
     return Optimum(compute, largest_budget, size, data)
 
 

@@ -307,9 +307,10 @@ def fit_parametric(runs: Sequence[ScalingRun], *, bootstrap: int = 100, confiden
     values = (math.exp(e), math.exp(a), math.exp(b), float(alpha), float(beta))
     fitted = dict(zip(("E", "A", "B", "alpha", "beta"), (estimate(v, samples[:, i], confidence) for i, v in enumerate(values))))
     fitted["E"] = judged(fitted["E"], lower=_E_FLOOR, lower_means="no loss floor")
-    fitted["A"], fitted["B"] = judged(fitted["A"]), judged(fitted["B"])
     for name in ("alpha", "beta"):
         fitted[name] = judged(fitted[name], lower=_EXPONENT_BOUNDS[0], upper=_EXPONENT_BOUNDS[1])
+    for name, reason in _coefficient_reasons(values, samples, params, tokens, confidence, fitted).items():
+        fitted[name] = replace(fitted[name], unidentified=reason)
     for name, reason in _invisible_terms(values, params, tokens).items():
         fitted[name] = replace(fitted[name], unidentified=reason)
     return ParametricFit(
@@ -320,6 +321,27 @@ def fit_parametric(runs: Sequence[ScalingRun], *, bootstrap: int = 100, confiden
         refits=tuple(refits),
         confidence=float(confidence),
     )
+
+
+def _coefficient_reasons(values: Sequence[float], samples: np.ndarray, params: np.ndarray, tokens: np.ndarray,
+                         confidence: float, fitted: dict[str, Estimate]) -> dict[str, str]:
+    """Why A or B is not identified, judged where the runs are: A is what its term is at N = 1, so its
+    interval there mostly carries alpha's (a small change of alpha moves A by N**alpha). What the runs
+    pin is the term at their own scale, A / Nbar**alpha at the geometric-mean size Nbar (and B at
+    Dbar): not identified when that spans orders of magnitude across the refits, or when its exponent
+    is not identified, since A means nothing without it."""
+    reasons: dict[str, str] = {}
+    for name, column, exponent, sizes, symbol in (("A", 1, "alpha", params, "N"), ("B", 2, "beta", tokens, "D")):
+        if fitted[exponent].unidentified:
+            reasons[name] = f"rests on {exponent}, which is not identified"
+            continue
+        typical = float(np.exp(np.mean(np.log(sizes))))
+        at_scale = estimate(values[column] / typical ** values[column + 2],
+                            samples[:, column] / typical ** samples[:, column + 2], confidence)
+        if judged(at_scale).unidentified:
+            reasons[name] = (f"its term at the runs' typical {symbol} ({typical:.3g}) spans "
+                             f"{at_scale.orders_of_magnitude:.0f} orders of magnitude across the refits")
+    return reasons
 
 
 def _invisible_terms(values: Sequence[float], params: np.ndarray, tokens: np.ndarray) -> dict[str, str]:
