@@ -47,6 +47,7 @@ def test_a_step_with_replicas_runs_as_a_gang_and_replica_0_gives_the_result(tmp_
     assert records[0]["coordinator"] == records[1]["coordinator"]  # one jax.distributed coordinator for both
     (attempt,) = list_attempts(str(output))
     assert attempt.record.replicas == 2 and len(attempt.logs) == 2
+    assert len(set(attempt.record.engine_jobs)) == 2  # where each replica ran, by the engine's own job id
     first, second = (read_log(url).decode() for url in attempt.logs)
     assert "replica 0 of 2" in first and "replica 1 of 2" not in first
     assert "replica 1 of 2" in second and "replica 0 of 2" not in second

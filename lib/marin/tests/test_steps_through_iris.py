@@ -185,6 +185,7 @@ def _assert_preempted_twice_and_logged(outputs: dict, iris_home: Path, preempted
     assert {a.record.job_id for a in attempts} == {job_id}
     record = JobStore(iris_home).get(job_id)
     assert (record.state.value, record.preemptions, record.failures, record.attempts) == ("SUCCEEDED", 2, 0, 3)
+    assert all(len(a.record.engine_jobs) == 1 and a.record.engine_jobs[0] for a in attempts)  # one replica each
     logs = [read_log(a.logs[0]).decode(errors="replace") for a in attempts]
     assert all("marin.execution.step_job" in text for text in logs)
     assert "Resumed from checkpoint step" not in logs[0]
@@ -254,6 +255,8 @@ def test_graph_through_iris_on_slurm_survives_two_preemptions_bit_for_bit(slurm_
     def preempt(train: Path) -> None:
         # What Slurm itself does before preempting a job: SIGTERM to the batch script, which hands it on.
         (job,) = _slurm_jobs_running("checkpoints", env)
+        # The attempt's record names the Slurm job its replica runs as (the web view's attempts table shows it).
+        assert list_attempts(str(train))[-1].record.engine_jobs == (job,)
         subprocess.run(["scancel", "--batch", "--signal=TERM", job], env=env, check=True, timeout=30)
 
     _through_iris(inputs, tmp_path, {**slurm_cluster.env, "MARIN_CLUSTER": "iris:slurm"}, preempt, uninterrupted)

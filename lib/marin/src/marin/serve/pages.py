@@ -128,8 +128,8 @@ def _json_block(value: Any) -> str:
 def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
     if not attempts:
         return '<p class="muted" id="no-attempts">no attempts recorded in this step\'s folder</p>'
-    head = ("<tr><th>attempt</th><th>engine</th><th>iris job</th><th>its attempt</th><th>outcome</th><th>exit codes</th>"
-            "<th>duration</th><th>reason</th><th>logs</th></tr>")
+    head = ("<tr><th>attempt</th><th>engine</th><th>engine job</th><th>iris job</th><th>its attempt</th><th>outcome</th>"
+            "<th>exit codes</th><th>duration</th><th>reason</th><th>logs</th></tr>")
     rows = []
     for row in attempts:
         logs = " ".join(f'<a class="log-link" href="{escape(link("/log", path=path, attempt=row.attempt, replica=r))}">'
@@ -138,7 +138,9 @@ def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
         first = row.replicas[0] if row.replicas else 0
         rows.append(f'<tr data-attempt="{row.attempt}" data-outcome="{escape(row.outcome)}">'
                     f'<td><a href="{escape(link("/log", path=path, attempt=row.attempt, replica=first))}">{row.attempt}</a></td>'
-                    f"<td>{escape(row.engine or '-')}</td><td class=\"mono\">{escape(row.job_id or '-')}</td>"
+                    f"<td>{escape(row.engine or '-')}</td>"
+                    f"<td class=\"mono engine-job\">{escape(', '.join(row.engine_jobs) or '-')}</td>"
+                    f"<td class=\"mono\">{escape(row.job_id or '-')}</td>"
                     f"<td>{'-' if row.job_attempt is None else row.job_attempt}</td>"
                     f'<td class="{escape(row.outcome)}">{escape(row.outcome)}</td><td>{escape(codes)}</td>'
                     f"<td>{seconds_text(row.duration_seconds)}</td><td>{escape(row.reason or '')}</td><td>{logs}</td></tr>")
