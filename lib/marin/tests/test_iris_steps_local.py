@@ -259,3 +259,32 @@ def test_a_cluster_steps_progress_reaches_the_runners_console_at_a_bounded_rate(
     assert not any("not progress" in line for line in said)
     steps = [int(re.search(r"step (\d+)/", line).group(1)) for line in relayed]
     assert steps == sorted(set(steps))  # each newer than the last
+
+
+def preempted_after_some_steps(output_path):
+    import logging
+
+    log = logging.getLogger("levanter.trainer")
+    attempt = int(os.environ["IRIS_ATTEMPT"])
+    for step in range(1, 6):
+        log.info("step %d/5  loss %.4f  50000 tokens/s  elapsed 0m00s  ETA 0m01s", step, 6.0 - step / 10 - attempt)
+        if step == 1:
+            sys.stdout.flush()
+            time.sleep(2.0)  # the runner relays step 1 at once; steps 2 to 5 then wait out its 30 s
+    if attempt == 1:
+        sys.stdout.flush()
+        os._exit(PREEMPTED_EXIT_CODE)
+    return "resumed"
+
+
+def test_a_preempted_attempts_last_figures_come_before_the_line_saying_how_it_ended(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    step = StepSpec("twice", preempted_after_some_steps, resources=ResourceConfig.with_cpu(ram="256m"))
+    with caplog.at_level("INFO", logger="marin.execution.step_runner"):
+        report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    assert report.outcome_of("twice").result == "resumed"
+    said = [record.getMessage() for record in caplog.records if record.name == "marin.execution.step_runner"]
+    ended = next(i for i, line in enumerate(said) if line.startswith("Step twice: attempt 1 PREEMPTED"))
+    first_attempt = [line for line in said[:ended] if line.startswith("Step twice: step ")]
+    assert first_attempt[-1] == "Step twice: step 5/5 loss 4.5000 50000 tokens/s elapsed 0m00s ETA 0m01s"
+    assert [line for line in said[ended:] if line.startswith("Step twice: step ")][-1].startswith("Step twice: step 5/5 loss 3.5000")

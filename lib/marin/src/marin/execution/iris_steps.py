@@ -37,6 +37,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,7 +243,7 @@ class IrisStepExecutor:
                     call.placed(attempt=folder_attempt)
             if record.attempts:
                 progress.poll(record.attempts)
-            news.tell(record, store)
+            news.tell(record, store, first=progress.flush)  # an attempt's last figures before how it ended
             if record.state.finished:
                 progress.flush()
                 return record
@@ -273,7 +274,8 @@ class _AttemptNews:
         self._told: set[int] = set()
         self._seen: tuple[Any, ...] | None = None
 
-    def tell(self, record: JobRecord, store: JobStore) -> None:
+    def tell(self, record: JobRecord, store: JobStore, first: Callable[[], None] = lambda: None) -> None:
+        """Log how each attempt that ended since the last look ended; ``first`` runs before the first such line."""
         seen = (record.attempts, record.preemptions, record.failures, record.state, record.updated_at)
         if seen == self._seen:  # nothing ended since the last look: no need to read the attempts
             return
@@ -284,6 +286,7 @@ class _AttemptNews:
         for verdict in verdicts:
             if verdict.attempt in self._told:
                 continue
+            first()
             self._told.add(verdict.attempt)
             if verdict.outcome is AttemptOutcome.SUCCEEDED and verdict.attempt == 1:
                 continue  # the runner's own "finished" line says it all
