@@ -3,6 +3,7 @@
     python bench/scaling_sweep.py                    # the script's sweep: 16 runs, 7.3e12 FLOPs, two workers
     python bench/scaling_sweep.py --workers 1 --prefix /tmp/scaling   # one worker; keep the outputs there
     python bench/scaling_sweep.py --tiny             # 9 runs of a few steps (smoke check, about a minute)
+    python bench/scaling_sweep.py --prefix /tmp/scaling --screenshot docs/images/serve-scaling.png   # and /scaling's picture
 
 It walks the path docs/scaling.md describes, with nothing special for the benchmark:
 
@@ -21,7 +22,9 @@ Without it the script prints why and exits 0.
 
 Prints the machine, the wall time, which worker ran how many steps, the tokens and FLOPs trained
 (and their rate over the wall time, compilation included), then the fits; ``--out FILE`` also
-writes one JSON object with the same figures.
+writes one JSON object with the same figures, and ``--screenshot PNG`` takes ``marin serve``'s
+``/scaling`` page of the sweep with headless Chromium (``scripts/install_browser.sh``), as
+docs/browser.md shows it. A rerun on the same prefix finds every run cached.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="a 9-run sweep of a few steps each (smoke check)")
     parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap refits for the intervals")
     parser.add_argument("--out", help="also write the figures as one JSON object to this file")
+    parser.add_argument("--screenshot", metavar="PNG", help="also take /scaling's screenshot there (headless Chromium)")
     args = parser.parse_args()
 
     root, missing = find_sample(args.data)
@@ -117,7 +121,47 @@ def main() -> int:
                    "steps_per_worker": ran, "tokens": tokens, "flops": flops, "settings": settings,
                    **analysis.to_json([largest] if largest else [])}
         Path(args.out).write_text(json.dumps(figures, indent=1))
+    if args.screenshot:
+        screenshot_scaling_page(str(prefix), STEPS, args.screenshot)
+        print(f"/scaling's screenshot written to {args.screenshot}")
     return 0
+
+
+def screenshot_scaling_page(prefix: str, steps: str, png: str) -> None:
+    """``marin serve``'s /scaling of the sweep, whole, in a 1280-pixel-wide headless Chromium."""
+    import shutil
+    import socket
+    import threading
+    from urllib.parse import quote
+
+    import uvicorn
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    from marin.serve.app import create_app
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(prefix), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    options = Options()
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    try:
+        driver.set_page_load_timeout(300)
+        driver.get(f"http://127.0.0.1:{port}/scaling?steps={quote(steps)}")
+        driver.set_window_size(1280, driver.execute_script("return document.body.scrollHeight") + 40)
+        driver.save_screenshot(png)
+    finally:
+        driver.quit()
+        server.should_exit = True
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 * ``plan SETTINGS``: run the Pulumi program under Pulumi's mocks and list every resource it
   declares and every grant, without the ``pulumi`` command or an account.
 
-A settings error prints one line naming the field and exits 2.
+A settings error prints one line naming the field and exits 2; so does ``plan`` without the
+``infra`` extra (Pulumi's SDK), saying what to install.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from rigging.errors import ExplainedError
 
+from infra.errors import MissingExtraError
 from infra.settings import StackSettings, load_settings
 
 
@@ -55,7 +57,15 @@ _PLAN_KEYS = ("name", "accountId", "repositoryId", "service", "roleId", "role", 
 
 
 def _plan(settings: StackSettings, _args: argparse.Namespace) -> None:
-    from infra.offline import plan
+    try:
+        from infra.offline import plan
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").split(".")[0] not in ("pulumi", "pulumi_gcp"):
+            raise
+        raise MissingExtraError(
+            f"plan runs the stack's Pulumi program, which needs Pulumi's SDK, and {missing.name!r} is not installed "
+            f"here; install the infra extra: pip install -e '.[infra]'"
+        ) from None
 
     for resource in plan(settings):
         inputs = resource.inputs

@@ -12,3 +12,7 @@ class InfraError(ExplainedError):
 class StackSettingsError(InfraError, ValueError):
     """A stack setting no cloud would accept (unknown GPU or TPU type, a bad bucket name, ...);
     raised before any resource is declared, naming the field."""
+
+
+class MissingExtraError(InfraError, ImportError):
+    """A command that needs the ``infra`` extra's packages, run without them; says what to install."""

@@ -4,6 +4,7 @@ type alone whether a failure is shown as its message or with its traceback."""
 import importlib
 import inspect
 import logging
+import os
 import pkgutil
 
 import pytest
@@ -95,3 +96,32 @@ def test_a_plain_value_error_named_like_a_project_error_still_shows_its_tracebac
     SneakyError = type("SneakyError", (ValueError,), {"__module__": "marin.execution.fake"})
     log = _step_failure_log(tmp_path, caplog, SneakyError("what now?"))
     assert "Traceback (most recent call last)" in log and "SneakyError: what now?" in log
+
+
+def test_an_error_a_script_causes_is_one_line_under_plain_python_naming_the_script_line(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "experiment.py"
+    script.write_text(
+        "from levanter.models.llama import LlamaConfig\n"
+        "from marin.experiment.train import train_lm\n"
+        "\n"
+        "model = LlamaConfig(hidden_dim=8, intermediate_dim=16, num_layers=1, num_heads=2, num_kv_heads=2, max_seq_len=64)\n"
+        "train_lm(name='x', model=model, datasets={}, batch_size=4, seq_len=32, num_train_steps=2)\n"
+    )
+
+    def run(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env})
+
+    plain = run()
+    assert plain.returncode == 1 and plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr == (f"{script}, line 5: TrainConfigError: train_lm needs at least one dataset: "
+                            "datasets={tokenized(...): 1.0}. (the whole traceback: MARIN_TRACEBACK=1)\n")
+    full = run(MARIN_TRACEBACK="1")
+    assert full.returncode == 1 and "Traceback (most recent call last)" in full.stderr
+    # A bug (any other exception) keeps its traceback.
+    script.write_text("import marin\nraise KeyError('bug')\n")
+    bug = run()
+    assert "Traceback (most recent call last)" in bug.stderr and "KeyError: 'bug'" in bug.stderr

@@ -43,3 +43,14 @@ def test_plan_lists_every_grant_offline(tmp_path):
     assert len(lines) == 20  # 7 APIs, bucket, 3 accounts, role, repository, service, 6 grants
     assert sum("member=" in line for line in lines) == 6
     assert not any("allUsers" in line or "roles/owner" in line or "roles/editor" in line for line in lines)
+
+
+def test_plan_without_the_infra_extra_is_one_line_saying_what_to_install(tmp_path):
+    # A Python where Pulumi's SDK cannot be imported, as after a plain `pip install -e .`.
+    without_pulumi = ("import sys; sys.modules['pulumi'] = None; from infra.cli import main; "
+                      f"sys.exit(main(['plan', {str(EXAMPLE)!r}]))")
+    done = subprocess.run([sys.executable, "-c", without_pulumi], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr == ("error: plan runs the stack's Pulumi program, which needs Pulumi's SDK, and 'pulumi' is not "
+                           "installed here; install the infra extra: pip install -e '.[infra]'\n")

@@ -177,3 +177,13 @@ def test_an_attached_cluster_has_the_settings_it_was_started_with(tmp_path):
     started._write_record()  # what start() writes first, without running any daemon
     attached = LocalSlurmCluster.attach(tmp_path / "s")
     assert (attached.cpus, attached.kill_wait_s, attached.min_job_age_s) == (3, 7, 60)
+
+
+def test_the_description_says_why_it_declares_more_cpus_than_cores(tmp_path):
+    from fray.cluster.slurm_local import LocalSlurmCluster
+
+    cores = os.cpu_count() or 1
+    doubled = LocalSlurmCluster(state_dir=tmp_path / "a").describe()  # nothing started: only described
+    assert f"({max(4, 2 * cores)} CPUs declared on {cores} cores, since iris's supervisors are Slurm jobs " \
+           "that only wait," in doubled
+    assert "(1 CPUs, " in LocalSlurmCluster(state_dir=tmp_path / "b", cpus=1).describe()

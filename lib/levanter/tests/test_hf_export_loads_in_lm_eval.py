@@ -92,7 +92,7 @@ def test_bare_builtin_tokenizer_gets_its_special_tokens_named(tmp_path, builtin_
         "model_max_length": CONFIG.max_seq_len,
     }
     ids = {"bos_token_id": end, "eos_token_id": end, "pad_token_id": end}
-    assert _read(tmp_path, "generation_config.json") == {**ids, "max_length": CONFIG.max_seq_len}
+    assert _read(tmp_path, "generation_config.json") == ids  # no max_length: generate(max_new_tokens=...) warns of none
     assert ids.items() <= _read(tmp_path, "config.json").items()
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
@@ -101,7 +101,7 @@ def test_bare_builtin_tokenizer_gets_its_special_tokens_named(tmp_path, builtin_
     assert tokenizer(text)["input_ids"] == builtin_tokenizer.encode(text).ids  # encodes as the source does
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
     generation = transformers.GenerationConfig.from_pretrained(tmp_path)
-    assert (generation.eos_token_id, generation.pad_token_id, generation.max_length) == (end, end, CONFIG.max_seq_len)
+    assert (generation.eos_token_id, generation.pad_token_id) == (end, end)
 
 
 def test_source_folder_metadata_is_carried_over(tmp_path, synthetic_stories):
@@ -133,8 +133,20 @@ def test_gpt2_folder_keeps_its_own_config(tmp_path, real_data):
     assert written == {**source, "model_max_length": CONFIG.max_seq_len, "pad_token": END}
     assert _read(tmp_path, "special_tokens_map.json")["bos_token"]["content"] == END  # as the source spells it
     assert _read(tmp_path, "generation_config.json") == {
-        "bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": 50256, "max_length": CONFIG.max_seq_len,
+        "bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": 50256,
     }
+
+
+def test_transformers_generates_from_an_export_without_warnings(exported, caplog, recwarn):
+    import torch
+
+    folder, _ = exported
+    model, tokenizer = transformers.AutoModelForCausalLM.from_pretrained(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    with caplog.at_level("WARNING"), torch.no_grad():
+        out = model.generate(**tokenizer("Once upon a time", return_tensors="pt"), max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == len(tokenizer("Once upon a time")["input_ids"]) + 4
+    said = [record.getMessage() for record in caplog.records] + [str(w.message) for w in recwarn]
+    assert not any("max_length" in message for message in said), said
 
 
 def test_transformers_logits_match_ours(exported, assert_same_logits_as_transformers):

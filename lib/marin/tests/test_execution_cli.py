@@ -207,3 +207,29 @@ def test_version_is_the_installed_distributions(capsys):
         cli.main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"marin {importlib.metadata.version('marin')}"
+
+
+def test_explain_says_which_dependency_provides_a_null_tokenizer(tmp_path, capsys):
+    from marin.execution.step_runner import StepRunner
+    from marin.execution.step_spec import StepSpec
+    from marin.experiment.data import tokenized
+    from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
+
+    texts = ["Once upon a time, a fox found a ball.", "The bird sang in the sun."] * 4
+    (tmp_path / "stories.jsonl").write_text("".join(f'{{"text": "{text}"}}\n' for text in texts))
+
+    def build_tokenizer(output_path):
+        save_tokenizer(train_bpe_tokenizer(texts, 280), output_path)
+        return {"path": output_path}
+
+    tokenizer_step = StepSpec("tokenizers/tiny", fn=build_tokenizer)
+    data = tokenized("tokenized/tiny", source=str(tmp_path / "stories.jsonl"), tokenizer=tokenizer_step)
+    assert data.annotations == {"provided_by_dependency": {"tokenize.tokenizer": "tokenizers/tiny"}}
+    prefix = tmp_path / "prefix"
+    StepRunner(prefix=str(prefix)).run([tokenizer_step, data])
+    capsys.readouterr()
+    assert cli.main(["explain", "tokenized/tiny", "--prefix", str(prefix)]) == 0
+    out = capsys.readouterr().out
+    # What was hashed is still shown as it is (null), and where the value comes from beside it.
+    assert "    tokenize.tokenizer = null  (the dependency tokenizers/tiny, below)\n" in out
+    assert "  dep tokenizers/tiny (" in out

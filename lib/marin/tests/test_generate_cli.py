@@ -226,3 +226,18 @@ def test_generation_stops_at_a_stop_text_and_can_leave_the_prompt_out(trained):
     stop = full.strip().split()[1] if len(full.split()) > 1 else full.strip()[:2]
     cut = generate_text(model, tokenizer, [PROMPT], config, stop_text=stop, include_prompt=False)[0]
     assert cut == full[: full.index(stop)]
+
+
+def test_sampled_byte_tokens_print_readably_and_are_explained(monkeypatch, capsys):
+    import marin.generate as generating
+
+    # What an untrained byte-level model samples: a bell, an escape sequence and bytes that are no UTF-8 text.
+    monkeypatch.setattr(generating, "generate", lambda *args, **kwargs: ["Once upon\x07\x1b[2J a\ufffd\ufffd time\n\tend"])
+    assert cli.main(["generate", "anything", "--prompt", "Once upon"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "Once upon\\x07\\x1b[2J a\ufffd\ufffd time\n\tend\n"  # newlines and tabs stay themselves
+    assert captured.err.startswith("marin generate: \\xNN marks a control byte and \ufffd bytes that are not UTF-8 text")
+
+    monkeypatch.setattr(generating, "generate", lambda *args, **kwargs: ["Once upon a time, a fox."])
+    assert cli.main(["generate", "anything", "--prompt", "Once upon"]) == 0
+    assert capsys.readouterr().err == ""  # plain text: nothing to explain

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ def test_a_step_with_replicas_runs_as_a_gang_and_replica_0_gives_the_result(tmp_
     assert records[0]["coordinator"] == records[1]["coordinator"]  # one jax.distributed coordinator for both
     (attempt,) = list_attempts(str(output))
     assert attempt.record.replicas == 2 and len(attempt.logs) == 2
+    assert len(set(attempt.record.engine_jobs)) == 2  # where each replica ran, by the engine's own job id
     first, second = (read_log(url).decode() for url in attempt.logs)
     assert "replica 0 of 2" in first and "replica 1 of 2" not in first
     assert "replica 1 of 2" in second and "replica 0 of 2" not in second
@@ -221,3 +223,68 @@ def test_a_failed_attempt_iris_retries_is_one_console_line_and_its_traceback_sta
     first, _ = list_attempts(report.outcome_of("flaky").output_path)
     log = read_log(first.logs[0]).decode()
     assert "Traceback" in log and "ValueError: a bug that only the first attempt hits" in log  # a real crash keeps it
+
+
+def trains_for_a_while(output_path):
+    import logging
+
+    log = logging.getLogger("levanter.trainer")
+    for step in range(1, 41):
+        time.sleep(0.05)
+        log.info("step %d/40  loss %.4f  lr 0.003  grad_norm 0.5  50000 tokens/s  elapsed 0m%02ds  ETA 0m%02ds",
+                 step, 6.0 - 0.05 * step, step // 20, (40 - step) // 20)
+        log.info("a line that is not progress")
+    return "trained"
+
+
+def test_a_cluster_steps_progress_reaches_the_runners_console_at_a_bounded_rate(tmp_path, monkeypatch, caplog):
+    import marin.execution.progress_relay as progress_relay
+
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    monkeypatch.setattr(progress_relay, "PROGRESS_EVERY_S", 0.5)
+    step = StepSpec("trainer", trains_for_a_while, resources=ResourceConfig.with_cpu(ram="256m"))
+    started = time.monotonic()
+    with caplog.at_level("INFO", logger="marin.execution.step_runner"):
+        report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    waited = time.monotonic() - started
+    assert report.outcome_of("trainer").result == "trained"
+    said = [record.getMessage() for record in caplog.records if record.name == "marin.execution.step_runner"]
+    assert said.count("Step trainer: its progress is shown here at most every 0.5s; the whole log: "
+                      "marin logs trainer --follow") == 1
+    relayed = [line for line in said if line.startswith("Step trainer: step ")]
+    # The newest line when one is due (the first at once), never more often than every 0.5 s, and the last at the end.
+    assert 2 <= len(relayed) <= waited / 0.5 + 2, relayed
+    assert relayed[-1] == "Step trainer: step 40/40 loss 4.0000 lr 0.003 grad_norm 0.5 50000 tokens/s elapsed 0m02s ETA 0m00s"
+    assert all(re.fullmatch(r"Step trainer: step \d+/40 loss [\d.]+ .* tokens/s elapsed \S+ ETA \S+", line) for line in relayed)
+    assert not any("not progress" in line for line in said)
+    steps = [int(re.search(r"step (\d+)/", line).group(1)) for line in relayed]
+    assert steps == sorted(set(steps))  # each newer than the last
+
+
+def preempted_after_some_steps(output_path):
+    import logging
+
+    log = logging.getLogger("levanter.trainer")
+    attempt = int(os.environ["IRIS_ATTEMPT"])
+    for step in range(1, 6):
+        log.info("step %d/5  loss %.4f  50000 tokens/s  elapsed 0m00s  ETA 0m01s", step, 6.0 - step / 10 - attempt)
+        if step == 1:
+            sys.stdout.flush()
+            time.sleep(2.0)  # the runner relays step 1 at once; steps 2 to 5 then wait out its 30 s
+    if attempt == 1:
+        sys.stdout.flush()
+        os._exit(PREEMPTED_EXIT_CODE)
+    return "resumed"
+
+
+def test_a_preempted_attempts_last_figures_come_before_the_line_saying_how_it_ended(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    step = StepSpec("twice", preempted_after_some_steps, resources=ResourceConfig.with_cpu(ram="256m"))
+    with caplog.at_level("INFO", logger="marin.execution.step_runner"):
+        report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
+    assert report.outcome_of("twice").result == "resumed"
+    said = [record.getMessage() for record in caplog.records if record.name == "marin.execution.step_runner"]
+    ended = next(i for i, line in enumerate(said) if line.startswith("Step twice: attempt 1 PREEMPTED"))
+    first_attempt = [line for line in said[:ended] if line.startswith("Step twice: step ")]
+    assert first_attempt[-1] == "Step twice: step 5/5 loss 4.5000 50000 tokens/s elapsed 0m00s ETA 0m01s"
+    assert [line for line in said[ended:] if line.startswith("Step twice: step ")][-1].startswith("Step twice: step 5/5 loss 3.5000")

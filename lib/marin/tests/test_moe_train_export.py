@@ -54,6 +54,9 @@ def test_moe_training_writes_a_mixtral_export_with_samples(moe_run, capsys):
     assert len(trained.samples) == 1 and trained.samples[0].startswith("Once upon a time")
     summary = trained.summary()
     assert f"HF export:   {trained.hf_path}" in summary and "sample 1:" in summary
+    # The family a person knows it by (its export's architecture), and what it was trained with, first.
+    assert trained.architecture == "MixtralForCausalLM" and summary.startswith("Trained Mixtral (")
+    assert summary.splitlines()[1].startswith(f"  optimizer:   {trained.optimizer['type']}, peak learning rate ")
 
 
 def test_generate_and_evaluate_lm_read_the_moe_export(moe_run, tmp_path):

@@ -142,3 +142,82 @@ def test_runs_that_cannot_be_used_are_listed_with_the_reason(tmp_path):
     assert [run.loss for run in chosen.runs] == [4.0]
     missing = collect_runs(str(prefix), steps="sweeps/s/good", validation="c")
     assert missing.skipped[0].reason == "no validation loss for 'c' (it has: a, b)"
+
+
+def _sweep_point(prefix: Path, name: str, params: float, budget: float, loss: float, *, optimizer: str = "adam",
+                 learning_rate: float = 3e-3, data: str = "0" * 64, initialize_from: str | None = None,
+                 validation: str = "stories") -> Path:
+    """A finished run as a sweep leaves it, with the identity settings a fit compares."""
+    hash_attrs = {"model": {"__class__": "LlamaConfig", "hidden_dim": int(params // 1000), "num_layers": 4},
+                  "num_train_steps": int(budget // (6 * params)), "batch_size": 4,
+                  "optimizer": {"type": optimizer, "learning_rate": learning_rate}}
+    if initialize_from is not None:
+        hash_attrs["initialize_from"] = initialize_from
+    folder = prefix / f"{name}-0123abcd"
+    folder.mkdir(parents=True)
+    write_info(str(folder), {"name": name, "identity": "1" * 64, "version": "v1", "hash_attrs": hash_attrs,
+                             "deps": [{"name": "tokenized/stories", "identity": data}],
+                             "annotations": {"sweep": {"budget": budget}}})
+    write_status(str(folder), "SUCCESS")
+    result = {"parameters": params, "tokens_trained": budget / (6 * params), "flops_per_token": 6 * params,
+              "validation_losses": {validation: loss}}
+    (folder / ".artifact.json").write_text(json.dumps({"result_type": TRAINED_MODEL_TYPE, "result": result}))
+    return folder
+
+
+def test_runs_that_differ_in_more_than_size_and_budget_are_refused_naming_what_differs(tmp_path, capsys):
+    prefix = tmp_path / "prefix"
+    for budget in (1e13, 1e14, 1e15):
+        for params in (1e4, 2e4, 4e4, 8e4):
+            _sweep_point(prefix, f"sweeps/a/{budget:.0e}/{params:.0e}", params, budget, 2 + 300 / (budget / 6 / params) ** 0.3)
+    odd = {
+        "sweeps/b/muon": {"optimizer": "muon"},
+        "sweeps/b/hot": {"learning_rate": 1e-2},
+        "sweeps/b/other-data": {"data": "f" * 64},
+        "sweeps/b/warm": {"initialize_from": "olmo-2"},
+        "sweeps/b/other-set": {"validation": "c4"},
+    }
+    for name, change in odd.items():
+        _sweep_point(prefix, name, 2e4, 1e14, 2.5, **change)
+
+    found = collect_runs(str(prefix))
+    assert len(found.runs) == 12 and all(run.name.startswith("sweeps/a/") for run in found.runs)
+    reasons = {skip.name: skip.reason for skip in found.skipped}
+    assert set(reasons) == set(odd)
+    assert all(reason.startswith("differs from the 12 run(s) fitted in more than size and budget: ") for reason in reasons.values())
+    assert 'optimizer.type ("muon", theirs "adam")' in reasons["sweeps/b/muon"]
+    assert 'optimizer.learning_rate (0.01, theirs 0.003)' in reasons["sweeps/b/hot"]
+    assert 'dependency tokenized/stories ("ffffffff", theirs "00000000")' in reasons["sweeps/b/other-data"]
+    assert 'initialize_from ("olmo-2", theirs (not set))' in reasons["sweeps/b/warm"]
+    assert 'validation set ("c4", theirs "stories")' in reasons["sweeps/b/other-set"]
+    # Size and budget alone never set a run apart.
+    assert not any("hidden_dim" in reason or "num_train_steps" in reason for reason in reasons.values())
+
+    mixed = collect_runs(str(prefix), mixed=True)
+    assert len(mixed.runs) == 17 and not mixed.skipped and any("--mixed" in note for note in mixed.notes)
+
+    assert cli.main(["scaling", str(prefix), "--bootstrap", "0", "--budget", "1e16"]) == 0
+    out = capsys.readouterr().out
+    assert "Scaling fits of 12 finished run(s)" in out
+    assert 'not used: sweeps/b/muon: differs from the 12 run(s) fitted' in out
+
+
+def test_the_report_says_what_a_degenerate_sweep_cannot_tell_and_prints_no_optimum_for_it(tmp_path, capsys):
+    # Loss does not depend on size: no fit can say which size spends a budget best.
+    prefix = tmp_path / "prefix"
+    for budget in (1e13, 1e14, 1e15):
+        for params in (1e4, 2e4, 4e4, 8e4):
+            _sweep_point(prefix, f"sweeps/flat/{budget:.0e}/{params:.0e}", params, budget, 2 + 300 / (budget / 6 / params) ** 0.3)
+    assert cli.main(["scaling", str(prefix), "--bootstrap", "20", "--budget", "1e16"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"alpha  = \S+ .*not identified: A/N\^alpha changes by less than 0\.1% of the loss", out)
+    assert "C = 1e+16 FLOPs (parametric): not identified (A and alpha: A/N^alpha changes" in out
+    assert "no optimum given" in out
+    assert not re.search(r"\(parametric\): N = ", out)
+
+    assert cli.main(["scaling", str(prefix), "--bootstrap", "20", "--budget", "1e16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parametric"]["alpha"]["unidentified"].startswith("A/N^alpha changes")
+    (row,) = report["optimal"]
+    assert "params" not in row["parametric"] and row["parametric"]["unidentified"]
+    assert row["parametric"]["beyond_largest_budget"] == pytest.approx(10.0)

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import pytest
 
+from marin.scaling.estimates import Estimate, judged
 from marin.scaling.fits import (
     ParametricFit,
     ScalingFitError,
@@ -62,6 +63,117 @@ def test_parametric_fit_recovers_the_exponents_within_narrow_bootstrap_intervals
     assert parametric.params_exponent.contains(TRUE_SIZE_EXPONENT)
     assert parametric.params_exponent.value + parametric.tokens_exponent.value == pytest.approx(1.0)
     assert parametric.flops_per_param_token == pytest.approx(6.0)
+
+
+def test_parametric_fit_of_a_known_law_identifies_every_value_and_holds_the_truth_in_its_intervals(parametric):
+    assert parametric.unidentified() == []
+    for name in ("E", "A", "B", "alpha", "beta"):
+        fitted, true = getattr(parametric, name), getattr(TRUE, name).value
+        assert fitted.identified and fitted.contains(true), (name, fitted, true)
+    true_size, true_tokens = TRUE.optimal(1e20)
+    inside = parametric.optimum(1e20)  # a budget of the sweep: no extrapolation
+    assert not inside.unidentified and not inside.extrapolated
+    assert inside.params.contains(true_size) and inside.tokens.contains(true_tokens)
+    assert inside.params.value == pytest.approx(parametric.optimal(1e20)[0])
+
+
+def test_an_optimum_beyond_the_largest_budget_is_flagged_and_its_interval_widens(parametric):
+    largest = max(BUDGETS)
+    at_edge, beyond = parametric.optimum(largest), parametric.optimum(100 * largest)
+    assert at_edge.largest_budget == largest and not at_edge.extrapolated
+    assert beyond.extrapolated and beyond.beyond == pytest.approx(100.0)
+    assert beyond.params.contains(TRUE.optimal(100 * largest)[0])
+    assert beyond.params.high / beyond.params.low > at_edge.params.high / at_edge.params.low
+    record = beyond.to_json()
+    assert record["beyond_largest_budget"] == pytest.approx(100.0) and record["params"]["low"] == beyond.params.low
+
+
+def test_judged_marks_values_on_a_bound_reaching_one_or_spread_over_orders_of_magnitude():
+    assert judged(Estimate(5.0, 4.1, 5.0), lower=1e-3, upper=5.0).unidentified == "at its upper bound 5"
+    assert judged(Estimate(2.0, 2e-9, 2.5), lower=2e-9, lower_means="no loss floor").unidentified == (
+        "its interval reaches the lower bound 2e-09 (no loss floor)")
+    assert judged(Estimate(30.0, 12.0, 5e18)).unidentified == "its interval spans 18 orders of magnitude"
+    assert judged(Estimate(400.0, 300.0, 29_000.0)).identified  # under a factor of 100
+    assert judged(Estimate(0.3, 0.3, 0.3), lower=1e-3, upper=5.0).identified  # no refits: only the bounds judge
+
+
+def _degenerate_runs(loss) -> list[ScalingRun]:
+    return [_run(params, budget / (6 * params), loss(params, budget / (6 * params)), budget)
+            for budget in (1e13, 1e14, 1e15) for params in (1e4, 2e4, 4e4, 8e4)]
+
+
+def test_an_exponent_pinned_at_its_bound_is_not_identified_and_no_optimum_is_given():
+    # Loss falls with size far faster than any power the fit allows (alpha <= 5): it stops on the bound.
+    fit = fit_parametric(_degenerate_runs(lambda n, d: 2 + 0.5 * (1e4 / n) ** 8 + 300 / d**0.3), bootstrap=30)
+    assert fit.alpha.value == 5.0 and fit.alpha.unidentified == "at its upper bound 5"
+    # A is the size term at N = 1: with its exponent on a bound, it means nothing either.
+    assert fit.A.unidentified == "rests on alpha, which is not identified" and fit.B.identified
+    assert fit.beta.identified and fit.beta.contains(0.3)
+    assert fit.params_exponent.unidentified == "alpha: at its upper bound 5"
+    optimum = fit.optimum(1e16)
+    assert optimum.params is None and optimum.tokens is None
+    assert "alpha: at its upper bound 5" in optimum.unidentified
+    assert optimum.to_json() == {"flops": 1e16, "largest_budget": 1e15, "beyond_largest_budget": pytest.approx(10.0),
+                                 "unidentified": optimum.unidentified}
+
+
+def test_a_term_the_runs_cannot_see_leaves_its_coefficient_and_exponent_unidentified():
+    # Loss does not depend on size at all: whatever A and alpha the search stops at, they say nothing.
+    fit = fit_parametric(_degenerate_runs(lambda n, d: 2 + 300 / d**0.3), bootstrap=20)
+    assert fit.A.unidentified == fit.alpha.unidentified
+    assert fit.alpha.unidentified.startswith("A/N^alpha changes by less than 0.1% of the loss across the runs")
+    assert fit.beta.identified and fit.beta.value == pytest.approx(0.3, rel=1e-6)  # noise-free: the rest is recovered
+    assert fit.unidentified() == [f"A and alpha: {fit.alpha.unidentified}"]
+    assert fit.optimum(1e16).unidentified == f"A and alpha: {fit.alpha.unidentified}"
+
+
+def test_a_coefficient_is_judged_at_the_runs_scale_not_at_one_parameter(parametric):
+    # A's interval at N = 1 carries alpha's spread (A moves by N**alpha); the term at the runs' own
+    # sizes is what they pin, and that is what decides whether A is identified.
+    assert parametric.A.identified and parametric.B.identified
+    typical = np.exp(np.mean(np.log([run.params for run in parametric.runs])))
+    refits = np.array(parametric.refits)
+    at_scale = refits[:, 1] / typical ** refits[:, 3]
+    assert np.percentile(at_scale, 97.5) / np.percentile(at_scale, 2.5) < parametric.A.high / parametric.A.low
+
+
+def test_an_optimum_known_only_to_within_a_factor_of_ten_is_not_given():
+    from marin.scaling.estimates import optimum_from
+
+    wide = optimum_from(1e20, 1e19, 1e8, 1e11, np.geomspace(2e7, 5e8, 50), np.geomspace(2e10, 5e11, 50), 0.95)
+    assert wide.params is None and wide.unidentified.startswith("N_opt's interval at this budget spans a factor of")
+    narrow = optimum_from(1e20, 1e19, 1e8, 1e11, np.geomspace(6e7, 1.5e8, 50), np.geomspace(7e10, 1.6e11, 50), 0.95)
+    assert narrow.params.value == 1e8 and narrow.extrapolated and narrow.beyond == pytest.approx(10.0)
+
+
+def test_one_budget_cannot_separate_size_from_tokens(sweep):
+    # On one budget D = C/(6N): the size and token terms move together, and their coefficients spread
+    # over many orders of magnitude across the refits.
+    one_budget = [run for run in _isoflop_sweep(noise=0.005) if run.budget == 1e20]
+    fit = fit_parametric(one_budget, bootstrap=50)
+    assert any("orders of magnitude" in reason for reason in fit.unidentified(("A", "B")))
+    assert fit.optimum(1e21).params is None
+
+
+def test_isoflop_exponents_without_any_interval_are_not_identified(caplog):
+    # Three sizes per budget: each parabola passes through its runs exactly, so no noise can be estimated.
+    runs = [run for i, run in enumerate(_isoflop_sweep()) if i % 7 in (2, 3, 4)]  # the middle 3 of each budget's 7
+    assert {len(members) for members in group_by_budget(runs).values()} == {3}
+    with caplog.at_level(logging.WARNING, logger="marin.scaling.fits"):
+        fit = fit_isoflop(runs, bootstrap=50)
+    assert fit.params_opt.exponent.unidentified.startswith("no interval: every budget's parabola passes through")
+    assert fit.optimum(1e22).params is None
+    bare = fit_isoflop(runs, bootstrap=0)  # no interval asked for: none is missing
+    assert bare.params_opt.exponent.identified and bare.optimum(1e22).params.value == pytest.approx(bare.optimal(1e22)[0])
+
+
+def test_isoflop_optimum_has_an_interval_and_flags_extrapolation(sweep):
+    fit = fit_isoflop(sweep, bootstrap=100)
+    true_size, _ = TRUE.optimal(1e21)
+    inside, beyond = fit.optimum(1e21), fit.optimum(1e24)
+    assert not inside.extrapolated and inside.params.contains(true_size)
+    assert beyond.extrapolated and beyond.beyond == pytest.approx(100.0)
+    assert beyond.params.high / beyond.params.low > inside.params.high / inside.params.low
 
 
 def test_parametric_optimum_is_near_the_true_compute_optimal_size(parametric):

@@ -87,3 +87,16 @@ def test_attempts_and_logs_on_an_s3_prefix(s3_prefix):
     assert 'data-attempt="1" data-outcome="SUCCEEDED"' in page and "job-7" in page
     log = client.get("/api/log", params={"path": "train/x-ab12cd34", "attempt": 1, "replica": 1}).json()
     assert log["text"] == "from the bucket\n" and log["finished"]
+
+
+def test_the_attempts_table_names_each_replicas_engine_job(tmp_path):
+    prefix = str(tmp_path / "prefix")
+    folder = _step(prefix, "train/x-ab12cd34", "RUNNING")
+    attempt = AttemptLog.begin(folder, replicas=2, engine="slurm", job_id="train-x-job", job_attempt=1)
+    attempt.placed(["4711", "4712"])  # what iris's supervisor records once the replicas hold their allocations
+    client = TestClient(create_app(prefix), raise_server_exceptions=False)
+    page = client.get("/step", params={"path": "train/x-ab12cd34"}).text
+    assert '<td class="mono engine-job">4711, 4712</td>' in page and "<th>engine job</th>" in page
+    attempt.finish(AttemptOutcome.SUCCEEDED, "", [0, 0])
+    (row,) = client.get("/api/attempts", params={"path": "train/x-ab12cd34"}).json()["attempts"]
+    assert row["engine_jobs"] == ["4711", "4712"] and row["outcome"] == "SUCCEEDED"  # kept when the attempt ends

@@ -251,10 +251,15 @@ def test_the_comparison_table_shows_what_differs_and_sorts(server, browser, tiny
     table = _wait(browser, expected_conditions.presence_of_element_located((By.ID, "comparison")))
     rows = table.find_elements(By.CSS_SELECTOR, "tbody tr")
     assert len(rows) == 2
-    settings = [th.text for th in table.find_elements(By.CSS_SELECTOR, "th.setting")]
-    assert settings == ["hash_attrs.optimizer.learning_rate"]  # the one thing changed between the runs
+    # What the runs were trained with comes first: the one thing changed between them is the peak rate.
     headings = [th.get_attribute("data-key") for th in table.find_elements(By.CSS_SELECTOR, "th[data-key]")]
-    loss_column = headings.index("loss") + 1
+    assert headings[:2] == ["optimizer", "peak learning rate"] and not table.find_elements(By.CSS_SELECTOR, "th.setting")
+    rate_column, loss_column = headings.index("peak learning rate") + 1, headings.index("loss") + 1
+    rates = sorted(tr.find_elements(By.TAG_NAME, "td")[rate_column].text for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr"))
+    assert rates == ["0.003", "0.01"]  # the peaks, not the rates the schedule decayed them to
+    # The table fits the page: nothing to scroll sideways in a 1280-pixel window.
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= browser.execute_script(
+        "return window.innerWidth")
 
     def losses():
         return [float(tr.find_elements(By.TAG_NAME, "td")[loss_column].get_attribute("data-sort"))

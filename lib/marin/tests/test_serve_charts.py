@@ -14,19 +14,21 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
 from marin.serve.app import create_app
-from marin.serve.charts import Axes, tick_label, log_ticks, ticks, line_chart, short_label, smooth
+from marin.serve.charts import LEFT, RIGHT, WIDTH, Axes, tick_label, log_ticks, ticks, line_chart, short_label, smooth
 from marin.serve.runs import by_tokens
 
 STEPS = 10
 TOKENS_PER_STEP = 512
 
 
-def _run(prefix: Path, short: str, lr: float, finished: float, loss_start: float) -> str:
+def _run(prefix: Path, short: str, lr: float, finished: float, loss_start: float, *, batch_size: int = 4,
+         **optimizer: object) -> str:
     folder = prefix / "checkpoints" / f"tiny-{short}"
     folder.mkdir(parents=True)
     (folder / ".executor_info").write_text(json.dumps({
         "name": "checkpoints/tiny", "identity": short + "0" * 56, "version": "v1",
-        "hash_attrs": {"optimizer": {"learning_rate": lr, "weight_decay": 0.1}, "batch_size": 4},
+        "hash_attrs": {"optimizer": {"type": "adam", "learning_rate": lr, "weight_decay": 0.1, **optimizer},
+                       "batch_size": batch_size},
         "deps": [{"name": "tokenized/stories", "identity": "ab" * 32}]}))
     (folder / ".executor_status").write_text(json.dumps({"status": "SUCCESS", "time": finished}))
     with open(folder / "metrics.jsonl", "w") as handle:
@@ -86,13 +88,20 @@ def test_runs_page_opens_on_the_newest_run_first(runs):
     assert page.index(newer) < page.index(older)
 
 
-def test_step_list_marks_the_newest_of_same_named_steps(runs):
+def test_step_list_marks_no_newest_between_outputs_of_other_settings(runs):
     client, older, newer = runs
+    # Two learning rates under one name: two experiments, neither newer nor older than the other.
     marks = {s["path"]: s["newest"] for s in client.get("/api/steps").json()["steps"]}
-    assert marks == {newer: True, older: False}
-    page = client.get("/").text
-    newer_row = page[page.index(f'path={newer.replace("/", "%2F")}'):]
-    assert newer_row.index('class="newest"') < newer_row.index("</tr>")
+    assert marks == {newer: None, older: None}
+    assert '<span class="newest">' not in client.get("/").text.split("<script>")[0]
+
+
+def test_step_list_marks_the_newest_rerun_of_one_configuration(tmp_path):
+    first = _run(tmp_path, "11111111", 6e-4, 1.0e9, 5.0)
+    again = _run(tmp_path, "22222222", 6e-4, 2.0e9, 4.0)  # the same settings, run again (another version or data)
+    other = _run(tmp_path, "33333333", 6e-3, 3.0e9, 4.0)
+    marks = {s["path"]: s["newest"] for s in TestClient(create_app(str(tmp_path))).get("/api/steps").json()["steps"]}
+    assert marks == {again: True, first: False, other: None}
 
 
 def test_x_by_tokens_log_y_and_zoom_redraw_on_the_server(runs):
@@ -107,15 +116,45 @@ def test_x_by_tokens_log_y_and_zoom_redraw_on_the_server(runs):
     assert [x for x, _ in zoomed["checkpoints/tiny 22222222"]] == [3, 4, 5, 6]
 
 
-def test_comparison_shows_final_metrics_and_only_the_settings_that_differ(runs):
+def test_comparison_names_the_optimizer_and_peak_rate_first_then_what_differs_then_the_metrics(runs):
     client, older, newer = runs
     table = client.get("/api/compare", params={"run": [older, newer]}).json()
-    assert table["settings"] == ["hash_attrs.optimizer.learning_rate"]  # batch size, decay, data: the same
+    # The learning rate differs, but it is already in the leading columns; batch size, decay, data: the same.
+    assert table["settings"] == []
+    assert table["values"][older]["optimizer"] == "adam" and table["values"][older]["peak learning rate"] == "0.0006"
+    assert table["values"][newer]["peak learning rate"] == "0.006"
     assert table["values"][older]["loss"] == pytest.approx(5.0 - 0.25 * STEPS)
     assert table["values"][newer]["stories loss"] == pytest.approx(2.0)
-    assert table["values"][newer]["hash_attrs.optimizer.learning_rate"] == 6e-3
+    assert "learning rate" not in table["metrics"]  # the peak is shown once, in front
     page = client.get("/runs", params={"run": [older, newer]}).text
-    assert 'id="comparison"' in page and "weight_decay" not in page.split('id="comparison"')[1].split("</table>")[0]
+    comparison = page.split('id="comparison"')[1].split("</table>")[0]
+    headings = re.findall(r'<th data-key="([^"]+)"', comparison)
+    assert headings[:3] == ["optimizer", "peak learning rate", "steps"]  # no settings differ: the metrics follow
+    assert '<p class="muted">no other settings differ between these runs</p>' in page  # the rate differs, in front
+    assert "weight_decay" not in comparison
+
+
+def test_differing_settings_come_before_the_metrics_the_optimizers_first(tmp_path):
+    runs = [_run(tmp_path, "11111111", 6e-4, 1.0e9, 5.0),
+            _run(tmp_path, "22222222", 2e-2, 2.0e9, 4.0, batch_size=8, type="muon", adam_learning_rate=3e-3, momentum=0.95)]
+    client = TestClient(create_app(str(tmp_path)))
+    table = client.get("/api/compare", params={"run": runs}).json()
+    assert table["values"][runs[1]]["optimizer"] == "muon"
+    assert table["values"][runs[1]]["peak learning rate"] == "0.02 (adam_learning_rate 0.003)"
+    assert table["settings"] == ["hash_attrs.optimizer.momentum", "hash_attrs.batch_size"]
+    comparison = client.get("/runs", params={"run": runs}).text.split('id="comparison"')[1].split("</table>")[0]
+    headings = re.findall(r'<th data-key="([^"]+)"', comparison)
+    assert headings[:4] == ["optimizer", "peak learning rate", "hash_attrs.optimizer.momentum", "hash_attrs.batch_size"]
+    assert headings.index("hash_attrs.batch_size") < headings.index("loss")
+    assert ">optimizer.momentum</th>" in comparison  # shown without the hash_attrs. prefix
+
+
+def test_a_run_without_an_optimizer_record_shows_the_peak_of_its_logged_rate(tmp_path):
+    from marin.serve.runs import final_metrics
+
+    series = {"loss": [(1, 5.0), (2, 4.0), (3, 3.5)], "lr": [(1, 1e-3), (2, 3e-3), (3, 1e-5)]}
+    assert final_metrics(series)["peak learning rate"] == 3e-3
+    assert "learning rate" not in final_metrics(series)
 
 
 def test_lineage_labels_are_cut_in_the_middle_so_versions_stay_apart():
@@ -144,3 +183,32 @@ def test_a_training_run_in_progress_shows_its_curve_from_its_staging_folder(tmp_
     (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "staging": "../other"}))
     with pytest.raises(Exception, match="not a training run"):
         run_metrics(str(tmp_path), "checkpoints/live-ab12cd34")
+
+
+def test_a_running_training_steps_page_links_its_curves(tmp_path):
+    step = tmp_path / "checkpoints" / "live-ab12cd34"
+    staged = step / ".staging" / "g3"
+    staged.mkdir(parents=True)
+    (step / ".executor_info").write_text(json.dumps({"name": "checkpoints/live", "identity": "ab12cd34" + "0" * 56}))
+    (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "generation": 3, "staging": ".staging/g3"}))
+    (staged / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    page = TestClient(create_app(str(tmp_path))).get("/step", params={"path": "checkpoints/live-ab12cd34"}).text
+    assert re.search(r'<a id="training-curves" href="/runs\?run=checkpoints%2Flive-ab12cd34">', page)
+
+
+def test_charts_nothing_logged_are_named_in_one_line_not_drawn_as_empty_panels(runs):
+    client, older, newer = runs
+    page = client.get("/runs", params={"run": newer}).text
+    titles = re.findall(r'<figure class="chart" data-title="([^"]+)"', page)
+    assert titles == ["loss", "validation loss", "learning rate"]  # what these runs logged
+    assert re.search(r'<p class="muted" id="not-logged">not logged by these runs: lm-eval-harness, tokens/s, MFU</p>', page)
+    assert "no data" not in page
+
+
+def test_the_first_and_last_points_stand_off_the_plots_border():
+    svg = line_chart("validation loss", {"run": [(10, 3.0), (100, 2.5)]}, Axes(y_title="validation loss"))
+    scale = dict(re.findall(r'data-(x-lo|x-hi)="([^"]+)"', svg))
+    assert float(scale["x-lo"]) < 10 and float(scale["x-hi"]) > 100
+    left, width = LEFT, WIDTH - LEFT - RIGHT
+    xs = [float(x) for x in re.search(r'class="series"[^>]* points="([^"]+)"', svg).group(1).replace(",", " ").split()[::2]]
+    assert left < xs[0] and xs[-1] < left + width

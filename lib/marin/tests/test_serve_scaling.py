@@ -89,7 +89,7 @@ def test_page_draws_every_run_linked_to_its_step_and_a_parabola_per_budget(sweep
     print(f"/scaling on {len(sweep['names']) + 1} runs answered in {time.perf_counter() - started:.2f} s")
     assert response.status_code == 200
     html = response.text
-    used = set(sweep["names"]) | {sweep["odd"]}  # the odd run's loss is its first (and only) set's
+    used = set(sweep["names"])  # the odd run's loss is on another validation set: refused, not fitted
     steps = {row["name"]: row["path"] for row in client.get("/api/steps").json()["steps"]}
     step_pages = {"/step?" + urlencode({"path": steps[name]}) for name in used}
     for chart in ("loss-flops", "loss-params"):
@@ -136,11 +136,15 @@ def test_fitted_values_in_the_tables_are_the_analysis_own(sweep):
 
 def test_api_lists_runs_skipped_runs_and_both_fits(sweep):
     data = sweep["client"].get("/api/scaling").json()
-    assert len(data["runs"]) == len(sweep["names"]) + 1
+    assert len(data["runs"]) == len(sweep["names"])
     assert data["isoflop"] is not None and data["parametric"] is not None
     assert data["isoflop_error"] is None and data["parametric_error"] is None
-    assert [len(curve["runs"]) for curve in data["isoflop"]["curves"]] == [5, 6, 5]
-    assert [skip["name"] for skip in data["skipped"]] == [sweep["unfinished"]]
+    assert [len(curve["runs"]) for curve in data["isoflop"]["curves"]] == [5, 5, 5]
+    reasons = {skip["name"]: skip["reason"] for skip in data["skipped"]}
+    assert set(reasons) == {sweep["unfinished"], sweep["odd"]}
+    # Its loss is read on another validation set than the sweep's: it would measure something else.
+    assert reasons[sweep["odd"]].startswith("differs from the 15 run(s) fitted in more than size and budget: "
+                                            'validation set ("<script>alert(1)</script>", theirs "valid")')
 
 
 def test_steps_glob_chooses_the_runs_fitted(sweep):
@@ -200,3 +204,29 @@ def test_an_empty_prefix_says_how_to_make_a_sweep(tmp_path):
     data = client.get("/api/scaling").json()
     assert data["runs"] == [] and data["isoflop"] is None and data["parametric"] is None
     assert data["isoflop_error"] and data["parametric_error"]
+
+
+def test_a_sweep_that_cannot_tell_the_best_size_shows_what_is_not_identified_and_no_optimum(tmp_path):
+    # Loss does not depend on size: the page marks the size term's values and gives no optimum for them.
+    for budget in BUDGETS:
+        for model, params in SIZES.items():
+            write_run(tmp_path, budget, model, params, losses={"valid": 2 + 300 / (budget / (6 * params)) ** 0.3})
+    client = TestClient(create_app(str(tmp_path)), raise_server_exceptions=False)
+    html = client.get("/scaling").text
+    data = client.get("/api/scaling").json()
+    marked = re.findall(r'<td class="unidentified" data-for="parametric-(\w+)">not identified: ([^<]+)</td>', html)
+    assert {name for name, _ in marked} >= {"A", "alpha"}
+    assert unescape(dict(marked)["alpha"]) == data["parametric"]["alpha"]["unidentified"]
+    cells = re.findall(r'<tr data-flops="[^"]+">(.*?)</tr>', html, re.S)
+    assert len(cells) == 3 and all("not identified: A and alpha:" in unescape(cell) for cell in cells)
+    assert all("unidentified" in row["parametric"] and "params" not in row["parametric"] for row in data["optimal"])
+    # No frontier is drawn from a law whose optimum is not known.
+    assert 'data-source="parametric fit"' not in html
+
+
+def test_an_optimum_beyond_the_largest_budget_says_so_on_the_page(sweep):
+    html = sweep["client"].get("/scaling").text
+    rows = dict(re.findall(r'<tr data-flops="([^"]+)">(.*?)</tr>', html, re.S))
+    assert "beyond the largest budget" not in rows[repr(3e16)]
+    assert re.search(r"10× beyond the largest budget fitted, its interval a factor of [\d.]+ wide", rows[repr(3e17)])
+    assert "100× beyond the largest budget fitted" in rows[repr(3e18)]

@@ -185,6 +185,7 @@ def _assert_preempted_twice_and_logged(outputs: dict, iris_home: Path, preempted
     assert {a.record.job_id for a in attempts} == {job_id}
     record = JobStore(iris_home).get(job_id)
     assert (record.state.value, record.preemptions, record.failures, record.attempts) == ("SUCCEEDED", 2, 0, 3)
+    assert all(len(a.record.engine_jobs) == 1 and a.record.engine_jobs[0] for a in attempts)  # one replica each
     logs = [read_log(a.logs[0]).decode(errors="replace") for a in attempts]
     assert all("marin.execution.step_job" in text for text in logs)
     assert "Resumed from checkpoint step" not in logs[0]
@@ -227,6 +228,17 @@ def _through_iris(inputs, tmp_path, engine_env: dict[str, str], preempt: Callabl
             driver.kill()
     _assert_preempted_twice_and_logged(outputs, iris_home, preempted_at)
     _assert_equal_to_uninterrupted(outputs, uninterrupted)
+    _assert_progress_on_the_console((tmp_path / "driver" / "driver.err").read_text(errors="replace"))
+
+
+def _assert_progress_on_the_console(console: str) -> None:
+    """The training step's progress reached the runner's console from the job's log, as a local run shows it:
+    once how to follow the whole log, and step, loss, tokens/s and ETA lines, the last one the final step."""
+    assert console.count("Step checkpoints/tiny: its progress is shown here at most every 30s; the whole log: "
+                         "marin logs checkpoints/tiny --follow") == 1
+    relayed = re.findall(rf"Step checkpoints/tiny: step (\d+)/{STEPS} loss \S+ .* tokens/s .*ETA \S+", console)
+    assert len(relayed) >= 3, console[-4000:]  # each attempt's first and last, at least
+    assert int(relayed[-1]) == STEPS
 
 
 def _slurm_jobs_running(name_part: str, env: dict[str, str]) -> list[str]:
@@ -243,6 +255,8 @@ def test_graph_through_iris_on_slurm_survives_two_preemptions_bit_for_bit(slurm_
     def preempt(train: Path) -> None:
         # What Slurm itself does before preempting a job: SIGTERM to the batch script, which hands it on.
         (job,) = _slurm_jobs_running("checkpoints", env)
+        # The attempt's record names the Slurm job its replica runs as (the web view's attempts table shows it).
+        assert list_attempts(str(train))[-1].record.engine_jobs == (job,)
         subprocess.run(["scancel", "--batch", "--signal=TERM", job], env=env, check=True, timeout=30)
 
     _through_iris(inputs, tmp_path, {**slurm_cluster.env, "MARIN_CLUSTER": "iris:slurm"}, preempt, uninterrupted)

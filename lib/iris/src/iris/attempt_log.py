@@ -72,6 +72,9 @@ class AttemptRecord:
     outcome: str | None = None  # an AttemptOutcome value; None while running (or if its writer died)
     reason: str = ""
     exit_codes: tuple[int | None, ...] = ()
+    # Each replica's job id on the engine (Slurm's batch job id, Ray's actor, a local process's
+    # job), once the replicas are placed: what `squeue`, `scancel` and the engine's own logs name.
+    engine_jobs: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -80,6 +83,7 @@ class AttemptRecord:
     def to_json(self) -> str:
         data = asdict(self)
         data["exit_codes"] = list(self.exit_codes)
+        data["engine_jobs"] = list(self.engine_jobs)
         return json.dumps(data, indent=1)
 
     @classmethod
@@ -87,6 +91,7 @@ class AttemptRecord:
         data = json.loads(text)
         known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
         known["exit_codes"] = tuple(known.get("exit_codes") or ())
+        known["engine_jobs"] = tuple(str(job) for job in known.get("engine_jobs") or ())
         return cls(**known)
 
 
@@ -220,6 +225,11 @@ class AttemptLog:
             self._last_flush = time.monotonic()
             for replica in dirty:
                 fsx.atomic_write(self.log_url(replica), _spool_read(self._spool, replica_log_name(replica)))
+
+    def placed(self, engine_jobs: list[str] | tuple[str, ...]) -> None:
+        """Record where the replicas were placed (their engine job ids), while the attempt runs."""
+        self.record = AttemptRecord(**{**asdict(self.record), "engine_jobs": tuple(str(job) for job in engine_jobs)})
+        fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json())
 
     def finish(self, outcome: AttemptOutcome, reason: str = "", exit_codes: tuple[int | None, ...] | list = ()) -> AttemptRecord:
         self.flush()

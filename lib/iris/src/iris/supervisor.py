@@ -256,6 +256,8 @@ class Supervisor:
             for index in range(spec.replicas):
                 log_path = log_folder / f"attempt-{attempt:03d}-replica-{index:03d}.log"
                 replicas.append(Replica(client.submit(request, start=False), log_path, index, attempt_log))
+            if attempt_log is not None:
+                attempt_log.placed([replica.job.job_id for replica in replicas])
             # Every replica holds its place (on Slurm: its allocation) before any starts: all-or-nothing.
             # jax.distributed's coordinator runs in process 0, so its address is on replica 0's machine.
             coordinator = [replica.job.free_address() for replica in replicas][0]

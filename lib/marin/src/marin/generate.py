@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -284,12 +285,28 @@ def generate_command(args: argparse.Namespace) -> int:
     except (ModelNotFoundError, TokenizerMismatchError, HfFormatError, TokenizerNotFoundError, TokenizerFormatError,
             SamplingError, NonFiniteLogitsError, ChatTemplateError, fsx.FilesystemUnavailableError) as exc:
         return _usage_error(str(exc))
+    unreadable = False
     for i, text in enumerate(texts):
         if i:
             print()
-        print(text, flush=True)
+        shown = readable(text)
+        unreadable = unreadable or shown != text or REPLACEMENT in text
+        print(shown, flush=True)
+    if unreadable:
+        print(f"marin generate: \\xNN marks a control byte and {REPLACEMENT} bytes that are not UTF-8 text: the model "
+              "emitted raw byte tokens (a byte-level tokenizer's), as a model trained this little still does",
+              file=sys.stderr)
     return EXIT_OK
 
 
+REPLACEMENT = "\ufffd"  # what decoding puts where byte tokens do not form UTF-8 text
+
+
+def readable(text: str) -> str:
+    """``text`` with control characters other than newlines and tabs written as ``\\xNN``: a sampled
+    byte token such as BEL or ESC would otherwise ring the terminal or garble what follows."""
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
+
+
 __all__ = ["ModelLocation", "ModelNotFoundError", "TokenizerMismatchError", "generate", "generate_command", "load_model_and_tokenizer",
-           "locate_model", "register", "sampling_from_args"]
+           "locate_model", "readable", "register", "sampling_from_args"]

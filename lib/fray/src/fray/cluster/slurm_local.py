@@ -222,7 +222,11 @@ class LocalSlurmCluster:
     def describe(self) -> str:
         """One line for a person: the node, its partition and the controller's port."""
         gpus = "".join(f", {count} x {kind} GPU" for kind, count in self.gpus.items())
-        return (f"node {self.node_name} ({self.cpus} CPUs, {self.memory_mib} MiB{gpus}) in partition "
+        cores = os.cpu_count() or 1
+        # More slots than cores is on purpose (see __init__); say so, or `sinfo` reads like a mistake.
+        slots = (f"{self.cpus} CPUs declared on {cores} cores, since iris's supervisors are Slurm jobs that only wait"
+                 if self.cpus > cores else f"{self.cpus} CPUs")
+        return (f"node {self.node_name} ({slots}, {self.memory_mib} MiB{gpus}) in partition "
                 f"'{self.partition}', controller on port {self.controller_port}")
 
     # -- configuration ------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ need to know which tokens are BOS, EOS and padding, how long an input may be and
 stops. Without that, lm-eval's Hugging Face backend cannot even score a request: it looks up its
 prefix token (BOS, else EOS), finds neither, and fails decoding ``None``. So beside the tokenizer's
 own files this module writes ``tokenizer_config.json`` and ``special_tokens_map.json`` naming the
-special tokens, ``generation_config.json`` with their ids and the model's length, and returns the
-ids for ``config.json``.
+special tokens, ``generation_config.json`` with their ids, and returns the ids for ``config.json``.
+The model's length goes into ``tokenizer_config.json`` (``model_max_length``) and ``config.json``, not
+into ``generation_config.json``: a ``max_length`` there makes transformers warn on every ``generate``
+given ``max_new_tokens``, which is how generation is usually asked for.
 
 The special tokens are the ones :func:`levanter.tokenization.load_tokenizer` resolves: the names the
 source's config gives, else the conventional ones its vocabulary holds (a lone ``<|endoftext|>``
@@ -66,7 +68,7 @@ def write_tokenizer_files(tokenizer: Any, out_dir: str, *, max_length: int) -> d
     write_json(fsx.join(out_dir, TOKENIZER_CONFIG_FILE), tokenizer_config(config, tokens, max_length))
     write_json(fsx.join(out_dir, SPECIAL_TOKENS_MAP_FILE), _with_tokens(special_map, tokens))
     ids = {f"{role}_token_id": token_id for role, (_, token_id) in tokens.items() if role != "unk"}
-    write_json(fsx.join(out_dir, GENERATION_CONFIG_FILE), {**ids, "max_length": max_length})
+    write_json(fsx.join(out_dir, GENERATION_CONFIG_FILE), ids)
     return ids
 
 

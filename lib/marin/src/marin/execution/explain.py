@@ -17,6 +17,9 @@ from rigging.regular_files import stays_within
 from marin.execution.executor_files import read_info, recorded_dependency_paths
 
 MAX_DEPTH = 32
+# The annotation naming hash attributes that are null because a dependency provides the value (a
+# tokenizer built by a step): ``{"tokenize.tokenizer": "tokenizers/builtin-bpe"}``.
+PROVIDED_BY_DEPENDENCY = "provided_by_dependency"
 
 
 def flatten_attributes(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -32,6 +35,18 @@ def flatten_attributes(value: Any, prefix: str = "") -> dict[str, Any]:
             flat.update(flatten_attributes(item, f"{prefix}[{index}]"))
         return flat
     return {prefix or "(value)": value}
+
+
+def identity_settings(info: dict[str, Any]) -> dict[str, Any]:
+    """What went into a step's identity, one entry per setting, as ``marin explain A B`` compares
+    them: ``version``, each flattened hash attribute (``hash_attrs.optimizer.learning_rate``) and each
+    dependency's identity (``dependency tokenized/x``, its first 8 hex digits)."""
+    settings: dict[str, Any] = {"version": info.get("version")}
+    settings.update({f"hash_attrs.{k}": v for k, v in flatten_attributes(info.get("hash_attrs") or {}).items()})
+    for dep in info.get("deps") or []:
+        if isinstance(dep, dict) and dep.get("name"):
+            settings[f"dependency {dep['name']}"] = str(dep.get("identity") or "")[:8]
+    return settings
 
 
 def _short(value: Any) -> str:
@@ -72,8 +87,11 @@ def identity_tree(output_path: str, *, indent: int = 0, depth: int = 0) -> list[
     lines.append(f"{pad}  fn: {info.get('fn')}")
     attrs = flatten_attributes(info.get("hash_attrs") or {})
     if attrs and attrs != {"(value)": {}}:
+        provided = (info.get("annotations") or {}).get(PROVIDED_BY_DEPENDENCY) or {}
         lines.append(f"{pad}  hash_attrs:")
-        lines.extend(f"{pad}    {key} = {_short(value)}" for key, value in attrs.items())
+        lines.extend(f"{pad}    {key} = {_short(value)}"
+                     + (f"  (the dependency {provided[key]}, below)" if value is None and key in provided else "")
+                     for key, value in attrs.items())
     for dep, dep_path in recorded_dependency_paths(output_path, info):
         lines.append(f"{pad}  dep {dep.get('name')} ({str(dep.get('identity'))[:8]}):")
         if depth >= MAX_DEPTH:

@@ -26,6 +26,9 @@ Cached steps never reach iris.
   replicas: they stop at their next heartbeat.
 * Work a step starts itself (a tokenizer's shards) runs inside the step's own allocation
   (``MARIN_CLUSTER=local`` in the job), not as more jobs.
+* While the job runs, its progress lines (the trainer's step, loss, tokens/s and ETA) are relayed
+  from the attempt's log to the runner's console at a bounded rate
+  (:mod:`marin.execution.progress_relay`), with one line saying how to follow the whole log.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +57,7 @@ from rigging.secrets import SecretNames
 
 from marin.errors import MarinError
 from marin.execution.executor_files import STATUS_RUNNING, STATUS_SUCCESS, read_status
+from marin.execution.progress_relay import ProgressRelay
 from marin.execution.step_context import RunCancelled
 from marin.execution.step_executor import StepCall
 from marin.execution.step_job import StepJobCall, call_url, result_url
@@ -100,11 +105,13 @@ class IrisStepExecutor:
     commits_itself = True
 
     def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, prefix: str | None = None,
-                 poll_s: float = 0.5, replica_heartbeat_s: float = REPLICA_HEARTBEAT_S) -> None:
+                 poll_s: float = 0.5, replica_heartbeat_s: float = REPLICA_HEARTBEAT_S,
+                 progress_every_s: float | None = None) -> None:
         self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
         self._store = store
         self._prefix = prefix
         self.poll_s = poll_s
+        self.progress_every_s = progress_every_s  # None: progress_relay.PROGRESS_EVERY_S
         self.replica_heartbeat_s = replica_heartbeat_s
         self._slurm: Any = None
         self._adopted: dict[str, JobStore] = {}  # job id -> the database an adopted job is recorded in
@@ -225,6 +232,8 @@ class IrisStepExecutor:
     def _wait(self, call: StepCall, job_id: str, store: JobStore) -> Any:
         reported: int | None = None
         news = _AttemptNews(call.spec.name, call.output_path, job_id)
+        progress = ProgressRelay(call.spec.name, call.output_path, job_id, every_s=self.progress_every_s)
+        progress.announce()
         while True:
             record = get_job(job_id, store)
             if record.attempts and record.attempts != reported and call.placed is not None:
@@ -232,8 +241,11 @@ class IrisStepExecutor:
                 if folder_attempt is not None:  # the supervisor opens the folder just after the attempt starts
                     reported = record.attempts
                     call.placed(attempt=folder_attempt)
-            news.tell(record, store)
+            if record.attempts:
+                progress.poll(record.attempts)
+            news.tell(record, store, first=progress.flush)  # an attempt's last figures before how it ended
             if record.state.finished:
+                progress.flush()
                 return record
             if call.cancelled.is_set() or call.lease_lost.is_set():
                 stop_job(job_id, store, timeout=STOP_TIMEOUT_S)
@@ -262,7 +274,8 @@ class _AttemptNews:
         self._told: set[int] = set()
         self._seen: tuple[Any, ...] | None = None
 
-    def tell(self, record: JobRecord, store: JobStore) -> None:
+    def tell(self, record: JobRecord, store: JobStore, first: Callable[[], None] = lambda: None) -> None:
+        """Log how each attempt that ended since the last look ended; ``first`` runs before the first such line."""
         seen = (record.attempts, record.preemptions, record.failures, record.state, record.updated_at)
         if seen == self._seen:  # nothing ended since the last look: no need to read the attempts
             return
@@ -273,6 +286,7 @@ class _AttemptNews:
         for verdict in verdicts:
             if verdict.attempt in self._told:
                 continue
+            first()
             self._told.add(verdict.attempt)
             if verdict.outcome is AttemptOutcome.SUCCEEDED and verdict.attempt == 1:
                 continue  # the runner's own "finished" line says it all

@@ -20,6 +20,7 @@ from levanter.tokenization import load_tokenizer
 from marin.datasets.sources import ResolvedSource, resolve_source
 from marin.datasets.tokenizer_ref import ResolvedTokenizer, TokenizerRef, resolve_tokenizer_ref
 from marin.errors import MarinError
+from marin.execution.explain import PROVIDED_BY_DEPENDENCY
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.processing.tokenize import (
     MissingSplitError,
@@ -109,6 +110,9 @@ def tokenized(
         version=version,
         resources=resources,
         output_path=output_path,
+        # A tokenizer built by a step enters the identity through that dependency, so its attribute is
+        # null; `marin explain` says where it comes from (annotations are not hashed).
+        annotations={PROVIDED_BY_DEPENDENCY: {"tokenize.tokenizer": tokenizer_dep.name}} if tokenizer_dep else None,
     )
 
 

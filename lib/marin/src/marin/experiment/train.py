@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.cluster import ResourceConfig
+from levanter.compat.hf_format import read_hf_config
 from levanter.lora import LoraConfig
 from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.trainer.dpo import DpoConfig
@@ -39,6 +40,7 @@ from marin.evaluation.tasks import TASKS_DIR
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.experiment.initial_weights import InitializeFrom, resolve_initial_weights
+from marin.experiment.describe import describe_optimizer, model_family
 from marin.experiment.train_step import (
     SAMPLE_PROMPTS,
     TrainConfigError,
@@ -117,6 +119,11 @@ class TrainedModel:
     # vocabulary); None for records made before it was kept, and for models that do not count them.
     flops_per_token: float | None = None
     mesh: MeshUsed | None = None  # None for records made before it was kept
+    # The optimizer's record (OptimizerConfig.to_dict()), and the Hugging Face architecture the
+    # export was written as ("Olmo2ForCausalLM": a Llama config with OLMo 2's norms); None for
+    # records made before they were kept, and (architecture) for runs without an export.
+    optimizer: dict[str, Any] | None = None
+    architecture: str | None = None
 
     @property
     def training_flops(self) -> float | None:
@@ -125,9 +132,10 @@ class TrainedModel:
 
     def summary(self) -> str:
         """What a person wants to see when the run ends (printed by the runner)."""
-        family = self.model_type.removesuffix("Config")
-        lines = [f"Trained {family} ({self.parameters:,} parameters) for {self.final_step} steps, "
-                 f"{self.tokens_trained:,} tokens, in {self.train_seconds:.0f} s."]
+        lines = [f"Trained {model_family(self.model_type, self.architecture)} ({self.parameters:,} parameters) for "
+                 f"{self.final_step} steps, {self.tokens_trained:,} tokens, in {self.train_seconds:.0f} s."]
+        if self.optimizer:
+            lines.append(f"  optimizer:   {describe_optimizer(self.optimizer)}")
         for d in self.datasets:
             origin = "BUILT-IN OFFLINE corpus" if d.builtin_source else "source"
             lines.append(f"  data:        {d.name} (weight {d.weight:g}), {origin}: {d.source}")
@@ -401,7 +409,17 @@ def _trained_model(request: TrainingRequest, run: TrainingRun) -> TrainedModel:
         harness=run.harness,
         flops_per_token=flops_per_token_of(request.model, first.vocab_size, request.seq_len),
         mesh=MeshUsed(**training.mesh, processes=training.process_count) if training.mesh else None,
+        optimizer=request.optimizer.to_dict(),
+        architecture=_architecture(training.hf_path),
     )
+
+
+def _architecture(hf_path: str | None) -> str | None:
+    """The architecture the export's ``config.json`` names (``LlamaForCausalLM``), if there is an export."""
+    if hf_path is None:
+        return None
+    architectures = read_hf_config(hf_path).get("architectures") or [None]
+    return architectures[0] if isinstance(architectures[0], str) else None
 
 
 def flops_per_token_of(model: Any, vocab_size: int, seq_len: int) -> float | None:

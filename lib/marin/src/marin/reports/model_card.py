@@ -16,6 +16,7 @@ from marin.errors import MarinError
 from marin.execution.artifact import ArtifactError, load_artifact, register_result_type
 from marin.execution.catalog import step_folders
 from marin.execution.executor_files import STATUS_SUCCESS, prefix_of, read_info, read_status, recorded_dependency_paths
+from marin.experiment.describe import describe_optimizer, model_family
 from marin.reports.loss_plot import plot_loss_curves, read_loss_curves
 from rigging import filesystem as fsx
 
@@ -179,7 +180,7 @@ def render_markdown(card: CardData, plot_file: str = PLOT_FILE) -> str:
     """The model card as Markdown; ``plot_file`` is the loss plot's path relative to the card."""
     trained, config = card.trained, card.config
     model_config = config.get("model", {})
-    family = str(trained.get("model_type", "model")).removesuffix("Config")
+    family = model_family(str(trained.get("model_type", "model")), trained.get("architecture"))
     lines = [f"# Model card: {card.name}", "",
              f"A {family} language model with {_fmt(trained.get('parameters'))} parameters, trained for "
              f"{_fmt(trained.get('final_step'))} steps on {_fmt(trained.get('tokens_trained'))} tokens.", "",
@@ -200,7 +201,8 @@ def render_markdown(card: CardData, plot_file: str = PLOT_FILE) -> str:
     lines += _table(["", ""], [
         ["steps", _fmt(trained.get("final_step"))], ["tokens", _fmt(trained.get("tokens_trained"))],
         ["batch size x sequence length", f"{config.get('batch_size')} x {config.get('seq_len')}"],
-        ["optimizer", ", ".join(f"{k}={v}" for k, v in optimizer.items() if v is not None)],
+        ["optimizer", describe_optimizer(optimizer)],
+        ["optimizer settings", ", ".join(f"{k}={v}" for k, v in optimizer.items() if v is not None)],
         ["compute dtype", config.get("compute_dtype")],
         ["wall time", f"{seconds:,.1f} s"], ["throughput", f"{throughput:,.0f} tokens/s" if throughput else "n/a"],
         ["hardware", f"{card.resources or 'n/a'} on host {card.provenance.get('host') or 'n/a'}"],

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from marin.scaling.fits import IsoFlopFit, ParametricFit, ScalingFitError, fit_isoflop, fit_parametric
+from marin.scaling.fits import IsoFlopFit, Optimum, ParametricFit, ScalingFitError, fit_isoflop, fit_parametric
 from marin.scaling.runs import CollectedRuns, collect_runs
 
 
@@ -30,14 +30,15 @@ class ScalingAnalysis:
         return [] if largest is None else [largest, 10 * largest, 100 * largest]
 
     def optimal_at(self, budgets: Sequence[float]) -> list[dict[str, Any]]:
-        """The compute-optimal size and tokens at each budget, by each fit that was made."""
+        """The compute-optimal size and tokens at each budget, by each fit that was made: an
+        :class:`~marin.scaling.fits.Optimum` each, with its interval and how far beyond the runs it
+        reaches, or only why the fit does not determine it."""
         rows = []
         for budget in budgets:
             row: dict[str, Any] = {"flops": budget}
             for name, fit in (("isoflop", self.isoflop), ("parametric", self.parametric)):
                 if fit is not None:
-                    params, tokens = fit.optimal(budget)
-                    row[name] = {"params": params, "tokens": tokens, "tokens_per_param": tokens / params}
+                    row[name] = fit.optimum(budget)
             rows.append(row)
         return rows
 
@@ -52,14 +53,16 @@ class ScalingAnalysis:
             "isoflop_error": self.isoflop_error,
             "parametric": self.parametric.to_json() if self.parametric is not None else None,
             "parametric_error": self.parametric_error,
-            "optimal": self.optimal_at(budgets),
+            "optimal": [{key: value.to_json() if isinstance(value, Optimum) else value for key, value in row.items()}
+                        for row in self.optimal_at(budgets)],
         }
 
 
 def analyse(prefix: str, *, steps: str | None = None, validation: str | None = None, bootstrap: int = 100,
-            seed: int = 0) -> ScalingAnalysis:
-    """Collect the finished runs under ``prefix`` (matching the glob ``steps``) and fit both laws."""
-    collected = collect_runs(prefix, steps=steps, validation=validation)
+            seed: int = 0, mixed: bool = False) -> ScalingAnalysis:
+    """Collect the finished runs under ``prefix`` (matching the glob ``steps``; alike in all but size
+    and budget unless ``mixed``) and fit both laws."""
+    collected = collect_runs(prefix, steps=steps, validation=validation, mixed=mixed)
     isoflop = parametric = None
     isoflop_error = parametric_error = None
     try:

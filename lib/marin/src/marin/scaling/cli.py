@@ -5,7 +5,12 @@ names match GLOB (``sweeps/isoflop-nano/*``), fits the IsoFLOP law (a parabola p
 minima as power laws of compute) and the parametric law ``L(N, D) = E + A/N^alpha + B/D^beta``,
 each with bootstrap intervals, and prints the fitted values, the compute-optimal size and tokens
 at each ``--budget`` (default: the sweep's own largest budget, and ten and a hundred times it),
-and the runs used. ``--json`` prints the same as one JSON object; ``--png`` also draws the plot.
+and the runs used. A value the runs do not determine (on a bound of the fit, or an interval over
+orders of magnitude) is marked "not identified", and no optimum resting on it is printed; an
+optimum beyond the largest budget fitted says how far beyond and how wide its interval is. Runs
+that differ in more than size and budget (optimizer, data, initial weights, validation set) are
+not fitted together: the largest group of alike runs is, the others are listed with what differs
+(``--mixed`` fits them all). ``--json`` prints the same as one JSON object; ``--png`` also draws the plot.
 Exit status 1 when neither law can be fitted (each reason is printed), 2 for a usage error.
 """
 
@@ -29,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--budget", type=float, action="append", default=[], metavar="FLOPS",
                         help="a compute budget to give the optimal size and tokens for (repeatable)")
     parser.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap refits for the intervals (default 200)")
+    parser.add_argument("--mixed", action="store_true",
+                        help="fit runs that differ in more than size and budget together (refused by default)")
     parser.add_argument("--png", metavar="FILE", help="also write the plot there (a path or URL)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     parser.set_defaults(handler=scaling_command)
@@ -47,7 +54,8 @@ def scaling_command(args: argparse.Namespace) -> int:
     if args.bootstrap < 0 or any(budget <= 0 for budget in args.budget):
         print("marin scaling: --bootstrap must be 0 or more and every --budget a positive number of FLOPs.", file=sys.stderr)
         return EXIT_USAGE
-    analysis = analyse(prefix, steps=args.steps, validation=args.validation, bootstrap=args.bootstrap)
+    analysis = analyse(prefix, steps=args.steps, validation=args.validation, bootstrap=args.bootstrap,
+                       mixed=args.mixed)
     budgets = args.budget or analysis.default_budgets()
     if args.png and (analysis.isoflop is not None or analysis.parametric is not None):
         from marin.scaling.plot import plot_scaling
@@ -62,9 +70,32 @@ def scaling_command(args: argparse.Namespace) -> int:
 
 
 def _interval(estimate, digits: str = ".3g") -> str:
+    text = format(estimate.value, digits)
+    if estimate.low != estimate.high:
+        text += f" [{estimate.low:{digits}}, {estimate.high:{digits}}]"
+    return text + (f"   not identified: {estimate.unidentified}" if estimate.unidentified else "")
+
+
+def _optimum_line(name: str, optimum) -> str:
+    head = f"  C = {optimum.compute:.3g} FLOPs ({name:>10}): "
+    if optimum.unidentified:
+        return head + f"not identified ({optimum.unidentified}); no optimum given"
+    size, data = optimum.params, optimum.tokens
+    line = (head + f"N = {_bare(size)} parameters, D = {_bare(data)} tokens "
+            f"({data.value / size.value:.3g} tokens per parameter)")
+    if optimum.extrapolated:
+        spread = max(size.high / size.low, data.high / data.low) if size.low > 0 and data.low > 0 else float("inf")
+        width = f"; its interval spans a factor of {spread:.3g}" if size.low != size.high else "; no interval"
+        line += (f"\n    extrapolated {optimum.beyond:.3g}x beyond the largest budget fitted "
+                 f"({optimum.largest_budget:.3g} FLOPs){width}")
+    return line
+
+
+def _bare(estimate) -> str:
+    """A value and its interval, without the verdict (an optimum that is printed is identified)."""
     if estimate.low == estimate.high:
-        return format(estimate.value, digits)
-    return f"{estimate.value:{digits}} [{estimate.low:{digits}}, {estimate.high:{digits}}]"
+        return f"{estimate.value:.3g}"
+    return f"{estimate.value:.3g} [{estimate.low:.3g}, {estimate.high:.3g}]"
 
 
 def report_text(analysis, budgets: list[float], *, png: str | None = None) -> str:
@@ -81,8 +112,9 @@ def report_text(analysis, budgets: list[float], *, png: str | None = None) -> st
         fit = analysis.isoflop
         lines.append(f"  {'budget':>10} {'runs':>5} {'N_opt':>10} {'D_opt':>10} {'loss_opt':>9}")
         for curve in fit.curves:
+            outside = "  outside the sizes tried (extrapolated)" if curve.extrapolated else ""
             lines.append(f"  {curve.budget:>10.3g} {len(curve.runs):>5} {curve.params_opt:>10.3g} "
-                         f"{curve.tokens_opt:>10.3g} {curve.loss_opt:>9.4f}")
+                         f"{curve.tokens_opt:>10.3g} {curve.loss_opt:>9.4f}{outside}")
         lines.append(f"  N_opt(C) = {fit.params_opt.coefficient.value:.3g} * C^{_interval(fit.params_opt.exponent)}")
         lines.append(f"  D_opt(C) = {fit.tokens_opt.coefficient.value:.3g} * C^{_interval(fit.tokens_opt.exponent)}")
     lines.append("")
@@ -93,18 +125,18 @@ def report_text(analysis, budgets: list[float], *, png: str | None = None) -> st
         fit = analysis.parametric
         for name in ("E", "A", "B", "alpha", "beta"):
             lines.append(f"  {name:<6} = {_interval(getattr(fit, name))}")
-        lines.append(f"  N_opt ~ C^{_interval(fit.params_exponent)}, D_opt ~ C^{_interval(fit.tokens_exponent)} "
+        exponents = (f"  N_opt ~ C^{_bare(fit.params_exponent)}, D_opt ~ C^{_bare(fit.tokens_exponent)} "
                      f"(C = {fit.flops_per_param_token:.3g} N D, the runs' own FLOPs per parameter per token)")
+        if fit.params_exponent.unidentified:
+            exponents = f"  N_opt ~ C^a, D_opt ~ C^b: not identified ({fit.params_exponent.unidentified})"
+        lines.append(exponents)
     rows = analysis.optimal_at(budgets)
     if rows and (analysis.isoflop is not None or analysis.parametric is not None):
+        confidence = (analysis.parametric or analysis.isoflop).confidence
         lines.append("")
-        lines.append("Compute-optimal allocation:")
+        lines.append(f"Compute-optimal allocation ({confidence:.0%} bootstrap intervals):")
         for row in rows:
-            for name in ("isoflop", "parametric"):
-                if name in row:
-                    optimum = row[name]
-                    lines.append(f"  C = {row['flops']:.3g} FLOPs ({name:>10}): N = {optimum['params']:.3g} parameters, "
-                                 f"D = {optimum['tokens']:.3g} tokens ({optimum['tokens_per_param']:.3g} tokens per parameter)")
+            lines += [_optimum_line(name, row[name]) for name in ("isoflop", "parametric") if name in row]
     lines.append("")
     lines.append("Runs used:")
     lines.append(f"  {'params':>10} {'tokens':>10} {'FLOPs':>10} {'budget':>10} {'loss':>8}  step")

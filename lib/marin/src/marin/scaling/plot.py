@@ -3,7 +3,9 @@
 Left, each run's loss against its size, one colour per budget, with that budget's parabola over
 the sizes tried and its vertex marked (and, given a parametric fit, the loss it predicts along the
 same budget, dashed). Right, the vertices' N_opt and D_opt against compute with the power laws
-through them, and the parametric fit's optimum where there is one.
+through them, and the parametric fit's optimum where the runs determine it (a law whose exponents
+are not identified is drawn with "not identified" in its legend, a parametric optimum resting on
+values the runs do not determine is not drawn at all).
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ def _plot_optimal_allocation(axes, runs, isoflop, parametric) -> None:
         ):
             axes.scatter(budgets, values, marker=marker, color=colour, zorder=3)
             exponent = law.exponent
+            verdict = " not identified" if exponent.unidentified else ""
             axes.plot(grid, [law(compute) for compute in grid], color=colour, linewidth=1.4,
-                      label=f"{name} ∝ C^{exponent.value:.3f} [{exponent.low:.3f}, {exponent.high:.3f}] (IsoFLOP)")
-    if parametric is not None:
+                      label=f"{name} ∝ C^{exponent.value:.3f} [{exponent.low:.3f}, {exponent.high:.3f}] (IsoFLOP{verdict})")
+    if parametric is not None and not parametric.unidentified(("A", "B", "alpha", "beta")):
         optimum = np.array([parametric.optimal(compute) for compute in grid])
         for column, colour, name, exponent in ((0, "tab:blue", "N_opt", parametric.params_exponent),
                                                (1, "tab:orange", "D_opt", parametric.tokens_exponent)):

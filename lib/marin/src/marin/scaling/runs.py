@@ -6,8 +6,10 @@ Its size is the artifact's ``parameters``, its data ``tokens_trained``, its loss
 validation loss (of the set ``validation`` names, else the first the run evaluated), its compute
 ``flops_per_token * tokens_trained``; a run recorded before FLOPs were kept is counted at
 ``6 * parameters * tokens`` and says so. A sweep's budget comes from the step's annotations in
-``.executor_info`` (:mod:`marin.experiment.sweep`). Runs that cannot be used are listed with the
-reason, never silently dropped. Records are read only when they are regular files inside the
+``.executor_info`` (:mod:`marin.experiment.sweep`). Runs that differ in more than size and budget
+(optimizer, data, initial weights, validation set) are not fitted together: the largest group of
+alike runs is, and the others are refused naming what differs (:mod:`marin.scaling.comparable`).
+Runs that cannot be used are listed with the reason, never silently dropped. Records are read only when they are regular files inside the
 prefix, in bounded amounts (:mod:`rigging.regular_files`), so the web view can call this too.
 """
 
@@ -24,6 +26,8 @@ from rigging.regular_files import RefusedFileError, read_bounded_text
 
 from marin.execution.catalog import describe_folder, step_folders
 from marin.execution.executor_files import ARTIFACT_FILE, STATUS_SUCCESS, CorruptRecordError, read_info
+from marin.execution.explain import identity_settings
+from marin.scaling.comparable import comparable_settings, split_comparable
 from marin.scaling.points import ScalingRun
 
 TRAINED_MODEL_TYPE = "marin.experiment.train:TrainedModel"
@@ -48,13 +52,17 @@ class CollectedRuns:
     validation_sets: list[str] = field(default_factory=list)  # every validation set the runs evaluated
 
 
-def collect_runs(prefix: str, *, steps: str | None = None, validation: str | None = None) -> CollectedRuns:
-    """Every finished ``train_lm`` run under ``prefix`` whose step name matches the glob ``steps``."""
+def collect_runs(prefix: str, *, steps: str | None = None, validation: str | None = None,
+                 mixed: bool = False) -> CollectedRuns:
+    """Every finished ``train_lm`` run under ``prefix`` whose step name matches the glob ``steps``,
+    less those that differ from the largest group of alike runs in more than size and budget
+    (refused with the reason), unless ``mixed``."""
     prefix = prefix.rstrip("/")
     runs: list[ScalingRun] = []
     skipped: list[SkippedRun] = []
     notes: set[str] = set()
     sets: set[str] = set()
+    settings: dict[str, dict[str, str]] = {}
     for folder in step_folders(prefix):
         listing = describe_folder(folder, prefix)
         if steps is not None and not fnmatch.fnmatchcase(listing.name, steps):
@@ -74,11 +82,19 @@ def collect_runs(prefix: str, *, steps: str | None = None, validation: str | Non
             continue
         result = record.get("result") or {}
         sets.update(k for k in (result.get("validation_losses") or {}) if isinstance(k, str))
-        point = _scaling_run(listing.name, folder, result, _budget_of(folder, prefix), validation, notes)
+        info = _info(folder, prefix)
+        point = _scaling_run(listing.name, folder, result, _budget_of(info), validation, notes)
         if isinstance(point, str):
             skipped.append(SkippedRun(listing.name, folder, point))
         else:
             runs.append(point)
+            settings[point.name] = comparable_settings(identity_settings(info), _validation_used(result, validation))
+    kept, refused = split_comparable(runs, settings)
+    if mixed and refused:
+        notes.add(f"fitted with --mixed: {len(refused)} of the runs differ from the rest in more than size and budget")
+    elif refused:
+        runs = kept
+        skipped += [SkippedRun(item.run.name, item.run.path or "", item.reason) for item in refused]
     if validation is None and len(sets) > 1:
         notes.add(f"the runs evaluated {len(sets)} validation sets; each run's loss is its first one "
                   "(choose one with validation=..., --validation on the command line)")
@@ -113,10 +129,15 @@ def _declared_as_training(folder: str, prefix: str) -> bool:
     return isinstance((_info(folder, prefix).get("annotations") or {}).get("sweep"), dict)
 
 
-def _budget_of(folder: str, prefix: str) -> float | None:
-    sweep = (_info(folder, prefix).get("annotations") or {}).get("sweep")
+def _budget_of(info: dict[str, Any]) -> float | None:
+    sweep = (info.get("annotations") or {}).get("sweep")
     budget = sweep.get("budget") if isinstance(sweep, dict) else None
     return float(budget) if _positive(budget) else None
+
+
+def _validation_used(result: dict[str, Any], validation: str | None) -> str:
+    """The validation set a run's fitted loss is read on (the named one, else its first)."""
+    return validation or next(iter(result.get("validation_losses") or {}), "")
 
 
 def _positive(value: Any) -> bool:

@@ -100,7 +100,8 @@ def create_app(prefix: str) -> FastAPI:
         path = clean_relative(path)
         detail = step_detail(prefix, path)
         differences = version_differences(prefix, path, clean_relative(compare)) if compare else None
-        return pages.step_page(detail, prefix, compare, differences, step_attempts(prefix, path))
+        return pages.step_page(detail, prefix, compare, differences, step_attempts(prefix, path),
+                               training=is_training_run(prefix, detail.row))
 
     @app.get("/api/step")
     def step_json(path: str, compare: str | None = None) -> dict[str, Any]:

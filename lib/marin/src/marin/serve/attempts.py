@@ -42,13 +42,15 @@ class AttemptRow:
     reason: str
     description: str  # AttemptListing.describe(): the line `marin logs` prints
     replicas: tuple[int, ...]  # replica numbers that have a log
+    engine_jobs: tuple[str, ...] = ()  # each replica's job id on the engine (a Slurm batch job id)
 
     @property
     def finished(self) -> bool:
         return self.outcome not in ("RUNNING", "UNREADABLE")
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "exit_codes": list(self.exit_codes), "replicas": list(self.replicas), "finished": self.finished}
+        return {**self.__dict__, "exit_codes": list(self.exit_codes), "replicas": list(self.replicas),
+                "engine_jobs": list(self.engine_jobs), "finished": self.finished}
 
 
 def _row(listing: AttemptListing, now: float) -> AttemptRow:
@@ -70,6 +72,7 @@ def _row(listing: AttemptListing, now: float) -> AttemptRow:
         reason=record.reason,
         description=listing.describe(),
         replicas=replicas,
+        engine_jobs=tuple(record.engine_jobs),
     )
 
 

@@ -124,6 +124,9 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], axes: A
     x_ticks = [x_lo] if x_hi == x_lo else ticks(x_lo, x_hi, integer=integer_x)
     if x_hi == x_lo:  # one step: the point in the middle, one tick under it
         x_lo, x_hi = x_lo - 1, x_hi + 1
+    else:  # the first and last points (a final validation loss) stand off the plot's border
+        x_margin = (x_hi - x_lo) * 0.02
+        x_lo, x_hi = x_lo - x_margin, x_hi + x_margin
     if y_hi == y_lo:  # one value: a band around it whose ticks still read as different numbers
         pad = (abs(y_lo) * 0.05) or 1.0
         y_lo, y_hi = y_lo - pad, y_hi + pad

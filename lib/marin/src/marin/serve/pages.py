@@ -29,7 +29,7 @@ pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
 figure.chart{margin:0;min-width:0}figure.chart figcaption{font-weight:bold}svg.chart{width:100%;height:auto;display:block;cursor:crosshair;user-select:none}
 .tick{font-size:11px;fill:#555}.axis-title{font-size:12px;fill:#333}.readout{font-size:12px;min-height:1.5em}.readout .row{margin-left:10px;padding-left:4px}
 .controls{background:#f6f6f6;padding:6px 8px}.controls input[type=range]{vertical-align:middle}pre.sample{white-space:pre-wrap;max-width:100ch}
-.wide{overflow-x:auto}table.sortable th[data-key]{cursor:pointer}th[data-order=asc]:after{content:" ▲"}th[data-order=desc]:after{content:" ▼"}
+.wide{overflow-x:auto;max-width:100%}table#comparison td,table#comparison th{max-width:22ch;overflow-wrap:anywhere}table.sortable th[data-key]{cursor:pointer}th[data-order=asc]:after{content:" ▲"}th[data-order=desc]:after{content:" ▼"}
 .newest{color:#1a7f37;font-size:11px;border:1px solid #1a7f37;border-radius:3px;padding:0 3px;margin-left:4px}.older{color:#888;font-size:11px;margin-left:4px}
 .legend .key{margin-right:10px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .lineage text{font-size:11px}.lineage rect{fill:#eef3fb;stroke:#8aa4cc}.lineage rect.self{fill:#fff3d6;stroke:#c9a13b}
@@ -128,8 +128,8 @@ def _json_block(value: Any) -> str:
 def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
     if not attempts:
         return '<p class="muted" id="no-attempts">no attempts recorded in this step\'s folder</p>'
-    head = ("<tr><th>attempt</th><th>engine</th><th>iris job</th><th>its attempt</th><th>outcome</th><th>exit codes</th>"
-            "<th>duration</th><th>reason</th><th>logs</th></tr>")
+    head = ("<tr><th>attempt</th><th>engine</th><th>engine job</th><th>iris job</th><th>its attempt</th><th>outcome</th>"
+            "<th>exit codes</th><th>duration</th><th>reason</th><th>logs</th></tr>")
     rows = []
     for row in attempts:
         logs = " ".join(f'<a class="log-link" href="{escape(link("/log", path=path, attempt=row.attempt, replica=r))}">'
@@ -138,7 +138,9 @@ def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
         first = row.replicas[0] if row.replicas else 0
         rows.append(f'<tr data-attempt="{row.attempt}" data-outcome="{escape(row.outcome)}">'
                     f'<td><a href="{escape(link("/log", path=path, attempt=row.attempt, replica=first))}">{row.attempt}</a></td>'
-                    f"<td>{escape(row.engine or '-')}</td><td class=\"mono\">{escape(row.job_id or '-')}</td>"
+                    f"<td>{escape(row.engine or '-')}</td>"
+                    f"<td class=\"mono engine-job\">{escape(', '.join(row.engine_jobs) or '-')}</td>"
+                    f"<td class=\"mono\">{escape(row.job_id or '-')}</td>"
                     f"<td>{'-' if row.job_attempt is None else row.job_attempt}</td>"
                     f'<td class="{escape(row.outcome)}">{escape(row.outcome)}</td><td>{escape(codes)}</td>'
                     f"<td>{seconds_text(row.duration_seconds)}</td><td>{escape(row.reason or '')}</td><td>{logs}</td></tr>")
@@ -146,7 +148,8 @@ def _attempts_table(path: str, attempts: list[AttemptRow]) -> str:
 
 
 def step_page(detail: StepDetail, prefix: str, compare: str | None, differences: list[str] | None,
-              attempts: list[AttemptRow] | None = None) -> str:
+              attempts: list[AttemptRow] | None = None, training: bool = False) -> str:
+    """``training``: the step has a ``metrics.jsonl``, committed or (while it runs) in its staging folder."""
     row, info = detail.row, detail.info
     attrs = "".join(f'<tr><td class="mono">{escape(k)}</td><td class="mono">{escape(json.dumps(v, default=str))}</td></tr>'
                     for k, v in flatten_attributes(info.get("hash_attrs") or {}).items())
@@ -158,7 +161,7 @@ def step_page(detail: StepDetail, prefix: str, compare: str | None, differences:
                f'<tr><th>folder</th><td class="mono">{escape(row.path)}</td></tr>'
                + (f'<tr><th>error</th><td class="FAILED">{escape(row.error)}</td></tr>' if row.error else "")
                + (f"<tr><th>not read</th><td>{_problems_html(row.problems)}</td></tr>" if row.problems else "") + "</table>")
-    if any(f["name"] == "metrics.jsonl" for f in detail.files):  # a training run: its curves are one click away
+    if training or any(f["name"] == "metrics.jsonl" for f in detail.files):  # a training run: its curves are one click away
         summary += f'<p><a id="training-curves" href="{escape(link("/runs", run=row.path))}">training curves</a></p>'
     parts = [summary, "<h3>Attempts</h3>", _attempts_table(row.path, attempts or []), "<h3>Hash attributes</h3>", f"<table id=\"hash-attrs\">{attrs}</table>" if attrs else '<p class="muted">none</p>']
     parts.append("<h3>Lineage</h3>")
@@ -220,15 +223,21 @@ def _cell(value: Any) -> str:
 
 
 def comparison_table(comparison: Comparison, names: dict[str, str]) -> str:
-    columns = comparison.metrics + comparison.settings
-    head = "".join(f'<th data-key="{escape(c)}" class="{"metric" if c in comparison.metrics else "setting"}" '
-                   f'title="click to sort">{escape(c)}</th>' for c in columns)
+    """What each run was trained with, then the settings that differ, then the final metrics."""
+    columns = [*comparison.leading, *comparison.settings, *comparison.metrics]
+    kinds = {**dict.fromkeys(comparison.leading, "leading"), **dict.fromkeys(comparison.settings, "setting"),
+             **dict.fromkeys(comparison.metrics, "metric")}
+    head = "".join(f'<th data-key="{escape(c)}" class="{kinds[c]}" title="{escape(c)}: click to sort">'
+                   f"{escape(c.removeprefix('hash_attrs.'))}</th>" for c in columns)
     rows = "".join(f'<tr data-run="{escape(path)}"><td>{escape(names.get(path, path))}</td>'
                    + "".join(_cell(comparison.values[path].get(c)) for c in columns) + "</tr>"
                    for path in comparison.runs)
-    note = ("" if comparison.settings else '<p class="muted">no settings differ between these runs</p>')
-    return (f'<h3>Comparison</h3><p class="muted">final metrics, then only the settings that differ '
-            f'(as <code>marin explain A B</code> compares them); click a heading to sort</p>'
+    leading_differ = any(len({repr(comparison.values[p].get(c)) for p in comparison.runs}) > 1 for c in comparison.leading)
+    note = ("" if comparison.settings else
+            f'<p class="muted">no {"other " if leading_differ else ""}settings differ between these runs</p>')
+    return (f'<h3>Comparison</h3><p class="muted">each run\'s optimizer and peak learning rate, then only the settings '
+            f'that differ (as <code>marin explain A B</code> compares them, the optimizer\'s first), then the final '
+            f'metrics; click a heading to sort</p>'
             f'<div class="wide"><table id="comparison" class="sortable"><thead><tr><th>run</th>{head}</tr></thead>'
             f'<tbody>{rows}</tbody></table></div>{note}<script>{SORT_SCRIPT}</script>')
 
@@ -263,7 +272,7 @@ def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str,
     if comparison is not None and len(comparison.runs) > 1:
         parts.append(comparison_table(comparison, names))
     axes_x = "tokens" if view.x_axis == "tokens" else "step"
-    charts = []
+    charts, not_logged = [], []
     for title, pattern, y_title in CHARTS:
         overlaid: dict[str, list] = {}
         for path in selected:
@@ -271,9 +280,14 @@ def runs_page(runs: list[StepRow], selected: list[str], series_by_run: dict[str,
             for label, points in chart_series(by_tokens(series) if axes_x == "tokens" else series, pattern).items():
                 key = names.get(path, path) if "*" not in pattern else f"{names.get(path, path)} · {label}"
                 overlaid[key] = points
+        if not overlaid and view.x_range is None:
+            not_logged.append(title)  # a panel saying "no data" tells less than one line naming them all
+            continue
         axes = Axes(x_title=axes_x, y_title=y_title, log_y=view.log_y, x_range=view.x_range)
         charts.append(line_chart(title, overlaid, axes, smoothing=view.smoothing))
     parts.append(f'<div class="charts">{"".join(charts)}</div><script>{CHART_SCRIPT}</script>')
+    if not_logged and selected:
+        parts.append(f'<p class="muted" id="not-logged">not logged by these runs: {escape(", ".join(not_logged))}</p>')
     for path in selected:
         extra = extras.get(path) or {}
         if extra.get("problem"):

@@ -34,12 +34,13 @@ CARD_FILE = "MODEL_CARD.md"
 
 TOKENS_KEY = "tokens"  # the trainer's running count of tokens trained on, logged with each step
 
+LEARNING_RATE_CHART = "learning rate"
 # (chart title, how a metrics record names it, y axis title). Validation losses are every ``eval/<set>/loss``.
 CHARTS = (
     ("loss", "loss", "training loss"),
     ("validation loss", "eval/*/loss", "validation loss"),
     ("lm-eval-harness", "harness/*", "metric (per task)"),  # train_lm(evals=...): harness/<task>/<metric>
-    ("learning rate", "lr", "learning rate"),
+    (LEARNING_RATE_CHART, "lr", "learning rate"),
     ("tokens/s", "tokens_per_second", "tokens per second"),
     ("MFU", "mfu", "model FLOPs utilisation"),
 )
@@ -130,13 +131,18 @@ def by_tokens(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[tupl
 
 
 def final_metrics(series: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
-    """Each chart's last value (validation losses one per set), plus the last step and token count."""
+    """Each chart's last value (validation losses one per set), plus the last step and token count;
+    for the learning rate, its peak: the decayed rate a run ends on says nothing of what it trained with."""
     final = {"steps": float(series["loss"][-1][0])} if series.get("loss") else {}
     if series.get(TOKENS_KEY):
         final["tokens"] = series[TOKENS_KEY][-1][1]
     for title, pattern, _ in CHARTS:
         for label, points in chart_series(series, pattern).items():
-            if points:
+            if not points:
+                continue
+            if title == LEARNING_RATE_CHART:
+                final[f"peak {title}"] = max(value for _, value in points)
+            else:
                 final[title if "*" not in pattern else pattern.replace("*", label).removeprefix("eval/").replace("/", " ")] = points[-1][1]
     return final
 

@@ -14,7 +14,10 @@ Each run is a circle linked to its step page (``data-run`` names the step); each
 ``<polyline>`` whose ``data-points`` counts its points, so a test can read what was drawn. Under the
 charts, the fitted values with their bootstrap intervals, the compute-optimal size and tokens at
 the sweep's largest budget and ten and a hundred times it, and every run used or not used (with
-why). A fit that cannot be made is shown as its reason, beside the other.
+why). A fit that cannot be made is shown as its reason, beside the other. As in ``marin scaling``,
+a value the runs do not determine is marked "not identified" (``class="unidentified"``), an optimum
+resting on one is given as that reason and nothing else (no frontier is drawn from it), and an
+optimum beyond the largest budget fitted says so with its interval's width.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from html import escape
 import numpy as np
 
 from marin.scaling.analysis import ScalingAnalysis
-from marin.scaling.fits import Estimate, IsoFlopCurve, group_by_budget
+from marin.scaling.fits import Estimate, IsoFlopCurve, Optimum, group_by_budget
 from marin.scaling.points import ScalingRun
 from marin.serve.charts import BOTTOM, COLOURS, HEIGHT, LEFT, RIGHT, TOP, WIDTH, tick_label, log_ticks, ticks
 from marin.serve.pages import layout, link
@@ -41,6 +44,7 @@ STYLE = """
 .scaling-error{white-space:pre-wrap;border:1px solid #c62828;background:#fdecea;padding:8px;font-size:13px;max-width:100ch}
 table.fit td.num{font-family:ui-monospace,monospace;font-size:12px;text-align:right}
 .legend i.line{height:2px;vertical-align:middle}.legend i.dot{border-radius:50%}
+td.unidentified,span.unidentified{color:#b26a00}td.unidentified{font-family:system-ui,sans-serif}
 """
 
 
@@ -60,6 +64,12 @@ def _interval(estimate: Estimate) -> str:
     if estimate.low == estimate.high:
         return _number(estimate.value)
     return f"{_number(estimate.value)} [{_number(estimate.low)}, {_number(estimate.high)}]"
+
+
+def _size_interval(estimate: Estimate) -> str:
+    if estimate.low == estimate.high:
+        return _size_label(estimate.value)
+    return f"{_size_label(estimate.value)} [{_size_label(estimate.low)}, {_size_label(estimate.high)}]"
 
 
 def _size_label(value: float) -> str:
@@ -183,7 +193,7 @@ def _vertex(curve: IsoFlopCurve, colour: str, frame: _Frame) -> str:
 def _frontier(analysis: ScalingAnalysis) -> tuple[list[tuple[float, float]], str]:
     """The loss of the compute-optimal model across the sweep's compute, and which fit gave it."""
     runs = analysis.collected.runs
-    if analysis.parametric is not None:
+    if analysis.parametric is not None and not analysis.parametric.unidentified(("A", "B", "alpha", "beta")):
         fit = analysis.parametric
         low, high = min(run.flops for run in runs), max(run.flops for run in runs)
         if high < 2 * low:  # one budget: the law still holds either side of it, and a line there reads as one
@@ -263,8 +273,11 @@ def loss_params_chart(analysis: ScalingAnalysis, prefix: str) -> str:
 
 
 def _estimate_cell(cell_id: str, estimate: Estimate) -> str:
-    return (f'<td class="num" id="{cell_id}" data-value="{estimate.value!r}" data-low="{estimate.low!r}" '
+    cell = (f'<td class="num" id="{cell_id}" data-value="{estimate.value!r}" data-low="{estimate.low!r}" '
             f'data-high="{estimate.high!r}">{escape(_interval(estimate))}</td>')
+    if estimate.unidentified:
+        cell += f'<td class="unidentified" data-for="{cell_id}">not identified: {escape(estimate.unidentified)}</td>'
+    return cell
 
 
 def _fit_error(fit_id: str, message: str) -> str:
@@ -279,16 +292,18 @@ def _isoflop_section(analysis: ScalingAnalysis) -> str:
     rows = "".join(
         f'<tr data-budget="{curve.budget!r}"><td class="num">{_number(curve.budget)}</td><td class="num">{len(curve.runs)}</td>'
         f'<td class="num">{_size_label(curve.params_opt)}</td><td class="num">{_number(curve.tokens_opt)}</td>'
-        f'<td class="num">{_number(curve.tokens_opt / curve.params_opt)}</td><td class="num">{curve.loss_opt:.4f}</td></tr>'
+        f'<td class="num">{_number(curve.tokens_opt / curve.params_opt)}</td><td class="num">{curve.loss_opt:.4f}</td>'
+        + ('<td class="unidentified">outside the sizes tried (extrapolated)</td>' if curve.extrapolated else "<td></td>")
+        + "</tr>"
         for curve in fit.curves)
     laws = "".join(
         f'<tr><th>{name}(C)</th><td class="num">{_number(law.coefficient.value)} · C<sup>{_number(law.exponent.value)}</sup></td>'
         + _estimate_cell(f"isoflop-{key}-exponent", law.exponent) + "</tr>"
         for name, key, law in (("N_opt", "params", fit.params_opt), ("D_opt", "tokens", fit.tokens_opt)))
     return (head + '<table class="fit" id="isoflop-curves"><thead><tr><th>budget C</th><th>runs</th><th>N_opt</th>'
-            f"<th>D_opt</th><th>D/N</th><th>loss_opt</th></tr></thead><tbody>{rows}</tbody></table>"
+            f"<th>D_opt</th><th>D/N</th><th>loss_opt</th><th></th></tr></thead><tbody>{rows}</tbody></table>"
             '<p></p><table class="fit" id="isoflop-laws"><thead><tr><th>law</th><th>form</th>'
-            f"<th>exponent [bootstrap interval]</th></tr></thead><tbody>{laws}</tbody></table>")
+            f"<th>exponent [bootstrap interval]</th><th></th></tr></thead><tbody>{laws}</tbody></table>")
 
 
 def _parametric_section(analysis: ScalingAnalysis) -> str:
@@ -301,10 +316,24 @@ def _parametric_section(analysis: ScalingAnalysis) -> str:
                    for name, label in (("E", "E"), ("A", "A"), ("B", "B"), ("alpha", "α"), ("beta", "β")))
     rows += (f"<tr><th>N_opt ∝ C<sup>a</sup>, a = β/(α+β)</th>{_estimate_cell('parametric-params-exponent', fit.params_exponent)}</tr>"
              f"<tr><th>D_opt ∝ C<sup>b</sup>, b = α/(α+β)</th>{_estimate_cell('parametric-tokens-exponent', fit.tokens_exponent)}</tr>")
-    return (head + f'<table class="fit" id="parametric"><thead><tr><th>value</th><th>fit [{fit.confidence:.0%} bootstrap interval]</th>'
+    return (head + f'<table class="fit" id="parametric"><thead><tr><th>value</th><th>fit [{fit.confidence:.0%} bootstrap interval]</th><th></th>'
             f"</tr></thead><tbody>{rows}</tbody></table>"
             f'<p class="muted">C = {_number(fit.flops_per_param_token)} N D (the runs\' own FLOPs per parameter per token); '
             f"{len(fit.refits)} bootstrap refits</p>")
+
+
+def _optimum_cells(optimum: Optimum) -> str:
+    if optimum.unidentified:
+        return f'<td class="unidentified" colspan="3">not identified: {escape(optimum.unidentified)}</td>'
+    size, data = optimum.params, optimum.tokens
+    note = ""
+    if optimum.extrapolated:
+        spread = size.high / size.low if size.low > 0 else math.inf
+        width = f", its interval a factor of {_number(spread)} wide" if size.low != size.high else ""
+        note = (f'<br><span class="unidentified extrapolated">{_number(optimum.beyond)}× beyond the largest budget '
+                f"fitted{width}</span>")
+    return (f'<td class="num">{escape(_size_interval(size))}{note}</td><td class="num">{escape(_interval(data))}</td>'
+            f'<td class="num">{_number(data.value / size.value)}</td>')
 
 
 def _optimal_section(analysis: ScalingAnalysis, budgets: Sequence[float]) -> str:
@@ -315,11 +344,10 @@ def _optimal_section(analysis: ScalingAnalysis, budgets: Sequence[float]) -> str
     sub = "<th>N</th><th>D</th><th>D/N</th>" * len(fits)
     rows = []
     for row in analysis.optimal_at(budgets):
-        cells = "".join(f'<td class="num">{_size_label(row[name]["params"])}</td><td class="num">{_number(row[name]["tokens"])}</td>'
-                        f'<td class="num">{_number(row[name]["tokens_per_param"])}</td>' for name in fits)
+        cells = "".join(_optimum_cells(row[name]) for name in fits)
         rows.append(f'<tr data-flops="{row["flops"]!r}"><td class="num">{_number(row["flops"])}</td>{cells}</tr>')
     return ("<h3>Compute-optimal allocation</h3><p class=\"muted\">at the sweep's largest budget, and ten and a hundred "
-            "times it</p>"
+            "times it, with bootstrap intervals; beyond the largest budget an optimum is extrapolated</p>"
             f'<table class="fit" id="optimal"><thead><tr><th rowspan="2">C (FLOPs)</th>{head}</tr><tr>{sub}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
 

@@ -7,6 +7,7 @@ last status; while it runs, the time since then.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,9 @@ class StepRow:
     error: str | None
     record_damaged: bool
     problems: tuple[str, ...] = ()  # each record not read, naming it and why (damaged, a FIFO, too large...)
+    # A digest of the hash attributes: outputs of one name with the same digest are the same
+    # configuration run again (another version, code or input data); others are other experiments.
+    configuration: str | None = None
 
     @property
     def short_hash(self) -> str:
@@ -111,7 +115,12 @@ def read_row(prefix: str, folder: str) -> StepRow:
         error=status.error if status else None,
         record_damaged=damaged,
         problems=tuple(problems),
+        configuration=_digest(info.get("hash_attrs")) if info else None,
     )
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def list_rows(prefix: str) -> list[StepRow]:
@@ -126,11 +135,13 @@ def newest_first(rows: list[StepRow]) -> list[StepRow]:
 
 
 def version_marks(rows: list[StepRow]) -> dict[str, bool | None]:
-    """Per path: ``True`` for the newest of several outputs sharing a name, ``False`` for the older ones,
-    ``None`` where the name is the only one of its kind (nothing to tell apart)."""
-    by_name: dict[str, list[StepRow]] = {}
+    """Per path: ``True`` for the newest of several outputs of one name and one configuration (equal
+    hash attributes: a rerun with another version, code or data), ``False`` for the older ones, and
+    ``None`` where there is nothing to tell apart. Outputs of one name with other settings (another
+    learning rate) are other experiments, neither newer nor older than each other: not marked."""
+    by_name: dict[tuple[str, str | None], list[StepRow]] = {}
     for row in rows:
-        by_name.setdefault(row.name, []).append(row)
+        by_name.setdefault((row.name, row.configuration), []).append(row)
     marks: dict[str, bool | None] = {}
     for group in by_name.values():
         newest = newest_first(group)[0].path if len(group) > 1 else None
