@@ -21,7 +21,7 @@ TEST_STAMP := $(VENV)/.marin-test-installed
 # chip machine's own interpreter where there is no .venv.
 TPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 TPU_TESTS := $(wildcard lib/*/tests/test_tpu_*.py)
-TPU_PYTEST := JAX_PLATFORMS=tpu XLA_FLAGS= $(TPU_PYTHON) -m pytest -p no:xdist -p no:cacheprovider -m tpu $(TPU_TESTS) $(PYTEST_ARGS)
+TPU_PYTEST := JAX_PLATFORMS=tpu,cpu XLA_FLAGS= $(TPU_PYTHON) -m pytest -p no:xdist -p no:cacheprovider -m tpu $(TPU_TESTS) $(PYTEST_ARGS)
 
 .PHONY: setup setup-test tutorial test test-tpu clean-venv
 
