@@ -64,6 +64,21 @@ class ModelEvaluation:
     every: int | None = None  # None: only after the last step
 
 
+@dataclass(frozen=True)
+class ModelPublisher:
+    """Hands the live weights to a consumer outside the training step (the samplers of a
+    reinforcement-learning run) as training starts and every ``every`` steps after, each time before
+    the next step's batch is fetched, so a data source that waits for those weights cannot deadlock.
+
+    ``publish(model, step)`` is given the whole model at the weights being trained (never a weight
+    average) after ``step`` updates. The next step reuses the model's buffers: copy what you keep.
+    """
+
+    name: str
+    publish: Callable[[Any, int], None]
+    every: int = 1
+
+
 def due_hooks(hooks: Iterable[Hook], step: int, last_step: int) -> list[Hook]:
     """The hooks to run after ``step``, in the order given."""
     return [hook for hook in hooks if hook.due(step, last_step)]
