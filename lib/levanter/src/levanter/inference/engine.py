@@ -318,8 +318,14 @@ class GenerationEngine:
             request.cancelled = True
             self._cond.notify_all()
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: GenerationParams, timeout: float = 600.0) -> list[Generation]:
-        """Submit every prompt at once and wait for all of them (the engine must be started)."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: GenerationParams | Sequence[GenerationParams],
+                 timeout: float = 600.0) -> list[Generation]:
+        """Submit every prompt at once and wait for all of them (the engine must be started).
+
+        ``params``: one for every prompt, or one per prompt (each its own seed, say)."""
+        per_prompt = [params] * len(prompts) if isinstance(params, GenerationParams) else list(params)
+        if len(per_prompt) != len(prompts):
+            raise RequestRefusedError(f"{len(prompts)} prompts but {len(per_prompt)} generation params; give one, or one per prompt")
         results: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "scores": None} for _ in prompts]
         finished = [threading.Event() for _ in prompts]
 
@@ -337,7 +343,7 @@ class GenerationEngine:
             return listen
 
         for i, prompt in enumerate(prompts):
-            self.submit(prompt, params, listener_for(i))
+            self.submit(prompt, per_prompt[i], listener_for(i))
         deadline = time.monotonic() + timeout
         for event in finished:
             if not event.wait(max(0.0, deadline - time.monotonic())):

@@ -56,12 +56,15 @@ class ModelEvaluation:
 
     ``evaluate(model, step)`` is given the whole model at the weights that are evaluated and
     exported (:meth:`Trainer.evaluation_params`) and returns ``{metric: value}``; the trainer logs
-    them as ``<name>/<metric>`` at that step. Nothing is written to the checkpoints.
+    them as ``<name>/<metric>`` at that step. Nothing is written to the checkpoints. ``at_start``:
+    also evaluate the weights a fresh run starts from, logged at step 0 (the baseline the run is
+    measured against).
     """
 
     name: str
     evaluate: Callable[[Any, int], Mapping[str, float]]
     every: int | None = None  # None: only after the last step
+    at_start: bool = False
 
 
 @dataclass(frozen=True)

@@ -396,6 +396,10 @@ class Trainer:
         step_hooks = [save, *evals, *model_evals, *publishers]
         for publisher in self.model_publishers:  # the weights the first batches are made with
             publisher.publish(self.live_model(state), start_step)
+        if start_step == 0:
+            for evaluation, hook in zip(self.model_evaluations, model_evals):
+                if evaluation.at_start:
+                    hook.run(StepInfo(0, {}, state))
         prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
         pending: tuple[int, dict[str, jax.Array]] | None = None  # a step whose scalars are read while the next one runs
         line: dict[str, Any] = {}  # the latest step's metrics
