@@ -16,6 +16,7 @@ completion (:mod:`marin.rl.rewards`).
 from __future__ import annotations
 
 import abc
+import numbers
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,8 +64,10 @@ class Environment(abc.ABC):
 
     def score(self, problem: Problem, completion: str) -> Score:
         """The reward, and whether it passed (reward >= 1). Override to pass by another rule."""
-        reward = float(self.reward(problem, completion))
-        return Score(reward, reward >= 1.0)
+        reward = self.reward(problem, completion)
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+            raise TypeError(f"reward() returned {type(reward).__name__} {reward!r}, not a number")
+        return Score(float(reward), float(reward) >= 1.0)
 
 
 def check_split(split: str) -> None:
