@@ -68,7 +68,8 @@ class RlTrainedModel:
     completions_trained: int  # completions in the batches of steps 1..final_step
     heldout_pass_rate_start: float | None = None  # the starting weights', greedy, on the held-out problems
     heldout_pass_rate_final: float | None = None
-    worker_restarts: int = 0  # in the attempt that finished the run
+    worker_restarts: int = 0  # rollout workers replaced, in the attempt that finished the run
+    batches_reused: int = 0  # rollout batches that attempt read back from the log (a resumed run's)
 
     def summary(self) -> str:
         lines = [f"RL-trained {self.model_type.removesuffix('Config')} ({self.parameters:,} parameters) for {self.final_step} "
@@ -236,6 +237,7 @@ def _trained_model(request: RlRequest, run: RlRun) -> RlTrainedModel:
         heldout_pass_rate_start=heldout[0] if heldout else None,
         heldout_pass_rate_final=heldout[-1] if heldout else None,
         worker_restarts=run.worker_restarts,
+        batches_reused=run.batches_reused,
     )
 
 
