@@ -59,7 +59,7 @@ from levanter.trainer.checkpoint_keys import flatten_state
 from levanter.trainer.checkpoint_reading import read_state_fields
 from levanter.trainer.compilation_cache import enable_compilation_cache
 from levanter.trainer.dpo import DpoConfig, DpoObjective
-from levanter.trainer.grpo import GrpoObjective
+from levanter.trainer.grpo import GrpoConfigError, GrpoObjective
 from levanter.trainer.hooks import ModelEvaluation, ModelPublisher
 from levanter.trainer.state import FrozenArrays
 from levanter.trainer.stopping import StopSource
@@ -124,7 +124,7 @@ class TrainLmConfig:
 
     def __post_init__(self) -> None:
         if self.dpo is not None and self.grpo is not None:
-            raise LevanterError("A run trains with one objective: dpo= or grpo=, not both.")
+            raise GrpoConfigError("A run trains with one objective: dpo= or grpo=, not both.")
         if self.lora is not None and self.initialize_from is not None and self.initialize_from.load_optimizer_state:
             raise LoraError("A LoRA run trains new adapters, so it has no optimizer state to take from the initial "
                             "checkpoint; leave load_optimizer_state off.")

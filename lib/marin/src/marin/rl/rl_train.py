@@ -135,7 +135,7 @@ def rl_train(
     """
     loss = loss or grpo()
     sampling = sampling or RolloutSampling()
-    optimizer = optimizer or AdamConfig(learning_rate=1e-5, weight_decay=0.0)
+    optimizer = optimizer or AdamConfig(learning_rate=1e-5, weight_decay=0.0, lr_schedule="constant")
     _check(environment, loss, optimizer, sampling, prompts_per_step, rollouts_per_prompt, sync_every, max_staleness,
            rollout_workers, replay_buffer_size, num_train_steps, eval_every)
     initial = resolve_initial_weights(model)
