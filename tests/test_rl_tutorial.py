@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from levanter.tokenization import load_tokenizer
-from marin.execution.artifact import load_artifact
 from marin.execution.lazy import lower
 from marin.execution.step_runner import StepRunner
 

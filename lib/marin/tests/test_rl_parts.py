@@ -52,7 +52,7 @@ def test_word_lists_are_reversed_or_sorted():
 def test_a_format_reward_adds_its_weight_and_leaves_passing_to_the_task():
     env = FormatReward(ArithmeticEnvironment(num_train=10, num_eval=0), pattern=r"-?\d+", weight=0.25)
     problem = Problem("2+2=", "4")
-    assert env.score(problem, "4") == pytest.approx(env.score(problem, "4")) and env.score(problem, "4").reward == 1.25
+    assert env.score(problem, "4").reward == 1.25 and env.score(problem, "4").passed
     assert env.score(problem, " 5").reward == 0.25 and not env.score(problem, "5").passed
     assert env.score(problem, "four").reward == 0.0
     assert env.problems("train") == ArithmeticEnvironment(num_train=10, num_eval=0).problems("train")

@@ -20,7 +20,7 @@ from levanter.tokenization import load_tokenizer, save_tokenizer, train_bpe_toke
 from levanter.trainer.tracker import read_metrics
 from marin.execution.artifact import load_artifact
 from marin.execution.step_runner import StepRunner
-from marin.rl import ArithmeticEnvironment, RlConfigError, RlTrainedModel, RolloutSampling, grpo, rl_train
+from marin.rl import ArithmeticEnvironment, Environment, RlConfigError, RlTrainedModel, RolloutSampling, grpo, rl_train
 from marin.rl.rollouts import RolloutBatch
 
 TINY = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=32)
@@ -112,7 +112,7 @@ def test_rl_settings_that_cannot_work_are_refused_when_declared(policy):
     with pytest.raises(RlConfigError, match=r"rollouts_per_prompt must be an integer >= 2 \(advantages compare"):
         rl_train("rl/x", rollouts_per_prompt=1, **common)
 
-    class Plain(ArithmeticEnvironment.__mro__[1]):  # an Environment that is not a frozen dataclass
+    class Plain(Environment):  # an Environment that is not a frozen dataclass
         def problems(self, split):
             return []
 

@@ -70,11 +70,6 @@ class WeightBoard:
     def publisher(self, every: int) -> ModelPublisher:
         return ModelPublisher("weight sync", self.publish, every=every)
 
-    @property
-    def version(self) -> int | None:
-        with self._cond:
-            return self._version
-
     def wait_for(self, version: int, timeout: float | None = None) -> tuple[int, Any]:
         """The latest ``(version, arrays)`` once a version of at least ``version`` is published."""
         with self._cond:

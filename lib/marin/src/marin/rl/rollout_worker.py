@@ -112,9 +112,6 @@ class RolloutWorker:
         self._engine: GenerationEngine | None = None
         self.version: int | None = None
 
-    def process_id(self) -> int:
-        return os.getpid()
-
     def set_weights(self, version: int, arrays: Any) -> None:
         model = model_from_weights(self._skeleton, arrays, self._dtype)
         if self._engine is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from marin.errors import MarinError
@@ -76,7 +76,6 @@ class RolloutBatch:
     seconds: float  # sampling and scoring time
     generated_tokens: int = 0
     worker: str = ""  # which rollout worker made it (for the log)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def completions(self) -> list[Completion]:
