@@ -13,14 +13,17 @@ loads that folder, and both sides start from the same weights.
   a paged cache), timed after one untimed batch that compiles its programs. Theirs: one
   ``generate(num_return_sequences=...)`` call on the left-padded prompts, with the log-probabilities
   from its logits, also after an untimed call. tokens/s counts the tokens each side sampled (up to
-  and including end-of-text) over the wall time of the batch, median of ``--repeats``.
+  and including end-of-text) over the wall time of the batch, median of ``--repeats``; the two
+  sides' timed batches alternate, so that on a shared machine both meet the same load.
 - **Training**: whole GRPO steps (forward, backward, clipping, AdamW) on the same batch of
   ``prompts x rollouts`` rows of prompt + completion (fixed lengths, so both sides compute the same
   tokens), the grpo loss without a reference model. Ours goes through the real Trainer (data
   prefetch, metrics every step); theirs is TRL's ``training_step`` plus the optimizer's step, on the
   inputs its own ``_generate_and_score_completions`` prepared. tokens/s counts the rows' tokens.
 
-The last line is one JSON object with every rate and the two ratios (ours / theirs).
+The last line is one JSON object with every rate, the two ratios (ours / theirs) and the machine's
+load average at the start and the end: on a shared machine other work slows both sides, torch's
+more (its threads wait spinning), so a figure means little without it.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def parse_args():
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--rollouts", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3, help="timed rollout batches per side (the median is reported)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rollout batches per side (the median is reported)")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per side")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -78,7 +81,8 @@ def build(args, folder: str):
 # -- rollouts ------------------------------------------------------------------------------------------
 
 
-def rollouts_ours(args, hf: str, config, vocab: int, environment) -> tuple[float, list[list[int]]]:
+def our_sampler(args, hf: str, config, vocab: int, environment):
+    """``sample(index) -> tokens/s`` of one rollout batch by a rollout worker, and the prompts' tokens."""
     from levanter.compat.hf_checkpoints import import_from_hf
     from marin.rl.policy_weights import host_weights
     from marin.rl.rollout_worker import RolloutWorker, RolloutWorkerConfig
@@ -91,17 +95,17 @@ def rollouts_ours(args, hf: str, config, vocab: int, environment) -> tuple[float
     ))
     worker.set_weights(0, host_weights(import_from_hf(hf)))
     problems = list(range(args.prompts))
-    worker.rollout(0, problems)  # compiles the engine's programs
-    rates = []
-    for index in range(1, args.repeats + 1):
+
+    def sample(index: int) -> float:
         batch = worker.rollout(index, problems)
-        rates.append(batch.generated_tokens / batch.seconds)
-    prompts = [group.prompt_tokens for group in batch.groups]
-    worker.close()
-    return statistics.median(rates), prompts
+        return batch.generated_tokens / batch.seconds
+
+    prompts = [group.prompt_tokens for group in worker.rollout(0, problems).groups]  # also compiles the engine's programs
+    return sample, prompts, worker.close
 
 
-def rollouts_theirs(args, hf: str, environment, prompts: list[list[int]]) -> float:
+def their_sampler(args, hf: str, environment, prompts: list[list[int]]):
+    """``sample(seed) -> tokens/s`` of one ``generate`` call on the same batch."""
     import torch
     import transformers
     from levanter.tokenization import load_tokenizer
@@ -115,12 +119,13 @@ def rollouts_theirs(args, hf: str, environment, prompts: list[list[int]]) -> flo
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     problems = environment.problems("train")
 
-    def one_batch(seed: int) -> float:
+    @torch.no_grad()
+    def sample(seed: int) -> float:
         torch.manual_seed(seed)
         started = time.perf_counter()
         out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             max_new_tokens=args.new_tokens, num_return_sequences=args.rollouts, eos_token_id=eos,
-                             pad_token_id=eos, output_logits=True, return_dict_in_generate=True)
+                             max_new_tokens=args.new_tokens, max_length=None, num_return_sequences=args.rollouts,
+                             eos_token_id=eos, pad_token_id=eos, output_logits=True, return_dict_in_generate=True)
         new = out.sequences[:, width:]
         logprobs = torch.stack(out.logits, dim=1).log_softmax(-1).gather(-1, new[..., None])[..., 0]  # noqa: F841
         tokens = 0
@@ -131,9 +136,20 @@ def rollouts_theirs(args, hf: str, environment, prompts: list[list[int]]) -> flo
             environment.reward(problems[row // args.rollouts], text)
         return tokens / (time.perf_counter() - started)
 
-    with torch.no_grad():
-        one_batch(0)  # warm-up
-        return statistics.median(one_batch(seed) for seed in range(1, args.repeats + 1))
+    sample(0)  # warm-up
+    return sample
+
+
+def rollout_rates(args, hf: str, config, vocab: int, environment) -> tuple[float, float, list[list[int]]]:
+    """Median tokens/s of each side; their timed batches alternate, so both meet the same load on a shared machine."""
+    ours, prompts, close = our_sampler(args, hf, config, vocab, environment)
+    theirs = their_sampler(args, hf, environment, prompts)
+    ours_rates, theirs_rates = [], []
+    for repeat in range(1, args.repeats + 1):
+        ours_rates.append(ours(repeat))
+        theirs_rates.append(theirs(repeat))
+    close()
+    return statistics.median(ours_rates), statistics.median(theirs_rates), prompts
 
 
 # -- training ------------------------------------------------------------------------------------------
@@ -244,10 +260,10 @@ def training_theirs(args, hf: str, prompts, completions, sampler, rewards) -> fl
 def main() -> None:
     args = parse_args()
     configure_threads(args.threads)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         hf, config, vocab, environment = build(args, folder)
-        ours_rollout, prompts = rollouts_ours(args, hf, config, vocab, environment)
-        theirs_rollout = rollouts_theirs(args, hf, environment, prompts)
+        ours_rollout, theirs_rollout, prompts = rollout_rates(args, hf, config, vocab, environment)
         # Training rows need prompts of one length on both sides: the first prompt's, for every group.
         same_length = [prompts[0]] * args.prompts
         completions, sampler, rewards = training_batch(args, same_length, vocab)
@@ -255,7 +271,9 @@ def main() -> None:
         theirs_train = training_theirs(args, hf, same_length, completions, sampler, rewards)
     shape = (f"{args.layers}L h{args.hidden} heads{args.heads} ffn{args.intermediate} V{vocab}, {args.prompts} prompts x "
              f"{args.rollouts} rollouts, {args.new_tokens} new tokens")
-    print(f"{shape}; {args.threads} threads")
+    load = (round(load_before, 1), round(os.getloadavg()[0], 1))
+    # Other work on the machine slows both sides, and torch's more (its threads wait spinning): say how busy it was.
+    print(f"{shape}; {args.threads} threads; load average {load[0]} at the start, {load[1]} at the end")
     print(f"rollout tokens/s:  ours {ours_rollout:,.0f}   transformers generate {theirs_rollout:,.0f}   "
           f"ratio {ours_rollout / theirs_rollout:.2f}")
     print(f"training tokens/s: ours {ours_train:,.0f}   TRL GRPOTrainer {theirs_train:,.0f}   ratio {ours_train / theirs_train:.2f}")
@@ -263,7 +281,7 @@ def main() -> None:
         "rollout_ours_tokens_per_s": round(ours_rollout, 1), "rollout_transformers_tokens_per_s": round(theirs_rollout, 1),
         "rollout_ratio": round(ours_rollout / theirs_rollout, 3),
         "train_ours_tokens_per_s": round(ours_train, 1), "train_trl_tokens_per_s": round(theirs_train, 1),
-        "train_ratio": round(ours_train / theirs_train, 3), "shape": shape, "threads": args.threads,
+        "train_ratio": round(ours_train / theirs_train, 3), "shape": shape, "threads": args.threads, "load_average": load,
     }))
 
 
