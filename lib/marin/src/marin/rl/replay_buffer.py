@@ -65,7 +65,7 @@ class ReplayBuffer:
             if index not in self._ready:
                 if self._error is not None:
                     raise RolloutFailedError(f"the rollout workers failed: {self._error}") from self._error
-                raise RolloutFailedError("the run stopped before rollout batch {index} was sampled")
+                raise RolloutFailedError(f"the run stopped before rollout batch {index} was sampled")
             self._next_take = index + 1
             self._cond.notify_all()
             return self._ready.pop(index)
