@@ -11,7 +11,7 @@ A worker that dies or fails (its process killed, its machine gone, an error insi
 the batch it was sampling: its driver starts a new worker, sends it the latest weights and samples
 that batch again, with the same seeds. Nothing it sampled reached the buffer, so nothing is trained
 twice. After ``max_restarts`` such failures in one run the drivers give up and the trainer's next
-batch raises the last failure.
+batch raises the last failure; a reward that keeps hanging (``RewardHangError``) stops the run at once.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from fray.cluster import ActorHandle, ResourceConfig
 
 from marin.rl.policy_weights import WeightBoard, WeightsClosedError
 from marin.rl.replay_buffer import ReplayBuffer
+from marin.rl.rewards import RewardHangError
 from marin.rl.rollout_worker import RolloutWorker, RolloutWorkerConfig
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,9 @@ class RolloutFleet:
                         break
                     except WeightsClosedError:
                         return
-                    except Exception as error:  # noqa: BLE001 - any failure of a worker is handled by replacing it
+                    except RewardHangError:
+                        raise  # the environment's reward is broken: a new worker would hang the same way
+                    except Exception as error:  # noqa: BLE001 - any other failure of a worker is handled by replacing it
                         if self._stopping.is_set():
                             return
                         self._count_restart(slot, index, error)
