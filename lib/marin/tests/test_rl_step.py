@@ -105,6 +105,29 @@ def test_an_rl_step_trains_logs_every_step_and_fails_only_the_completions_whose_
     assert runner.run([step]).cached == ["rl/flaky-arithmetic"]
 
 
+_GATE = threading.Event()
+
+
+@dataclass(frozen=True)
+class HangingArithmetic(ArithmeticEnvironment):
+    def reward(self, problem, completion):
+        _GATE.wait(30)
+        return 0.0
+
+
+def test_a_reward_that_keeps_hanging_stops_the_run_with_the_reason(policy):
+    step = rl_train("rl/hanging", model=str(policy / "hf"), environment=HangingArithmetic(max_operand=9, num_train=60, num_eval=0),
+                    num_train_steps=2, prompts_per_step=4, rollouts_per_prompt=4, sampling=RolloutSampling(max_tokens=2),
+                    reward_timeout_s=0.05)
+    try:
+        report = StepRunner(prefix=str(policy / "prefix")).run([step], raise_on_failure=False)
+    finally:
+        _GATE.set()
+    outcome = report.outcome_of("rl/hanging")
+    assert outcome.outcome.name == "FAILED"
+    assert "reward calls of HangingArithmetic are still running past their 0.05 s timeout" in outcome.error
+
+
 def test_rl_settings_that_cannot_work_are_refused_when_declared(policy):
     common = dict(model=str(policy / "hf"), environment=ENV, num_train_steps=2)
     with pytest.raises(RlConfigError, match="max_staleness must be at least sync_every - 1 = 3"):
