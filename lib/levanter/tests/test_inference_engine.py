@@ -182,3 +182,42 @@ def test_cancelling_frees_the_blocks_and_refusals_give_the_numbers(model):
             engine.submit(_prompt(60, 72), GenerationParams(max_tokens=10), listen)
         with pytest.raises(RequestRefusedError, match="outside the model's vocabulary"):
             engine.submit([VOCAB + 1], GenerationParams(max_tokens=1), listen)
+
+
+def test_a_reported_stop_token_ends_the_request_with_its_logprob_at_the_sampling_temperature(model):
+    prompt = _prompt(8, 80)
+    temperature = 0.7
+    with GenerationEngine(model, EngineConfig(max_batch=2, block_size=4)) as engine:
+        free = engine.generate([prompt], GenerationParams(max_tokens=6, temperature=temperature, seed=9), timeout=WAIT_S)[0]
+        stop = free.tokens[2]
+        params = GenerationParams(max_tokens=6, temperature=temperature, seed=9, stop_ids=(stop,), report_stop=True,
+                                  logprobs_at_temperature=True)
+        stopped = engine.generate([prompt], params, timeout=WAIT_S)[0]
+    first = free.tokens.index(stop)
+    assert stopped.tokens == free.tokens[:first + 1] and stopped.finish_reason is FinishReason.STOP
+    # Each log-probability is that of softmax(logits / temperature), from a full forward of what came before.
+    sequence = np.asarray([prompt + stopped.tokens], np.int32)
+    logits = np.asarray(model(sequence)[0], np.float64)[len(prompt) - 1:-1] / temperature
+    expected = logits[np.arange(len(stopped.tokens)), stopped.tokens] - np.log(np.exp(logits).sum(-1))
+    assert [lp.logprob for lp in stopped.logprobs] == pytest.approx(expected.tolist(), abs=1e-4)
+    # Without the option they are the model's own (temperature 1), as before.
+    raw = np.asarray(jax.nn.log_softmax(model(sequence)[0], axis=-1))[len(prompt) - 1:-1]
+    assert [lp.logprob for lp in free.logprobs[:first + 1]] == pytest.approx(raw[np.arange(first + 1), stopped.tokens].tolist(), abs=1e-4)
+
+
+def test_new_weights_serve_the_next_requests_and_are_refused_mid_request(model):
+    other = CONFIG.build(VOCAB, key=jax.random.PRNGKey(1))
+    prompt = _prompt(5, 90)
+    started = threading.Event()
+    with GenerationEngine(model, EngineConfig(max_batch=2, block_size=4)) as engine:
+        request = engine.submit(prompt, GenerationParams(max_tokens=40), lambda event: started.set())
+        assert started.wait(WAIT_S)
+        with pytest.raises(RuntimeError, match="in flight"):
+            engine.set_model(other)
+        engine.cancel(request)
+        engine.generate([prompt], GenerationParams(max_tokens=1), timeout=WAIT_S)  # the cancel has taken effect
+        compiled = engine.compilations
+        engine.set_model(other)
+        tokens = engine.generate([prompt], GenerationParams(max_tokens=4), timeout=WAIT_S)[0].tokens
+        assert engine.compilations == compiled  # the same shapes: the compiled steps serve the new weights
+    assert tokens == _greedy_reference(other, prompt, 4)

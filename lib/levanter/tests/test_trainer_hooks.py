@@ -113,6 +113,56 @@ def test_trainer_logs_evaluates_and_checkpoints_at_the_steps_its_config_names(tm
     assert train_4 < eval_4
 
 
+def test_published_weights_arrive_before_the_batch_that_needs_them_and_batch_metrics_join_the_line(tmp_path):
+    """A source that makes batch k only once it holds the weights after step k (as an on-policy RL
+    sampler does) runs to the end: each publication comes before the next batch is fetched."""
+    import threading
+
+    import jax
+
+    from levanter.data.batch import Batch
+    from levanter.trainer.hooks import ModelEvaluation, ModelPublisher
+
+    published: dict[int, float] = {}
+    arrived = threading.Condition()
+
+    def publish(model, step):
+        with arrived:
+            published[step] = float(np.asarray(jax.tree.leaves(model)[0]).sum())  # a copy: the buffers are reused
+            arrived.notify_all()
+
+    class WaitsForWeights:
+        def iter_from(self, start):
+            windows = InMemoryWindows(np.tile(np.arange(VOCAB), 64), seq_len=SEQ, batch_size=BATCH, seed=1)
+            for k in range(start, 6):
+                with arrived:
+                    assert arrived.wait_for(lambda: k in published, timeout=60), f"no weights of step {k}"
+                batch = windows.batch_at(k)
+                yield Batch(batch.tokens, batch.loss_mask, metrics={"made_with_weights_of": float(k)})
+
+    config = TrainerConfig(num_train_steps=6, batch_size=BATCH, checkpoint_at_end=False, mesh=MeshConfig(data=1))
+    evaluated = []
+    trainer = Trainer(config, AdamConfig(3e-3), output_dir=str(tmp_path),
+                      model_publishers=[ModelPublisher("weights", publish, every=1)],
+                      model_evaluations=[ModelEvaluation("probe", lambda model, step: evaluated.append(step) or {"x": 1.0},
+                                                         every=3, at_start=True)])
+    model = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=SEQ)
+    trainer.train(lambda key: model.build(VOCAB, key=key), WaitsForWeights())
+    assert sorted(published) == [0, 1, 2, 3, 4, 5]  # at the start, then after each step but the last
+    assert len(set(published.values())) == 6  # each step's own weights
+    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert [r["made_with_weights_of"] for r in records if "loss" in r] == [0, 1, 2, 3, 4, 5]
+    assert evaluated == [0, 3, 6] and records[0] == {"step": 0, "probe/x": 1.0}  # the starting weights, first
+
+
+def test_batch_extras_must_be_shaped_like_the_tokens():
+    from levanter.data.batch import Batch
+
+    tokens = np.zeros((2, 4), np.int32)
+    with pytest.raises(ValueError, match=r"Batch.extras\['advantages'\] shape \(2,\) != tokens shape \(2, 4\)"):
+        Batch(tokens, np.ones((2, 4), np.float32), extras={"advantages": np.zeros(2)})
+
+
 # -- throughput ---------------------------------------------------------------------------------
 
 

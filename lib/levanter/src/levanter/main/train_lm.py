@@ -21,6 +21,8 @@ shapes (a difference names the config field) and the same vocabulary as the data
 (:mod:`levanter.lora`): the base weights are the trainer's frozen arrays, the optimizer state exists
 for the adapters only. ``dpo=`` trains on preference pairs with the DPO objective
 (:mod:`levanter.trainer.dpo`) against a frozen reference: the weights training starts from.
+``grpo=`` trains a policy on sampled completions and their rewards (:mod:`levanter.trainer.grpo`);
+its data source makes each batch with the weights the ``model_publishers`` hand it.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from levanter.trainer.checkpoint_keys import flatten_state
 from levanter.trainer.checkpoint_reading import read_state_fields
 from levanter.trainer.compilation_cache import enable_compilation_cache
 from levanter.trainer.dpo import DpoConfig, DpoObjective
-from levanter.trainer.hooks import ModelEvaluation
+from levanter.trainer.grpo import GrpoConfigError, GrpoObjective
+from levanter.trainer.hooks import ModelEvaluation, ModelPublisher
 from levanter.trainer.state import FrozenArrays
 from levanter.trainer.stopping import StopSource
 from levanter.trainer.trainer import DataSource
@@ -117,8 +120,12 @@ class TrainLmConfig:
     lora: LoraConfig | None = None
     # Train on preference pairs (rows 2i chosen, 2i + 1 rejected) with DPO instead of next-token loss.
     dpo: DpoConfig | None = None
+    # Train a policy on sampled completions with a GRPO loss instead of next-token loss.
+    grpo: GrpoObjective | None = None
 
     def __post_init__(self) -> None:
+        if self.dpo is not None and self.grpo is not None:
+            raise GrpoConfigError("A run trains with one objective: dpo= or grpo=, not both.")
         if self.lora is not None and self.initialize_from is not None and self.initialize_from.load_optimizer_state:
             raise LoraError("A LoRA run trains new adapters, so it has no optimizer state to take from the initial "
                             "checkpoint; leave load_optimizer_state off.")
@@ -136,7 +143,7 @@ class TrainLmConfig:
         }
         if self.initialize_from is not None:
             record["initialize_from"] = dataclasses.asdict(self.initialize_from)
-        for name in ("lora", "dpo"):  # only when given: a plain run's record is unchanged
+        for name in ("lora", "dpo", "grpo"):  # only when given: a plain run's record is unchanged
             if getattr(self, name) is not None:
                 record[name] = dataclasses.asdict(getattr(self, name))
         return record
@@ -242,6 +249,7 @@ def train_lm(
     *,
     stop_sources: Iterable[StopSource] = (),
     model_evaluations: Iterable[ModelEvaluation] = (),
+    model_publishers: Iterable[ModelPublisher] = (),
 ) -> TrainLmResult:
     """Train ``config.model`` on ``train_source`` (resuming from ``output_path/checkpoints`` if a
     checkpoint is there), evaluate on ``eval_sources``, and write the output folder.
@@ -249,7 +257,8 @@ def train_lm(
     ``stop_sources`` are polled between steps (:mod:`levanter.trainer.stopping`); an ABANDON
     request also keeps ``eval.json`` and the Hugging Face export from being written. Compiled
     programs go to the persistent compilation cache (:mod:`levanter.trainer.compilation_cache`).
-    ``model_evaluations`` are the caller's evaluations of the live model (see :class:`Trainer`).
+    ``model_evaluations`` are the caller's evaluations of the live model, ``model_publishers`` hand
+    the live weights to whoever makes the batches (see :class:`Trainer`).
     """
     _ensure_logging()
     enable_compilation_cache()
@@ -268,11 +277,12 @@ def train_lm(
         run_config=config.to_dict(),
         stop_sources=stop_sources,
         trainable=lora_trainable_filter if config.lora is not None else None,
-        keep_reference=config.dpo is not None,
-        objective=DpoObjective(beta=config.dpo.beta) if config.dpo is not None else None,
+        keep_reference=config.dpo is not None or (config.grpo is not None and config.grpo.settings.needs_reference),
+        objective=DpoObjective(beta=config.dpo.beta) if config.dpo is not None else config.grpo,
         # LoRA dropout: the adapters drop their inputs with a key fresh each step, in training only.
         train_model_transform=with_lora_dropout if config.lora is not None and config.lora.dropout > 0 else None,
         model_evaluations=model_evaluations,
+        model_publishers=model_publishers,
     )
     initialize = None
     if config.initialize_from is not None:

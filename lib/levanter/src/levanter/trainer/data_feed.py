@@ -41,6 +41,7 @@ def to_device(batch: Batch, sharding: Any) -> DeviceBatch:
         tokens=put(batch.tokens, np.int32),
         loss_mask=put(batch.loss_mask, np.float32),
         segment_ids=put(batch.segment_ids, np.int32),
+        extras={name: put(values, np.float32) for name, values in batch.extras.items()} or None,
     )
 
 

@@ -79,8 +79,7 @@ class DpoObjective:
         if frozen is None:
             raise DpoConfigError("DPO needs a reference model: train with Trainer(keep_reference=True).")
         # Under LoRA there is no copy: the reference is the base model, the adapters set to zero.
-        reference = frozen.reference if frozen.reference is not None else jax.tree.map(jnp.zeros_like, params)
-        return jax.lax.stop_gradient(sequence_logprobs(build_model(reference, frozen), batch))
+        return jax.lax.stop_gradient(sequence_logprobs(build_model(frozen.reference_params(params), frozen), batch))
 
     def split(self, batch: DeviceBatch, context, num_microbatches: int):
         if (batch.tokens.shape[0] // 2) % num_microbatches:

@@ -56,12 +56,30 @@ class ModelEvaluation:
 
     ``evaluate(model, step)`` is given the whole model at the weights that are evaluated and
     exported (:meth:`Trainer.evaluation_params`) and returns ``{metric: value}``; the trainer logs
-    them as ``<name>/<metric>`` at that step. Nothing is written to the checkpoints.
+    them as ``<name>/<metric>`` at that step. Nothing is written to the checkpoints. ``at_start``:
+    also evaluate the weights a fresh run starts from, logged at step 0 (the baseline the run is
+    measured against).
     """
 
     name: str
     evaluate: Callable[[Any, int], Mapping[str, float]]
     every: int | None = None  # None: only after the last step
+    at_start: bool = False
+
+
+@dataclass(frozen=True)
+class ModelPublisher:
+    """Hands the live weights to a consumer outside the training step (the samplers of a
+    reinforcement-learning run) as training starts and every ``every`` steps after, each time before
+    the next step's batch is fetched, so a data source that waits for those weights cannot deadlock.
+
+    ``publish(model, step)`` is given the whole model at the weights being trained (never a weight
+    average) after ``step`` updates. The next step reuses the model's buffers: copy what you keep.
+    """
+
+    name: str
+    publish: Callable[[Any, int], None]
+    every: int = 1
 
 
 def due_hooks(hooks: Iterable[Hook], step: int, last_step: int) -> list[Hook]:

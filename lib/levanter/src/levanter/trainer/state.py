@@ -44,3 +44,7 @@ class FrozenArrays(eqx.Module):
 
     model: Any = None
     reference: Any = None
+
+    def reference_params(self, params: Any) -> Any:
+        """The reference model's trainable arrays: the copy kept, else (under LoRA) ``params`` with the adapters at zero."""
+        return self.reference if self.reference is not None else jax.tree.map(jax.numpy.zeros_like, params)

@@ -26,14 +26,16 @@ from levanter.trainer.state import TrainState
 
 @dataclass(frozen=True)
 class DeviceBatch:
-    """A ``levanter.data.Batch`` on device: a pytree the jitted step accepts."""
+    """A ``levanter.data.Batch`` on device: a pytree the jitted step accepts (``extras``: its
+    ``Batch.extras`` by name, None when it has none)."""
 
     tokens: jax.Array
     loss_mask: jax.Array
     segment_ids: jax.Array | None
+    extras: dict[str, jax.Array] | None = None
 
 
-jax.tree_util.register_dataclass(DeviceBatch, data_fields=["tokens", "loss_mask", "segment_ids"], meta_fields=[])
+jax.tree_util.register_dataclass(DeviceBatch, data_fields=["tokens", "loss_mask", "segment_ids", "extras"], meta_fields=[])
 
 
 def token_loss_sums(logits, tokens, loss_mask):

@@ -38,7 +38,7 @@ from levanter.trainer.config import BATCH_AXES, MeshConfig, MeshConfigError, Tra
 from levanter.trainer.data_feed import DataSourceError, Prefetcher
 from levanter.trainer.evaluation import EvalSources, eval_hook, evaluate_sets
 from levanter.trainer.hardware import peak_flops_per_device
-from levanter.trainer.hooks import AtLastStep, Hook, ModelEvaluation, StepInfo, due_hooks, run_hooks
+from levanter.trainer.hooks import AtLastStep, Hook, ModelEvaluation, ModelPublisher, StepInfo, due_hooks, run_hooks
 from levanter.trainer.bad_steps import BadStepRule
 from levanter.trainer.initial_state import init_train_state, whole_model, with_fresh_average, with_reference
 from levanter.trainer.mixed_precision import resolve_compute_dtype
@@ -107,6 +107,9 @@ class Trainer:
     (:class:`~levanter.trainer.step.Objective`; by default the next-token loss).
     ``model_evaluations`` (:class:`~levanter.trainer.hooks.ModelEvaluation`) run the caller's own
     evaluations of the live model on their schedules, after the loss evaluation.
+    ``model_publishers`` (:class:`~levanter.trainer.hooks.ModelPublisher`) hand the live weights to
+    whoever produces the next batches (a reinforcement-learning run's samplers). A batch's own
+    ``Batch.metrics`` join its step's line.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class Trainer:
         objective: Objective | None = None,
         train_model_transform: Callable[[Any, jax.Array], Any] | None = None,
         model_evaluations: Iterable[ModelEvaluation] = (),
+        model_publishers: Iterable[ModelPublisher] = (),
     ):
         self.config = config
         self.trainable = trainable
@@ -137,6 +141,7 @@ class Trainer:
         self.run_config = dict(run_config or {})
         self.hooks = list(hooks)
         self.model_evaluations = list(model_evaluations)
+        self.model_publishers = list(model_publishers)
         self.stop_sources = list(stop_sources)
         self._sigterm = StopSignal()  # replaced by each train(): a finished run's SIGTERM is not the next one's
         # A job launched as several replicas joins jax.distributed here, before anything asks JAX
@@ -373,7 +378,14 @@ class Trainer:
         save = self._checkpoint_hook(trackers)
         evals = [self._eval_hook(eval_sources, trackers, history, eval_losses, ema_eval_losses)] if eval_sources else []
         model_evals = [self._model_evaluation_hook(evaluation, trackers, history) for evaluation in self.model_evaluations]
-        step_hooks = [save, *evals, *model_evals]
+        publishers = [self._publisher_hook(publisher) for publisher in self.model_publishers]
+        step_hooks = [save, *evals, *model_evals, *publishers]
+        for publisher in self.model_publishers:  # the weights the first batches are made with
+            publisher.publish(self.live_model(state), start_step)
+        if start_step == 0:
+            for evaluation, hook in zip(self.model_evaluations, model_evals):
+                if evaluation.at_start:
+                    hook.run(StepInfo(0, {}, state))
         prefetch = Prefetcher(train_source.iter_from(start_step), self.batch_sharding)
         pending: tuple[int, dict[str, jax.Array]] | None = None  # a step whose scalars are read while the next one runs
         line: dict[str, Any] = {}  # the latest step's metrics
@@ -388,6 +400,7 @@ class Trainer:
                     )
                 with self._profiler.step(step):
                     state, metrics = self._steps.train_step(state, device_batch, self._learning_rates[step - 1])
+                metrics = {**metrics, **host_batch.metrics}  # measured where the batch was made
                 self._profiler.step_dispatched(step, state)
                 self.raise_if_abandoned(step)  # before the previous step's metrics are written
                 if pending is not None:
@@ -483,6 +496,15 @@ class Trainer:
             logger.info("step %d %s: %s", info.step, evaluation.name, ", ".join(f"{k} {v:.4f}" for k, v in line.items()))
 
         return Hook(evaluation.name, run, every=evaluation.every, at_last=AtLastStep.ALWAYS)
+
+    def _publisher_hook(self, publisher: ModelPublisher) -> Hook:
+        """The live weights to ``publisher`` every ``publisher.every`` steps; after the last step no batch follows."""
+        return Hook(publisher.name, lambda info: publisher.publish(self.live_model(info.state), info.step),
+                    every=publisher.every, at_last=AtLastStep.NEVER)
+
+    def live_model(self, state: TrainState) -> Any:
+        """The whole model at the weights being trained (:meth:`training_point`), on the state's buffers."""
+        return whole_model(replace(state, params=self.training_point(state)), self._static)
 
     # -- evaluation ------------------------------------------------------------------------------
 
