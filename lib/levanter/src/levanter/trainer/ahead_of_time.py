@@ -61,6 +61,7 @@ class StepMemory:
     aliased: int
     temporaries: int
     generated_code: int
+    host: int = 0  # arguments kept in the host's memory (offloaded optimizer state): not on the chip
 
     @property
     def total(self) -> int:
@@ -76,6 +77,7 @@ class StepMemory:
             aliased=int(stats.alias_size_in_bytes),
             temporaries=int(stats.temp_size_in_bytes),
             generated_code=int(stats.generated_code_size_in_bytes),
+            host=int(getattr(stats, "host_argument_size_in_bytes", 0)),
         )
 
 
@@ -162,7 +164,8 @@ def abstract_train_state(
     )
     replicated = NamedSharding(mesh, PartitionSpec())
     opt_state = jax.eval_shape(optimizer.init, params)
-    opt_shardings = optimizer_state_shardings(opt_state, params, param_shardings, replicated)
+    opt_shardings = optimizer_state_shardings(opt_state, params, param_shardings, replicated,
+                                              on_host=config.offload_optimizer_state)
     opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt_state, opt_shardings)
 
     def placed(value):

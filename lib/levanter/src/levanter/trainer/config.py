@@ -128,6 +128,11 @@ class TrainerConfig:
     # Progress lines and TensorBoard/W&B writes every N steps; metrics.jsonl gets every step.
     log_every: int = 10
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    # Keep the optimizer's state (AdamW's two moments: twice the parameters in float32) in the host's
+    # memory instead of the accelerator's, moving it in for each update and back out: a model whose
+    # parameters, gradients and moments do not fit the chip's memory together can still train there,
+    # at the cost of that traffic each step. Placement only: the same numbers are computed.
+    offload_optimizer_state: bool = False
     trackers: tuple[str, ...] = ("jsonl",)
     wandb_project: str | None = None
     wandb_run_name: str | None = None

@@ -54,7 +54,8 @@ def init_train_state(
     optimizer = optimizer_config.build(config.num_train_steps, weight_decay_mask=decay_mask, param_axes=param_axes)
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(optimizer.init, params)
-    opt_shardings = optimizer_state_shardings(abstract_opt, params, param_shardings, replicated)
+    opt_shardings = optimizer_state_shardings(abstract_opt, params, param_shardings, replicated,
+                                              on_host=config.offload_optimizer_state)
     opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
     state = TrainState(
         step=jax.device_put(jnp.asarray(0, jnp.int32), replicated),
@@ -71,13 +72,16 @@ def init_train_state(
     return state, static, optimizer
 
 
-def optimizer_state_shardings(abstract_opt: Any, params: Any, param_shardings: Any, replicated: NamedSharding) -> Any:
+def optimizer_state_shardings(
+    abstract_opt: Any, params: Any, param_shardings: Any, replicated: NamedSharding, *, on_host: bool = False
+) -> Any:
     """A state array shaped like its parameter and kept under that parameter's path (Adam's
     moments: ``[1].mu.<the parameter's path>``) is laid out like it; one of another shape (Adam-mini's
     per-block second moment, SOAP's and Kron's per-matrix preconditioners) and the rest (step
     counts) are replicated. Found by key paths, not ``optax.tree_map_params``, whose placeholder
     parameters cannot pass through ``optax.partition``'s masked slots (Muon) or a state built from
-    the parameters' shapes (SOAP, Kron)."""
+    the parameters' shapes (SOAP, Kron). ``on_host``: every leaf in the host's memory instead
+    (``TrainerConfig.offload_optimizer_state``)."""
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     by_path = {tuple(path): (param.shape, sharding) for (path, param), sharding in zip(leaves, jax.tree.leaves(param_shardings))}
 
@@ -90,7 +94,14 @@ def optimizer_state_shardings(abstract_opt: Any, params: Any, param_shardings: A
                     return sharding
         return replicated
 
-    return jax.tree_util.tree_map_with_path(sharding_of, abstract_opt)
+    shardings = jax.tree_util.tree_map_with_path(sharding_of, abstract_opt)
+    if on_host:  # TrainerConfig.offload_optimizer_state: the step moves it in for the update
+        shardings = jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), shardings)
+    return shardings
+
+
+# The memory kind of arrays kept in the host's memory, readable by the accelerator's transfers.
+HOST_MEMORY = "pinned_host"
 
 
 def with_reference(state: TrainState, keep_reference: bool) -> TrainState:

@@ -270,6 +270,17 @@ def build_step_functions(
     step (by default the parameters; the trainer passes the optimizer's evaluation point).
     """
     num_devices = 1 if batch_sharding is None else len(batch_sharding.device_set)
+
+    def in_device_memory(opt_state):
+        """The optimizer's state where the update can read it: state kept in the host's memory
+        (``TrainerConfig.offload_optimizer_state``) is moved in; the step's output shardings move
+        the new state back out."""
+        if state_shardings is None:
+            return opt_state
+        return jax.tree.map(
+            lambda x, s: jax.device_put(x, s.with_memory_kind("device")) if s.memory_kind not in (None, "device") else x,
+            opt_state, state_shardings.opt_state,
+        )
     if objective is None:
         objective = NextTokenObjective(z_loss_weight=z_loss_weight, fused_loss=fused_loss, num_devices=num_devices)
 
@@ -330,7 +341,7 @@ def build_step_functions(
         extra_args = {} if learning_rate is None else {"learning_rate": learning_rate}
         if optimizer_needs_objective:
             extra_args["obj_fn"] = loss_of_params(state.frozen, batch, context, normaliser, transform_key)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params, **extra_args)
+        updates, opt_state = optimizer.update(grads, in_device_memory(state.opt_state), state.params, **extra_args)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(objective.metrics(sums, normaliser, num_microbatches))
         metrics["grad_norm"] = grad_norm
@@ -341,7 +352,7 @@ def build_step_functions(
             ema = jax.tree.map(lambda e, x: e + (1.0 - ema_decay) * (x - e), state.ema, target)
         if bad_step_rule is not None:
             good, bad_steps = bad_step_rule.judge(state.bad_steps, metrics["loss"], grad_norm)
-            params, opt_state, ema = keep_if(good, (params, opt_state, ema), (state.params, state.opt_state, state.ema))
+            params, opt_state, ema = keep_if(good, (params, opt_state, ema), (state.params, in_device_memory(state.opt_state), state.ema))
             metrics["train/skipped_steps"] = (~good).astype(jnp.int32)
             metrics["train/skipped_steps_total"] = bad_steps.skipped
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, key=key, frozen=state.frozen,
