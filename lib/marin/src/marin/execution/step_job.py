@@ -245,6 +245,12 @@ def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: Ru
         except FencedOff as exc:
             logger.error("Step %s: execution g%d could not commit, it was fenced off: %s", spec.name, execution.generation, exc)
             return FENCED_OFF_EXIT_CODE
+        except Exception as exc:
+            if not is_explained_error(exc):
+                raise
+            logger.error("Step %s: execution g%d not committed: %s: %s", spec.name, execution.generation,
+                         type(exc).__name__, _one_line(exc))
+            return 1
         logger.info("Step %s finished; execution g%d committed its output", spec.name, execution.generation)
     else:
         logger.info("Step %s finished", spec.name)
