@@ -8,7 +8,10 @@ validation loss (of the set ``validation`` names, else the first the run evaluat
 ``6 * parameters * tokens`` and says so. A sweep's budget comes from the step's annotations in
 ``.executor_info`` (:mod:`marin.experiment.sweep`). Runs that cannot be used are listed with the
 reason, never silently dropped. Records are read only when they are regular files inside the
-prefix, in bounded amounts (:mod:`rigging.regular_files`), so the web view can call this too.
+prefix, in bounded amounts (:mod:`rigging.regular_files`), so the web view can call this too; a
+run folder that is itself a link out of the prefix is listed as refused, unread. A run is one step
+identity: a folder copied under another name (its ``.executor_info`` names the same identity) is
+counted once, at the folder its identity names, and the copies are listed as not used.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigging import filesystem as fsx
-from rigging.regular_files import RefusedFileError, read_bounded_text
+from rigging.regular_files import RefusedFileError, read_bounded_text, stays_within
 
 from marin.execution.catalog import describe_folder, step_folders
 from marin.execution.executor_files import ARTIFACT_FILE, STATUS_SUCCESS, CorruptRecordError, read_info
+from marin.execution.identity import SHORT_HASH_LENGTH, short_hash
 from marin.scaling.points import ScalingRun
 
 TRAINED_MODEL_TYPE = "marin.experiment.train:TrainedModel"
@@ -55,7 +59,14 @@ def collect_runs(prefix: str, *, steps: str | None = None, validation: str | Non
     skipped: list[SkippedRun] = []
     notes: set[str] = set()
     sets: set[str] = set()
-    for folder in step_folders(prefix):
+    counted: dict[str, ScalingRun] = {}  # identity -> its run
+    links: list[str] = []
+    folders = step_folders(prefix, links=links)
+    for link in links:  # a run folder that is a link out of the prefix is named, not read
+        location = _without_suffix(link[len(prefix):].strip("/"))
+        if not stays_within(prefix, link) and (steps is None or fnmatch.fnmatchcase(location, steps)):
+            skipped.append(SkippedRun(location, link, f"refused: the folder is a link to a place outside {prefix}"))
+    for folder in folders:
         listing = describe_folder(folder, prefix)
         if steps is not None and not fnmatch.fnmatchcase(listing.name, steps):
             continue
@@ -77,12 +88,35 @@ def collect_runs(prefix: str, *, steps: str | None = None, validation: str | Non
         point = _scaling_run(listing.name, folder, result, _budget_of(folder, prefix), validation, notes)
         if isinstance(point, str):
             skipped.append(SkippedRun(listing.name, folder, point))
-        else:
+            continue
+        identity = _info(folder, prefix).get("identity")
+        if not isinstance(identity, str) or identity not in counted:
+            if isinstance(identity, str):
+                counted[identity] = point
             runs.append(point)
+            continue
+        # The same run twice: the one at the folder its identity names counts, the other is a copy.
+        first = counted[identity]
+        copy, kept = (first, point) if _at_own_folder(folder, listing.name, identity) else (point, first)
+        if copy is first:
+            runs[runs.index(first)] = point
+            counted[identity] = point
+        skipped.append(SkippedRun(copy.name, copy.path, f"a copy of {kept.path} (the same step identity); counted once"))
     if validation is None and len(sets) > 1:
         notes.add(f"the runs evaluated {len(sets)} validation sets; each run's loss is its first one "
                   "(choose one with validation=..., --validation on the command line)")
     return CollectedRuns(runs, skipped, sorted(notes), sorted(sets))
+
+
+def _without_suffix(location: str) -> str:
+    """A step folder's location without its ``-<short hash>`` (what a step name glob is matched with)."""
+    head, _, tail = location.rpartition("-")
+    return head if head and len(tail) == SHORT_HASH_LENGTH and all(c in "0123456789abcdef" for c in tail) else location
+
+
+def _at_own_folder(folder: str, name: str, identity: str) -> bool:
+    """Whether ``folder`` is where a step of this name and identity puts its output: ``<name>-<hash>``."""
+    return folder.rstrip("/").endswith(f"/{name}-{short_hash(identity)}")
 
 
 def _read_artifact(folder: str, prefix: str) -> dict[str, Any] | str | None:
