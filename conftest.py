@@ -61,6 +61,8 @@ SHARED_WORKER = {
         "lib/fray/tests/test_clients_slurm.py",
         "lib/marin/tests/test_steps_through_iris.py",
         "lib/marin/tests/test_steps_through_iris_failures.py",
+        "lib/marin/tests/test_fencing_on_slurm.py",
+        "lib/marin/tests/test_chaos_kills.py",
     ),
     "ray": (  # local Ray clusters, one at a time: a node starting on a busy machine can miss Ray's 30 s limit
         "lib/fray/tests/test_clients_ray.py",

@@ -187,18 +187,32 @@ class IrisStepExecutor:
         return self.store
 
     def _cancel_tagged(self, output_path: str, up_to: int) -> None:
+        """Cancel every Slurm job of the step's executions up to generation ``up_to``, looking again
+        until none is left pending or running: a supervisor cancelled in the middle of submitting
+        leaves replicas the first look did not see. Bounded by :data:`FENCE_WAIT_S`."""
         from fray.cluster.slurm_client import SlurmClient
         from fray.cluster.slurm_commands import SlurmError
 
         prefix = execution_tag(output_path)
         client = SlurmClient(self.engine.options.get("slurm_partition"), check_resources=False)
+        deadline = time.monotonic() + FENCE_WAIT_S
+        cancelled: set[str] = set()
         try:
-            jobs = [job for job in client.tagged_jobs(prefix)
-                    if (generation := _tag_generation(job.tag, prefix)) is not None and generation <= up_to]
-            if jobs:
-                logger.warning("Cancelling Slurm job(s) of fenced-off executions of %s: %s", output_path,
-                               ", ".join(f"{job.slurm_id} (g{_tag_generation(job.tag, prefix)}, {job.state})" for job in jobs))
-                client.cancel(job.slurm_id for job in jobs)
+            while True:
+                jobs = [job for job in client.tagged_jobs(prefix) if job.state in ("PENDING", "RUNNING", "CONFIGURING")
+                        and (generation := _tag_generation(job.tag, prefix)) is not None and generation <= up_to]
+                fresh = [job for job in jobs if job.slurm_id not in cancelled]
+                if fresh:
+                    logger.warning("Cancelling Slurm job(s) of fenced-off executions of %s: %s", output_path, ", ".join(
+                        f"{job.slurm_id} (g{_tag_generation(job.tag, prefix)}, {job.state})" for job in fresh))
+                    client.cancel(job.slurm_id for job in fresh)
+                    cancelled.update(job.slurm_id for job in fresh)
+                if not jobs or time.monotonic() >= deadline:
+                    if jobs:
+                        logger.warning("Slurm job(s) %s of fenced-off executions of %s still not ended after %.0f s",
+                                       ", ".join(job.slurm_id for job in jobs), output_path, FENCE_WAIT_S)
+                    return
+                time.sleep(0.5)
         except SlurmError as exc:
             logger.warning("Could not look for the Slurm jobs of fenced-off executions of %s: %s", output_path, exc)
 
