@@ -150,6 +150,8 @@ def pytest_runtest_protocol(item, nextitem):
     for data in _isolated_reports.pop(item.nodeid):
         report = item.config.hook.pytest_report_from_serializable(config=item.config, data=data)
         item.ihook.pytest_runtest_logreport(report=report)
+    # What the tests before set up here (a module's fixtures) is torn down as the usual protocol would.
+    item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 

@@ -295,8 +295,12 @@ def _end_execution(session: RunSession, output_path: str, record: StatusRecord) 
 
 def _wait_for_replicas_of(session: RunSession, spec: StepSpec, output_path: str, status: StatusRecord) -> tuple[Any, StatusRecord | None]:
     """Wait while replicas of the RUNNING execution the record names still heartbeat (a job whose
-    runner and supervisor are gone can still finish and commit); the record as it is then."""
+    runner and supervisor are gone can still finish and commit); the record as it is then. Bounded:
+    a replica that stops heartbeating is waited for no longer than its heartbeat's time to live, and
+    none longer than the step's time limit (when it has one), after which it is fenced off and ended."""
     announced = False
+    limit = spec.resources.time_limit_s if spec.resources is not None else None
+    deadline = None if limit is None else time.monotonic() + limit
     while True:
         snapshot, now = read_ownership(output_path)
         if now is None or now.status != STATUS_RUNNING or now.generation != status.generation or session.cancelled.is_set():
@@ -307,10 +311,15 @@ def _wait_for_replicas_of(session: RunSession, spec: StepSpec, output_path: str,
         alive = [beat for beat in replica_heartbeats(output_path, now.generation) if beat.may_be_running()]
         if not alive:
             return snapshot, now
+        described = ", ".join(b.describe() for b in alive)
+        if deadline is not None and time.monotonic() >= deadline:
+            logger.warning("Step %s: execution g%d (iris job %s: %s) still runs after the step's time limit of %.0f s; "
+                           "fencing it off", spec.name, now.generation, now.job or "?", described, limit)
+            return snapshot, now
         if not announced:
             logger.info("Step %s: execution g%d (iris job %s) has no runner, but %s still run(s); waiting for it to "
-                        "finish instead of starting the step again: %s", spec.name, now.generation, now.job or "?",
-                        ", ".join(b.describe() for b in alive), output_path)
+                        "finish instead of starting the step again%s: %s", spec.name, now.generation, now.job or "?",
+                        described, f" (at most {limit:.0f} s, the step's time limit)" if limit else "", output_path)
             announced = True
         session.slots.sleep(session.poll_s)
 
