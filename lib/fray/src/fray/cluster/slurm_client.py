@@ -268,12 +268,14 @@ class SlurmClient:
                 found.append(SlurmJobRecordOfTag(slurm_id, state, tag))
         return found
 
-    def cancel(self, slurm_ids: Iterable[str]) -> None:
-        """``scancel`` the jobs: Slurm's SIGTERM, then SIGKILL after its ``KillWait``; jobs that ended already are no error."""
+    def cancel(self, slurm_ids: Iterable[str], *, kill: bool = False) -> None:
+        """``scancel`` the jobs: Slurm's SIGTERM, then SIGKILL after its ``KillWait`` (at once with
+        ``kill``); jobs that ended already are no error."""
         ids = sorted(set(slurm_ids))
         if ids:
             try:
-                run_slurm(["scancel", *ids], timeout=self.timings.command_timeout_s)
+                run_slurm(["scancel", *(["--full", "--signal=KILL"] if kill else []), *ids],
+                          timeout=self.timings.command_timeout_s)
             except SlurmCommandError as exc:  # one of them ended meanwhile
                 logger.debug("scancel %s: %s", " ".join(ids), exc)
 

@@ -14,7 +14,10 @@ also ends its processes, after the fence is written (so none of them can commit 
   the caller does not take over what it left (see below).
 
 The executor also ends what the heartbeats cannot name (a job not started yet, a supervisor):
-:meth:`~marin.execution.step_executor.StepExecutor.end_execution`. And each replica stops by
+:meth:`~marin.execution.step_executor.StepExecutor.end_execution`. Every engine job of an execution
+carries its tag (:func:`execution_tag`: the step and the generation; on Slurm the job's comment), by
+which :func:`cancel_tagged_slurm_jobs` finds and cancels those of fenced-off generations from any
+machine, with nothing but the step's folder to go on. And each replica stops by
 itself once it sees the fence, killing its own process if its function does not return within a
 grace period (:mod:`marin.execution.step_job`), which covers machines nobody else can signal.
 
@@ -25,6 +28,7 @@ take over its resumable state (:mod:`marin.execution.resumable_state`).
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import time
 from collections.abc import Callable
@@ -86,19 +90,13 @@ def _stop(beat: ReplicaHeartbeat, signum: int) -> None:
     if beat.process.send_signal(signum):
         return
     if beat.slurm_job and beat.process.alive_here() is None:
-        cancel_slurm_jobs([beat.slurm_job], kill=signum == signal.SIGKILL)
+        from fray.cluster.slurm_client import SlurmClient
+        from fray.cluster.slurm_commands import SlurmError
 
-
-def cancel_slurm_jobs(slurm_ids: list[str], *, kill: bool = False) -> None:
-    """``scancel`` the jobs (SIGKILL at once with ``kill``); a Slurm that cannot be reached is logged, not raised."""
-    from fray.cluster.slurm_commands import SlurmError, run_slurm
-
-    if not slurm_ids:
-        return
-    try:
-        run_slurm(["scancel", *(["--signal=KILL", "--full"] if kill else []), *slurm_ids])
-    except SlurmError as exc:
-        logger.warning("Could not cancel Slurm job(s) %s: %s", ", ".join(slurm_ids), exc)
+        try:
+            SlurmClient(check_resources=False).cancel([beat.slurm_job], kill=signum == signal.SIGKILL)
+        except SlurmError as exc:
+            logger.warning("Could not cancel Slurm job %s of %s: %s", beat.slurm_job, beat.describe(), exc)
 
 
 def _slurm_job_ended(slurm_id: str) -> bool:
@@ -110,3 +108,50 @@ def _slurm_job_ended(slurm_id: str) -> bool:
         return False  # cannot tell now
     return record is None or record.state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                                                   "REQUEUED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING")
+
+
+# -- an execution's engine jobs, by their tag -------------------------------------------------------
+
+
+def execution_tag(output_path: str, generation: int | None = None) -> str:
+    """The tag of the engine jobs of execution ``generation`` of the step at ``output_path``; without
+    a generation, the prefix every execution's tag of that step starts with."""
+    key = hashlib.sha256(output_path.rstrip("/").encode()).hexdigest()[:16]
+    return f"marin-step-{key}-g" + ("" if generation is None else str(generation))
+
+
+def _tag_generation(tag: str, prefix: str) -> int | None:
+    rest = tag[len(prefix):]
+    return int(rest) if rest.isdigit() else None
+
+
+def cancel_tagged_slurm_jobs(output_path: str, up_to: int, partition: str | None = None) -> None:
+    """Cancel every Slurm job of the step's executions up to generation ``up_to``, looking again
+    until none is left pending or running (a supervisor cancelled in the middle of submitting leaves
+    replicas the first look did not see); bounded by :data:`FENCE_WAIT_S`. A Slurm that cannot be
+    asked is logged, not raised: the replicas' own fence checks still stop what runs."""
+    from fray.cluster.slurm_client import SlurmClient
+    from fray.cluster.slurm_commands import SlurmError
+
+    prefix = execution_tag(output_path)
+    client = SlurmClient(partition, check_resources=False)
+    deadline = time.monotonic() + FENCE_WAIT_S
+    cancelled: set[str] = set()
+    try:
+        while True:
+            jobs = [job for job in client.tagged_jobs(prefix) if job.state in ("PENDING", "RUNNING", "CONFIGURING")
+                    and (generation := _tag_generation(job.tag, prefix)) is not None and generation <= up_to]
+            fresh = [job for job in jobs if job.slurm_id not in cancelled]
+            if fresh:
+                logger.warning("Cancelling Slurm job(s) of fenced-off executions of %s: %s", output_path, ", ".join(
+                    f"{job.slurm_id} (g{_tag_generation(job.tag, prefix)}, {job.state})" for job in fresh))
+                client.cancel(job.slurm_id for job in fresh)
+                cancelled.update(job.slurm_id for job in fresh)
+            if not jobs or time.monotonic() >= deadline:
+                if jobs:
+                    logger.warning("Slurm job(s) %s of fenced-off executions of %s still not ended after %.0f s",
+                                   ", ".join(job.slurm_id for job in jobs), output_path, FENCE_WAIT_S)
+                return
+            time.sleep(0.5)
+    except SlurmError as exc:
+        logger.warning("Could not look for the Slurm jobs of fenced-off executions of %s: %s", output_path, exc)

@@ -38,7 +38,6 @@ Cached steps never reach iris.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -62,7 +61,7 @@ from rigging.names import safe_name_from
 from rigging.secrets import SecretNames
 
 from marin.errors import MarinError
-from marin.execution.ending_executions import FENCE_WAIT_S
+from marin.execution.ending_executions import FENCE_WAIT_S, cancel_tagged_slurm_jobs, execution_tag
 from marin.execution.executor_files import STATUS_RUNNING, STATUS_SUCCESS, read_status
 from marin.execution.step_context import RunCancelled
 from marin.execution.step_executor import StepCall
@@ -88,18 +87,6 @@ DEFAULT_SLURM_TIME_LIMIT_S = 24 * 3600.0
 # How long a step's job may take to start its first attempt (its supervisor waits for a place on
 # the engine) before the runner stops it: as long as fray's SlurmClient waits for an allocation.
 START_TIMEOUT_S = 1800.0
-
-
-def execution_tag(output_path: str, generation: int | None = None) -> str:
-    """The tag of the engine jobs of execution ``generation`` of the step at ``output_path``; without
-    a generation, the prefix every execution's tag of that step starts with."""
-    key = hashlib.sha256(output_path.rstrip("/").encode()).hexdigest()[:16]
-    return f"marin-step-{key}-g" + ("" if generation is None else str(generation))
-
-
-def _tag_generation(tag: str, prefix: str) -> int | None:
-    rest = tag[len(prefix):]
-    return int(rest) if rest.isdigit() else None
 
 
 class StepJobFailed(MarinError, RuntimeError):
@@ -176,7 +163,8 @@ class IrisStepExecutor:
 
     def _end(self, output_path: str, generation: int, job_id: str | None, store: JobStore | None, engine: str) -> None:
         if self.engine.options["backend"] == "slurm" or engine.startswith("slurm"):
-            self._cancel_tagged(output_path, generation)  # first: a supervisor still pending never reads a stop request
+            # First: a supervisor still pending on Slurm never reads a stop request.
+            cancel_tagged_slurm_jobs(output_path, generation, self.engine.options.get("slurm_partition"))
         if job_id and store is not None and store.get(job_id) is not None and not get_job(job_id, store).state.finished:
             logger.info("Stopping iris job %s of execution g%d: %s", job_id, generation, output_path)
             stop_job(job_id, store, timeout=FENCE_WAIT_S)
@@ -185,36 +173,6 @@ class IrisStepExecutor:
         if record.iris_home and Path(record.iris_home).expanduser().resolve() != self.store.home:
             return JobStore(record.iris_home, create=False) if Path(record.iris_home).expanduser().exists() else None
         return self.store
-
-    def _cancel_tagged(self, output_path: str, up_to: int) -> None:
-        """Cancel every Slurm job of the step's executions up to generation ``up_to``, looking again
-        until none is left pending or running: a supervisor cancelled in the middle of submitting
-        leaves replicas the first look did not see. Bounded by :data:`FENCE_WAIT_S`."""
-        from fray.cluster.slurm_client import SlurmClient
-        from fray.cluster.slurm_commands import SlurmError
-
-        prefix = execution_tag(output_path)
-        client = SlurmClient(self.engine.options.get("slurm_partition"), check_resources=False)
-        deadline = time.monotonic() + FENCE_WAIT_S
-        cancelled: set[str] = set()
-        try:
-            while True:
-                jobs = [job for job in client.tagged_jobs(prefix) if job.state in ("PENDING", "RUNNING", "CONFIGURING")
-                        and (generation := _tag_generation(job.tag, prefix)) is not None and generation <= up_to]
-                fresh = [job for job in jobs if job.slurm_id not in cancelled]
-                if fresh:
-                    logger.warning("Cancelling Slurm job(s) of fenced-off executions of %s: %s", output_path, ", ".join(
-                        f"{job.slurm_id} (g{_tag_generation(job.tag, prefix)}, {job.state})" for job in fresh))
-                    client.cancel(job.slurm_id for job in fresh)
-                    cancelled.update(job.slurm_id for job in fresh)
-                if not jobs or time.monotonic() >= deadline:
-                    if jobs:
-                        logger.warning("Slurm job(s) %s of fenced-off executions of %s still not ended after %.0f s",
-                                       ", ".join(job.slurm_id for job in jobs), output_path, FENCE_WAIT_S)
-                    return
-                time.sleep(0.5)
-        except SlurmError as exc:
-            logger.warning("Could not look for the Slurm jobs of fenced-off executions of %s: %s", output_path, exc)
 
     def run(self, call: StepCall) -> Any:
         spec, execution = call.spec, call.execution

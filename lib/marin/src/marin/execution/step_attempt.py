@@ -15,14 +15,17 @@ For a step the plan says to run, :func:`attempt_step`:
    waited for, since they may still finish (:mod:`marin.execution.step_ownership`);
 4. deletes the temporary files a killed earlier attempt left (:func:`remove_orphan_temporaries`);
 5. writes ``.executor_info``, claims a new execution (the next generation of the step's fenced
-   record, RUNNING; it continues in its predecessor's staging folder when that one stopped, which
-   is how a training step resumes from its checkpoints), calls the step function through the
+   record, RUNNING, in a clean staging folder of its own), ends the execution it fenced off
+   (:mod:`marin.execution.ending_executions`) and, once that one is known dead, takes over its
+   resumable state (:mod:`marin.execution.resumable_state`: which is how a training step resumes
+   from its checkpoints), calls the step function through the
    run's :class:`~marin.execution.step_executor.StepExecutor` on its staging folder, confirms the
    lease against the lock file itself, and commits: the artifact, then the move of the staged
    output into the step folder, then SUCCESS, each refused if another execution owns the step
    now. A reader who sees SUCCESS can trust the output and the artifact are complete;
 6. on any failure writes FAILED with the error (unless the lease or the fence was taken over:
-   the folder is then another execution's) and logs it (:mod:`marin.execution.step_failures`).
+   the folder is then another execution's), which fences its own execution off, ends what of it
+   still runs (a job's replicas whose supervisor died), and logs it (:mod:`marin.execution.step_failures`).
 
 The lease is released whatever happens. :func:`record_dep_failed` is the short form for a step
 that will not run because a dependency failed.

@@ -7,8 +7,8 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
 
 * ``.executor_status`` is the fenced record. Starting an execution claims it: ``generation`` one
   higher than the record read, a new ``owner`` id, and ``staging``, the folder the execution
-  writes into (``.staging/g<generation>``, or a stopped predecessor's, taken over whole). Every
-  later status write of the execution is conditional on the record still naming it.
+  writes into (``.staging/g<generation>``, always a new one). Every later status write of the
+  execution is conditional on the record still naming it.
 * The step's function writes only into the staging folder. Two executions never share one, so
   their bytes are never mixed.
 * :meth:`Execution.commit` makes the output the step's: it refuses an output holding a special file
@@ -22,9 +22,11 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
   each heartbeat writes ``.executions/g<generation>-replica-<i>.json`` and checks the fence; a
   replica whose execution was superseded, or ended by its runner, stops itself and commits nothing.
 
-A stale predecessor's staging folder is taken over only when each of its replicas is known to
-have stopped (it said so, or it was a process of this machine that is gone). Otherwise the new
-execution starts from an empty folder, and the old one stays where nothing reads it.
+The one who fences an execution off also ends its processes (:mod:`marin.execution.ending_executions`).
+A new execution never continues in a predecessor's staging folder: once each of the predecessor's
+replicas is known dead it takes over only its resumable state (:mod:`marin.execution.resumable_state`:
+checkpoints, finished token-cache shards, what the step declared), and the rest stays where nothing
+reads it until a commit deletes it.
 
 What this cannot fence: a step's side effects outside its folder (a database write, an upload
 elsewhere), and, on local disk, a write that lands within one local read of a takeover.
@@ -134,11 +136,6 @@ class Execution:
         if data.get("status") != STATUS_RUNNING:
             return f"execution g{self.generation} of {self.output_path} was already ended ({data.get('status')})"
         return None
-
-    def adopt_staging(self, staging: str) -> Execution:
-        """This execution, writing into ``staging`` (a stopped predecessor's folder) from now on."""
-        self.write(staging=staging)
-        return dataclasses.replace(self, staging=staging)
 
     def commit(self, result: Any, *, step: str, identity: str, prefix: str | None) -> Any:
         """Make the staged output the step's and record SUCCESS; ``result`` with its paths moved too.
