@@ -57,12 +57,11 @@ def _wait_until(condition, what: str, timeout: float = 120):
     pytest.fail(f"timed out after {timeout} s waiting until {what}")
 
 
-@pytest.fixture
-def blocked(slurm_cluster, tmp_path):
-    """All but one of the cluster's CPUs held by a job of their own, so the supervisor runs and its replica waits."""
+def _blocker(slurm_cluster, tmp_path, cpus: int):
+    """A job holding ``cpus`` of the cluster's CPUs, started; cancelled on the way out."""
     env = {**os.environ, **slurm_cluster.env}
     script = tmp_path / "blocker.sh"
-    script.write_text(f"#!/bin/sh\n#SBATCH --cpus-per-task={slurm_cluster.cpus - 1}\n#SBATCH --mem=64M\n#SBATCH --time=10\n"
+    script.write_text(f"#!/bin/sh\n#SBATCH --cpus-per-task={cpus}\n#SBATCH --mem=64M\n#SBATCH --time=10\n"
                       f"#SBATCH --output={tmp_path}/blocker.log\nsleep 600\n")
     blocker = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True,
                              timeout=30).stdout.strip().split(";")[0]
@@ -71,6 +70,18 @@ def blocked(slurm_cluster, tmp_path):
         yield env, blocker
     finally:
         subprocess.run(["scancel", blocker], env=env, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def blocked(slurm_cluster, tmp_path):
+    """All but one of the cluster's CPUs held, so a step's supervisor runs and its replica waits."""
+    yield from _blocker(slurm_cluster, tmp_path, slurm_cluster.cpus - 1)
+
+
+@pytest.fixture
+def full(slurm_cluster, tmp_path):
+    """Every CPU of the cluster held: a step's supervisor cannot even start."""
+    yield from _blocker(slurm_cluster, tmp_path, slurm_cluster.cpus)
 
 
 def _start(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -130,3 +141,29 @@ def test_a_replica_queued_when_its_supervisor_dies_is_cancelled_not_left_holding
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait(timeout=30)
+
+
+@pytest.mark.timeout(300)
+def test_a_job_that_cannot_start_is_stopped_after_the_start_timeout_naming_where_it_waits(full, tmp_path, monkeypatch):
+    import marin.execution.iris_steps as iris_steps
+    from fray.cluster import ResourceConfig
+    from marin.execution.step_runner import StepRunner
+    from marin.execution.step_spec import StepSpec
+
+    env, _ = full
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris"))
+    monkeypatch.setattr(iris_steps, "START_TIMEOUT_S", 5.0)
+    step = StepSpec("never-placed", _never_called, resources=ResourceConfig.with_cpu(cpu=1, ram="256m"))
+    started = time.monotonic()
+    report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:slurm", heartbeat_s=0.5).run(
+        [step], raise_on_failure=False)
+    error = report.outcome_of("never-placed").error
+    assert "did not start within 5 s" in error and "its supervisor is Slurm job " in error, error
+    assert time.monotonic() - started < 120
+    # Its supervisor, still pending, was cancelled with it: the full cluster keeps no job of the step.
+    assert not [job for job in _squeue(env) if job["tag"].startswith("marin-step-")], _squeue(env)
+
+
+def _never_called(output_path):
+    raise AssertionError("the step must not start: the cluster is full")

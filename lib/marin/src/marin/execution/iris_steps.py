@@ -116,13 +116,13 @@ class IrisStepExecutor:
 
     def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, prefix: str | None = None,
                  poll_s: float = 0.5, replica_heartbeat_s: float = REPLICA_HEARTBEAT_S,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 start_timeout_s: float | None = None) -> None:
         self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
         self._store = store
         self._prefix = prefix
         self.poll_s = poll_s
         self.replica_heartbeat_s = replica_heartbeat_s
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s = START_TIMEOUT_S if start_timeout_s is None else start_timeout_s
         self._slurm: Any = None
         self._adopted: dict[str, JobStore] = {}  # job id -> the database an adopted job is recorded in
 

@@ -223,16 +223,12 @@ def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: M
             _finish_attempt_log(attempt_log, *_ending_of(session.cancelled, message))
             try:
                 _record_failure(session, spec, output_path, execution, STATUS_FAILED, message, running)
-                if execution is not None and session.executor.commits_itself:
-                    # Fenced off by the FAILED just written: what of it still runs (its job's supervisor
-                    # died, say) is ended now, not left writing into its staging folder.
-                    _, ended = read_ownership(output_path)
-                    if ended is not None and ended.generation == execution.generation:
-                        _end_execution(session, output_path, ended)
             except FencedOff as fenced:
                 logger.warning("Step %s: FAILED not recorded, another execution owns the step now (%s)", spec.name, fenced)
             except Exception:
                 logger.exception("Could not record FAILED for %s", output_path)
+            else:
+                _end_own_execution(session, output_path, execution)
         log_step_failure(spec.name, output_path, message, exc, message_only=superseded or session.cancelled.is_set())
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
@@ -284,6 +280,19 @@ def _start_execution(session: RunSession, spec: StepSpec, output_path: str, snap
         logger.info("Step %s: execution g%d starts from a clean folder (g%d left no resumable state in %s)", spec.name,
                     execution.generation, status.generation, status.staging)
     return execution
+
+
+def _end_own_execution(session: RunSession, output_path: str, execution: Execution | None) -> None:
+    """After this runner recorded its execution FAILED (which fences it off): end what of it still
+    runs elsewhere (a job's replicas whose supervisor died), not leave it writing into its folder."""
+    if execution is None or not session.executor.commits_itself:
+        return  # a call in this runner has ended with the call
+    try:
+        _, ended = read_ownership(output_path)
+        if ended is not None and ended.generation == execution.generation:
+            _end_execution(session, output_path, ended)
+    except Exception as exc:  # noqa: BLE001 - the replicas still stop at their next look at the fence
+        logger.warning("Could not end execution g%d of %s: %s", execution.generation, output_path, exc)
 
 
 def _end_execution(session: RunSession, output_path: str, record: StatusRecord) -> list[ReplicaHeartbeat]:
