@@ -29,7 +29,7 @@ import pytest
 from iris import JobStore
 from marin.execution.executor_files import read_status
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes in /proc")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes in /proc")]
 
 ROUNDS = int(os.environ.get("MARIN_CHAOS_KILL_ROUNDS", "1"))
 KILLS_PER_ROUND = 3
