@@ -185,6 +185,11 @@ class SlurmClient:
         if why is not None:
             raise UnschedulableError(f"{what} asks for {describe_request(resources)} on Slurm, but {why}.")
 
+    def partition_time_limit_s(self) -> float | None:
+        """The time limit Slurm gives a job of this client's partition that asks for none (its
+        MaxTime); None when the partition has none, where such a job could run for ever."""
+        return self._partitions().time_limit_s(self.partition)
+
     def sbatch_header(self, request: JobRequest, folder: str, gpu_type: str | None) -> list[str]:
         """The ``#SBATCH`` options of ``request`` (see the module docstring)."""
         resources = request.resources

@@ -20,7 +20,7 @@ Cached steps never reach iris.
   into the step's RUNNING status, so ``marin status`` shows them and any runner can find the job.
 * Every engine job of a step's execution carries the execution's tag (:func:`execution_tag`: the
   step and its generation; on Slurm the job's comment), and on Slurm a time limit (the step's own,
-  else :data:`DEFAULT_SLURM_TIME_LIMIT_S`). A runner that fences an execution off ends it
+  else its partition's, else :data:`DEFAULT_SLURM_TIME_LIMIT_S`). A runner that fences an execution off ends it
   (:meth:`IrisStepExecutor.end_execution`): its iris job is stopped, and every Slurm job tagged with
   the step and a generation up to it is cancelled, so no job outlives its generation, whether its
   supervisor, its runner or both died.
@@ -82,7 +82,8 @@ STOP_TIMEOUT_S = 120.0
 # How often a step's replicas heartbeat and check the step's fence: a fenced-off replica stops
 # within about this long.
 REPLICA_HEARTBEAT_S = 2.0
-# The time limit of a step's Slurm jobs when the step sets none (ResourceConfig.time_limit_s).
+# The time limit of a step's Slurm jobs when neither the step (ResourceConfig.time_limit_s) nor its
+# partition sets one: a job of a step never runs unbounded.
 DEFAULT_SLURM_TIME_LIMIT_S = 24 * 3600.0
 # How long a step's job may take to start its first attempt (its supervisor waits for a place on
 # the engine) before the runner stops it: as long as fray's SlurmClient waits for an allocation.
@@ -217,13 +218,21 @@ class IrisStepExecutor:
             replicas=resources.replicas,
             max_retries_failure=resources.max_retries_failure,
             max_retries_preemption=resources.max_retries_preemption,
-            time_limit_s=resources.time_limit_s or (DEFAULT_SLURM_TIME_LIMIT_S if self.engine.options["backend"] == "slurm" else None),
+            time_limit_s=resources.time_limit_s or self._default_time_limit_s(),
             tag=execution_tag(call.output_path, call.execution.generation),
             cwd=os.getcwd(),
             env=tuple(sorted(env.items())),
             attempts_folder=call.output_path,
             **self.engine.options,
         )
+
+    def _default_time_limit_s(self) -> float | None:
+        """The time limit of a step that sets none: on Slurm, where a job must not run for ever, the
+        partition's own (Slurm applies it: None here), else :data:`DEFAULT_SLURM_TIME_LIMIT_S` for a
+        partition without one. Other engines hold none."""
+        if self.engine.options["backend"] != "slurm" or self._slurm is None:
+            return None
+        return None if self._slurm.partition_time_limit_s() is not None else DEFAULT_SLURM_TIME_LIMIT_S
 
     def check_placement(self, specs: list[Any]) -> None:
         """Before any step runs: the job database opens, and (on Slurm) every step's resources fit a
