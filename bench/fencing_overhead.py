@@ -13,7 +13,14 @@ installed; a stand-in for the request count, not for a real store's speed):
 * ``trivial_step_s``: the median wall time of a step that writes one small file;
 * ``wide_step_s``: the median wall time of a step that writes ``--files`` files of ``--file-kib`` KiB
   in ``--files / 20`` folders (the commit moves them);
-* ``train_step_s``: one tiny training step (20 updates, a checkpoint every 5) on a local prefix.
+* ``rerun_step_s``: the median wall time of a step run again after its first execution failed,
+  leaving ``--files`` files in its staging folder: the fence ends what of the old execution may
+  still run (a look at its replicas' heartbeats), and the new one starts from a clean folder,
+  taking over only resumable state (before: it continued in the old folder);
+* ``train_step_s``: one tiny training step (20 updates, a checkpoint every 5) on a local prefix;
+* ``special_file_check_us_per_file`` (this tree only: the check is new), beside
+  ``checksum_us_per_file``: what the commit's walk refusing special files and links out of the
+  output costs per file of the wide step's output, and what hashing the same files costs.
 
 The last line printed is one JSON object with the figures; ``bench/side_by_side.py`` runs it
 against an earlier revision, so both columns come from the same machine at the same time.
@@ -48,6 +55,50 @@ def wide(output_path: str, files: int, file_kib: int) -> int:
     for index in range(files):
         fsx.atomic_write(fsx.join(output_path, f"part-{index % max(1, files // 20):03d}", f"file-{index:05d}.bin"), payload)
     return files
+
+
+def fails_once(output_path: str, files: int, file_kib: int, marker: str) -> int:
+    """Writes the wide output, and fails the first time (its staging folder keeps the files)."""
+    wide(output_path, files, file_kib)
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("the first execution fails")
+    return files
+
+
+def median_rerun_seconds(prefix: str, steps: int, files: int, file_kib: int) -> float:
+    times = []
+    for index in range(steps):
+        marker = os.path.join(tempfile.mkdtemp(prefix="fencing-bench-marker-"), "failed-once")
+        step = StepSpec(f"bench/rerun-{index}", lambda output_path: fails_once(output_path, files, file_kib, marker),
+                        hash_attrs={"index": index, "files": files})
+        StepRunner(prefix=prefix).run([step], raise_on_failure=False)
+        started = time.perf_counter()
+        StepRunner(prefix=prefix).run([step], force_run_failed=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def check_and_checksum_us_per_file(files: int, file_kib: int, repeats: int = 20) -> dict[str, float]:
+    """The commit's special-file walk and its hashing, per file of a wide output (the walk is new)."""
+    try:
+        from rigging.regular_files import refused_entries
+    except ImportError:
+        return {}
+    from zephyr.output_checksums import write_checksums
+
+    folder = tempfile.mkdtemp(prefix="fencing-bench-check-")
+    wide(folder, files, file_kib)
+
+    def per_file(call) -> float:
+        started = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        return (time.perf_counter() - started) / repeats / files * 1e6
+
+    assert refused_entries(folder) == []
+    return {"special_file_check_us_per_file": per_file(lambda: refused_entries(folder)),
+            "checksum_us_per_file": per_file(lambda: write_checksums(folder))}
 
 
 def median_step_seconds(prefix: str, name: str, fn, steps: int, **attrs) -> float:
@@ -127,6 +178,8 @@ def main() -> None:
     figures["local_wide_step_s"] = median_step_seconds(
         local, "wide", lambda output_path: wide(output_path, args.files, args.file_kib), max(3, args.steps // 4),
         files=args.files)
+    figures["local_rerun_step_s"] = median_rerun_seconds(local, max(3, args.steps // 4), args.files, args.file_kib)
+    figures.update(check_and_checksum_us_per_file(args.files, args.file_kib))
     with moto_prefix() as s3:
         if s3 is not None:
             figures["s3_trivial_step_s"] = median_step_seconds(s3, "trivial", trivial, max(3, args.steps // 2))
@@ -135,7 +188,7 @@ def main() -> None:
     if not args.no_train:
         figures["local_train_step_s"] = train_seconds(tempfile.mkdtemp(prefix="fencing-bench-train-"))
     for name, value in figures.items():
-        print(f"{name:24s} {value:8.3f}")
+        print(f"{name:32s} {value:8.3f}")
     print(json.dumps({name: round(value, 4) for name, value in figures.items()}))
 
 

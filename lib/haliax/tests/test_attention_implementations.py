@@ -113,6 +113,7 @@ def test_splash_kernel_interpreted_equals_masked_softmax_in_values_and_gradients
     assert_matches_reference(splash, SPLASH_T, segment_ids)
 
 
+@pytest.mark.isolated  # 4 simulated devices: see conftest.py
 @pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 (simulated) devices")
 def test_pallas_kernel_runs_per_shard_under_a_mesh_split_by_batch_and_heads():
     segment_ids = packed_segment_ids(T)

@@ -208,3 +208,26 @@ def test_a_shared_expert_counts_and_trains_like_the_rest():
     grads = jax.grad(lambda m: next_token_loss(m(tokens), tokens, jnp.ones(tokens.shape)).loss_sum)(model)
     assert float(jnp.abs(grads.layers[0].moe.shared_expert_gate.weight).sum()) > 0
     assert float(jnp.abs(grads.layers[1].moe.shared_expert.down_proj.weight).sum()) > 0
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        # A billion experts claimed over a file of four, under both of transformers' spellings.
+        ({"num_experts": 10**9, "num_local_experts": 10**9}, r"describes 1000000000 experts per layer, but the tensors in "
+                                                             r".* hold 4 \(experts 0 to 3; the last: model\.layers\.\d+\.mlp\.experts\.3\."),
+        ({"num_experts": 2, "num_local_experts": 2}, "describes 2 experts per layer, but the tensors in .* hold 4"),
+        # The two spellings disagreeing: which one is meant cannot be told.
+        ({"num_experts": 10**9, "num_local_experts": 4}, "num_experts=1000000000 and num_local_experts=4, two names of one setting"),
+        ({"num_hidden_layers": 3}, r"describes 3 layers, but the tensors in .* hold 2 \(layers 0 to 1"),
+    ],
+    ids=["a-billion-experts", "fewer-experts", "two-spellings", "more-layers"],
+)
+def test_a_config_the_tensors_contradict_is_refused_naming_both(tmp_path, edits, message):
+    from levanter.compat.hf_format import CorruptCheckpointError
+
+    reference_model("qwen3-renormalised").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **edits}))
+    with pytest.raises(CorruptCheckpointError, match=message):
+        import_from_hf(tmp_path)

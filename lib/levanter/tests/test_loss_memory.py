@@ -107,6 +107,7 @@ def test_the_loss_of_a_train_step_takes_a_fraction_of_the_logits_it_would_have_m
     assert automatic < logits_f32 / 4
 
 
+@pytest.mark.isolated  # 8 simulated devices: see conftest.py
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_its_blocks():
     # data=4 x model=2: rows split over "data", the vocabulary over "model" (haliax's default rules).
@@ -153,6 +154,7 @@ def test_the_vocabulary_streamed_loss_gives_the_plain_loss_and_gradients(vocab_b
     _assert_same_loss_and_grads(got, expected, atol=1e-7)
 
 
+@pytest.mark.isolated  # 8 simulated devices: see conftest.py
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 def test_the_vocabulary_streamed_loss_on_a_mesh_keeps_rows_split():
     mesh = make_mesh(data=4, model=2)

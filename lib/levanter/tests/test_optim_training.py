@@ -92,6 +92,7 @@ def test_a_run_resumed_after_sigkill_ends_bitwise_equal_to_the_uninterrupted_one
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.isolated  # 8 simulated devices: see conftest.py
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
 def test_adam_minis_reduced_second_moment_is_replicated_on_a_sharded_mesh_and_checkpointed(tmp_path):
     config = trainer_config(num_train_steps=2, steps_per_checkpoint=None, mesh=MeshConfig(data=4, model=2))

@@ -44,6 +44,7 @@ def _sharded_logits(model, tokens, mesh):
     return params, logits
 
 
+@pytest.mark.isolated  # 8 simulated devices: see conftest.py
 def test_data_and_tensor_parallel_shards_parameters_and_matches(model, tokens, single_device_logits):
     mesh = make_mesh(data=4, model=2)
     params, logits = _sharded_logits(model, tokens, mesh)
@@ -57,6 +58,7 @@ def test_data_and_tensor_parallel_shards_parameters_and_matches(model, tokens, s
     np.testing.assert_allclose(logits, single_device_logits, atol=1e-5)
 
 
+@pytest.mark.isolated  # 8 simulated devices: see conftest.py
 def test_fsdp_shards_embed_axis_and_matches(model, tokens, single_device_logits):
     mesh = make_mesh(data=1, fsdp=8)
     params, logits = _sharded_logits(model, tokens, mesh)

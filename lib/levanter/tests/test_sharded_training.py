@@ -16,7 +16,9 @@ VOCAB, SEQ, BATCH, STEPS = 64, 16, 8, 2
 MODEL = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=SEQ)
 OPTIMIZER = AdamConfig(1e-2, 0.1)
 
-pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
+# On simulated CPU devices, collectives can stall for good on a loaded machine where pytest's timeout
+# cannot reach: a child process, killed hard if it does (conftest.py).
+pytestmark = [pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices"), pytest.mark.isolated]
 
 # Tolerances from float32 arithmetic (eps = 1.2e-7), not from one machine. Sharding changes only the
 # order of the reductions, chiefly a weight's gradient: a sum of BATCH * SEQ = 128 per-token terms,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -90,13 +92,22 @@ def test_a_prefix_without_runs_exits_1_saying_what_a_fit_needs(tmp_path, capsys)
 def test_a_missing_prefix_or_a_bad_budget_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["scaling", str(tmp_path / "nowhere")]) == 2
     assert "there is no folder" in capsys.readouterr().err
-    assert cli.main(["scaling", str(tmp_path), "--budget", "-1"]) == 2
+    for budget in ("-1", "0", "nan", "1e400", "-inf"):
+        assert cli.main(["scaling", str(tmp_path), f"--budget={budget}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "every --budget must be a finite positive number of FLOPs" in err, err
+    # A billion refits would run for months: refused at once, saying the bound.
+    assert cli.main(["scaling", str(tmp_path), "--bootstrap", "1000000000"]) == 2
+    err = capsys.readouterr().err
+    assert err == "marin scaling: --bootstrap must be between 0 and 10000 refits, got 1000000000.\n"
+    assert cli.main(["scaling", str(tmp_path), "--bootstrap", "-1"]) == 2
 
 
 def _finished_run(prefix: Path, name: str, result: dict, budget: float | None = None, status: str = "SUCCESS") -> Path:
-    folder = prefix / f"{name}-0123abcd"
+    identity = hashlib.sha256(name.encode()).hexdigest()  # each run a step of its own
+    folder = prefix / f"{name}-{identity[:8]}"
     folder.mkdir(parents=True)
-    write_info(str(folder), {"name": name, "identity": "0" * 64,
+    write_info(str(folder), {"name": name, "identity": identity,
                              "annotations": {"sweep": {"budget": budget}} if budget else {}})
     write_status(str(folder), status)
     (folder / ".artifact.json").write_text(json.dumps({"result_type": TRAINED_MODEL_TYPE, "result": result}))
@@ -155,7 +166,7 @@ def _sweep_point(prefix: Path, name: str, params: float, budget: float, loss: fl
         hash_attrs["initialize_from"] = initialize_from
     folder = prefix / f"{name}-0123abcd"
     folder.mkdir(parents=True)
-    write_info(str(folder), {"name": name, "identity": "1" * 64, "version": "v1", "hash_attrs": hash_attrs,
+    write_info(str(folder), {"name": name, "identity": hashlib.sha256(name.encode()).hexdigest(), "version": "v1", "hash_attrs": hash_attrs,
                              "deps": [{"name": "tokenized/stories", "identity": data}],
                              "annotations": {"sweep": {"budget": budget}}})
     write_status(str(folder), "SUCCESS")
@@ -221,3 +232,34 @@ def test_the_report_says_what_a_degenerate_sweep_cannot_tell_and_prints_no_optim
     (row,) = report["optimal"]
     assert "params" not in row["parametric"] and row["parametric"]["unidentified"]
     assert row["parametric"]["beyond_largest_budget"] == pytest.approx(10.0)
+
+
+def test_a_run_folder_linked_out_of_the_prefix_is_listed_as_refused_and_a_copy_is_counted_once(tmp_path):
+    prefix = tmp_path / "prefix"
+    good = {"parameters": 1000, "tokens_trained": 5000, "flops_per_token": 6500.0, "validation_losses": {"a": 3.0}}
+    original = _finished_run(prefix, "sweeps/s/good", good, budget=3e7)
+    elsewhere = _finished_run(tmp_path / "elsewhere", "sweeps/s/whole", good, budget=3e7)
+    (prefix / "sweeps" / "s" / elsewhere.name).symlink_to(elsewhere, target_is_directory=True)
+    shutil.copytree(original, prefix / "sweeps" / "s" / "good-copied")  # a backup beside it
+
+    found = collect_runs(str(prefix), steps="sweeps/*")
+    assert [(run.name, run.path) for run in found.runs] == [("sweeps/s/good", str(original))]
+    reasons = {skip.path: skip.reason for skip in found.skipped}
+    assert reasons == {
+        str(prefix / "sweeps" / "s" / elsewhere.name): f"refused: the folder is a link to a place outside {prefix}",
+        str(prefix / "sweeps" / "s" / "good-copied"): f"a copy of {original} (the same step identity); counted once",
+    }
+    # Whichever is met first, the folder the identity names is the one counted.
+    (prefix / "sweeps" / "s" / "good-copied").rename(prefix / "sweeps" / "s" / "a-copy")
+    again = collect_runs(str(prefix), steps="sweeps/*")
+    assert [run.path for run in again.runs] == [str(original)]
+    assert collect_runs(str(prefix), steps="other/*").skipped == []  # the glob applies to the refused link too
+
+
+def test_an_isoflop_sweep_that_leaves_two_sizes_is_refused_in_one_line(tmp_path):
+    narrow = ["sweep.widths=[16, 32]" if arg.startswith("sweep.widths=") else arg for arg in TINY_SWEEP]
+    done = _marin("run", str(SWEEP), "--prefix", str(tmp_path / "prefix"), "--dry-run", *narrow, cwd=REPO)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("marin run:")]
+    assert len(errors) == 1 and "SweepError" in errors[0] and "needs three sizes" in errors[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

@@ -1,4 +1,7 @@
-"""``marin serve-model`` driven by real clients: the ``openai`` package, lm-eval's ``local-completions``, curl-like HTTP.
+"""``marin serve-model`` driven by real clients: the ``openai`` package, lm-eval's ``local-completions``, curl-like HTTP,
+and hostile ones: a huge body, a prompt too long to fit, text that is not Unicode, token ids outside the
+vocabulary, 32 clients at once. Each is answered in OpenAI's error shape, and the server gives the
+same greedy answers afterwards.
 
 One server runs in a thread on a free port of 127.0.0.1 for the module, over a tiny random Llama
 and a tokenizer trained on the built-in lm-eval task's text; every wait has a timeout.
@@ -6,6 +9,7 @@ and a tokenizer trained on the built-in lm-eval task's text; every wait has a ti
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -13,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jax
@@ -29,6 +34,7 @@ from levanter.tokenization import load_tokenizer, save_tokenizer, train_bpe_toke
 from marin.evaluation.tasks.object_colours import colours  # noqa: E402
 from marin.model_server.app import ModelServer, create_app  # noqa: E402
 from marin.model_server.cli import build_server  # noqa: E402
+from marin.model_server.limits import MAX_BODY_BYTES  # noqa: E402
 
 CONFIG = LlamaConfig(hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2, num_kv_heads=2, max_seq_len=128)
 NAME = "checkpoints/tiny-served"
@@ -300,3 +306,121 @@ def test_the_command_serves_an_exported_model_and_refuses_a_folder_without_one(m
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=WAIT_S)
+
+
+# -- what clients send: bounded, checked before it is tokenized (marin.model_server.limits) --------------
+
+
+class _CountingTokenizer:
+    """The server's tokenizer, counting the texts it is asked to encode (to show a refusal came first)."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self.encoded_bytes = 0
+        self._lock = threading.Lock()
+
+    def encode(self, text, **kwargs):
+        with self._lock:
+            self.encoded_bytes = max(self.encoded_bytes, len(text))
+        return self._raw.encode(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._raw, name)
+
+
+def _greedy_over_http(http: httpx.Client, url: str) -> str:
+    answer = http.post(url + "/v1/completions", json={"model": NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["choices"][0]["text"]
+
+
+def _refused(answer: httpx.Response, status: int, *words: str) -> dict:
+    assert answer.status_code == status, answer.text[:500]
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and "Traceback" not in answer.text
+    assert all(word in error["message"] for word in words), error["message"]
+    return error
+
+
+def test_hostile_requests_are_refused_and_the_server_answers_the_same_afterwards(served, monkeypatch):
+    url, server = served
+    vocab = server.engine.model.vocab_size
+    monkeypatch.setattr(server, "raw", _CountingTokenizer(server.raw))
+    with httpx.Client(timeout=WAIT_S) as http:
+        before = _greedy_over_http(http, url)
+
+        # A body past the bound: refused by its declared length, and by what arrives without one.
+        huge = json.dumps({"model": NAME, "prompt": "a" * (MAX_BODY_BYTES + 10)})
+        _refused(http.post(url + "/v1/completions", content=huge, headers={"content-type": "application/json"}),
+                 413, f"at most {MAX_BODY_BYTES}")
+
+        def chunks():
+            for start in range(0, len(huge), 1 << 20):
+                yield huge[start:start + (1 << 20)].encode()
+
+        _refused(http.post(url + "/v1/completions", content=chunks()), 413, f"at most {MAX_BODY_BYTES}")
+
+        # A prompt that cannot fit the context, refused before the tokenizer sees it.
+        long_prompt = "the frog " * 50_000
+        error = _refused(http.post(url + "/v1/completions", json={"model": NAME, "prompt": long_prompt, "max_tokens": 1}),
+                         400, "bytes of text", "context is 128 tokens")
+        assert error["param"] == "prompt" and error["code"] == "context_length_exceeded"
+        error = _refused(http.post(url + "/v1/chat/completions", json={"model": NAME, "messages": [
+            {"role": "user", "content": long_prompt}]}), 400, "context is 128 tokens")
+        assert error["param"] == "messages"
+        assert server.raw.encoded_bytes < len(long_prompt) // 10
+
+        # Text that is not Unicode (a lone surrogate, as JSON can spell one).
+        body = '{"model": "%s", "prompt": "a \\ud800 b", "max_tokens": 2}' % NAME
+        error = _refused(http.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"}),
+                         400, "lone surrogate (U+D800) at character 2")
+        assert error["param"] == "prompt"
+        body = '{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % NAME
+        assert _refused(http.post(url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}),
+                        400, "lone surrogate")["param"] == "messages"
+        _refused(http.post(url + "/tokenize", content='{"prompt": "\\ud800"}', headers={"content-type": "application/json"}),
+                 400, "lone surrogate")
+
+        # Token ids the model does not have.
+        for bad in (-1, 2**64, vocab):
+            error = _refused(http.post(url + "/v1/completions", json={"model": NAME, "prompt": [5, bad], "max_tokens": 2}),
+                             400, f"token id {bad}", f"0 to {vocab - 1}")
+            assert error["param"] == "prompt"
+            _refused(http.post(url + "/detokenize", json={"tokens": [bad]}), 400, f"token id {bad}")
+
+        # JSON nested deeper than the parser goes.
+        _refused(http.post(url + "/v1/completions", content="[" * 100_000, headers={"content-type": "application/json"}),
+                 400, "not valid JSON")
+
+        assert http.get(url + "/health").json() == {"status": "ok"}
+        assert _greedy_over_http(http, url) == before
+
+
+def test_32_concurrent_clients_get_200_answers_good_and_bad_alike(served):
+    url = served[0]
+    with httpx.Client(timeout=WAIT_S) as http:
+        expected = _greedy_over_http(http, url)
+    good = {"model": NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    kinds = [
+        ("good", good, 200),
+        ("ids", {"model": NAME, "prompt": [5, -1], "max_tokens": 2}, 400),
+        ("long", {"model": NAME, "prompt": "frog " * 20_000, "max_tokens": 1}, 400),
+        ("chat", {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4,
+                  "temperature": 0}, 200),
+    ]
+
+    def one(index: int) -> tuple[str, int, str]:
+        name, body, _ = kinds[index % len(kinds)]
+        with httpx.Client(timeout=WAIT_S) as http:  # a client of its own, as separate programs would be
+            answer = http.post(url + ("/v1/chat/completions" if name == "chat" else "/v1/completions"), json=body)
+        text = answer.json()["choices"][0]["text"] if name == "good" and answer.status_code == 200 else ""
+        return name, answer.status_code, text
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        results = list(pool.map(one, range(200), timeout=4 * WAIT_S))
+    assert len(results) == 200
+    statuses = {name: status for name, _, status in kinds}
+    assert [(name, code) for name, code, _ in results if code != statuses[name]] == []
+    assert {text for name, _, text in results if name == "good"} == {expected}
+    with httpx.Client(timeout=WAIT_S) as http:
+        assert _greedy_over_http(http, url) == expected

@@ -35,7 +35,8 @@ RUNNER = textwrap.dedent(
         deadline = time.time() + float(os.environ["MARIN_TEST_SECONDS"])
         with open(lines, "a") as handle:
             while time.time() < deadline and not (marker / "release").exists():
-                ctx.check_lease()  # raises once this execution is stopped or fenced off
+                if os.environ.get("MARIN_TEST_IGNORES_FENCE") != "1":
+                    ctx.check_lease()  # raises once this execution is stopped or fenced off
                 handle.write(f"{os.getpid()}\\n")
                 handle.flush()
                 time.sleep(0.05)
@@ -51,10 +52,10 @@ RUNNER = textwrap.dedent(
 )
 
 
-def _start(tmp_path: Path, *, iris_home: str = "iris-home", seconds: float = 120) -> subprocess.Popen:
+def _start(tmp_path: Path, *, iris_home: str = "iris-home", seconds: float = 120, ignores_fence: bool = False) -> subprocess.Popen:
     (tmp_path / "runner.py").write_text(RUNNER)
     env = {**os.environ, "IRIS_HOME": str(tmp_path / iris_home), "MARIN_TEST_MARKERS": str(tmp_path / "markers"),
-           "MARIN_TEST_SECONDS": str(seconds)}
+           "MARIN_TEST_SECONDS": str(seconds), "MARIN_TEST_IGNORES_FENCE": "1" if ignores_fence else "0"}
     return subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "prefix")], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -147,9 +148,35 @@ def test_a_killed_supervisor_fences_off_its_replica_and_the_rerun_never_runs_bes
     status = read_status(str(folder))
     assert status.status == "SUCCESS" and status.generation == 2
     writers = _writers(folder / "lines.txt")
-    # The second execution continued what the stopped first one left, after it: never beside it.
-    assert writers == [orphan, _replica_pid(_starts(tmp_path)[1])], writers
-    assert "continues from what g1 left" in log
+    # The second execution started from a clean folder: what the fenced-off one wrote is not continued.
+    assert writers == [_replica_pid(_starts(tmp_path)[1])], writers
+    assert "g2 starts from a clean folder (g1 left no resumable state" in log
+
+
+def test_a_fenced_off_replica_that_never_looks_at_the_fence_is_ended_and_nothing_of_it_is_committed(tmp_path):
+    # The step never calls ctx.check_lease(): only ending its process stops it.
+    first = _start(tmp_path, seconds=60, ignores_fence=True)
+    _wait_until(lambda: len(_starts(tmp_path)) == 1, "the step started", runner=first)
+    orphan = _replica_pid(_starts(tmp_path)[0])
+    folder = _step_folder(tmp_path)
+    _wait_until(lambda: len(list((folder / ".staging" / "g1").glob("lines.txt"))) == 1
+                and len((folder / ".staging" / "g1" / "lines.txt").read_text().split()) >= 4, "four lines were written")
+    (job,) = JobStore(tmp_path / "iris-home").all()
+    os.kill(job.supervisor_pid, signal.SIGKILL)
+    stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode != 0 and "supervisor" in stderr, stderr[-3000:]
+    # The runner that recorded FAILED also ended the replica: it did not write on for its 60 s.
+    assert not _alive(orphan), stderr[-3000:]
+    assert f"Ending replica 0 (pid {orphan}" in stderr
+    second = _start(tmp_path, seconds=1, ignores_fence=True)  # rerun at once; its step writes for a second
+    stdout, stderr = second.communicate(timeout=180)
+    log = stdout + stderr
+    assert second.returncode == 0, log[-4000:]
+    status = read_status(str(folder))
+    assert status.status == "SUCCESS" and status.generation == 2
+    # One writer, the rerun's, from its first line: the fenced-off execution's lines are not committed.
+    assert _writers(folder / "lines.txt") == [_replica_pid(_starts(tmp_path)[1])]
+    assert "g2 starts from a clean folder (g1 left no resumable state" in log
 
 
 def test_a_job_that_finishes_after_its_runner_died_is_recorded_not_run_again(tmp_path):

@@ -2,7 +2,9 @@
 never orphans a job.
 
 * ``slurm``: the supervisor is a Slurm batch job of its own (one CPU, a little memory, the job's
-  partition), submitted through fray like the replicas it then submits. Slurm keeps it running
+  partition, the job's tag, and a time limit when the job has one: every attempt to the job's
+  limit, each after a wait for its allocation; :func:`supervisor_time_limit_s`), submitted through
+  fray like the replicas it then submits. Slurm keeps it running
   whatever happens to the machine that submitted it; the job database (``IRIS_HOME``) and the job
   folders must be on storage the nodes share, as the Slurm docs of this project ask anyway. The
   record keeps a locator of that batch job (``JobRecord.supervisor_job``), so any process that
@@ -47,6 +49,9 @@ SUPERVISOR_VARIABLE = "IRIS_SUPERVISOR"
 SUPERVISOR_RESOURCES = ResourceConfig.with_cpu(cpu=1, ram="512m")
 # How long an answer about a supervisor on the engine is trusted: asking Slurm costs a command.
 _LIVENESS_TTL_S = 2.0
+# What one attempt may take beyond the job's own time limit: the wait for its replicas' allocations
+# (fray's SlurmClient gives up after 30 minutes), starting them and stopping them.
+ATTEMPT_ALLOWANCE_S = 1800.0 + 300.0
 _liveness: dict[str, tuple[float, bool]] = {}
 
 
@@ -64,6 +69,15 @@ def supervised_on_engine(spec: JobSpec) -> bool:
     return setting == "engine" and (spec.backend == "slurm" or on_ray_cluster)
 
 
+def supervisor_time_limit_s(spec: JobSpec) -> float | None:
+    """The time limit of a supervisor that runs on the engine: each attempt the job's budgets allow,
+    to the job's own time limit and :data:`ATTEMPT_ALLOWANCE_S`; none for a job without a time limit."""
+    if spec.time_limit_s is None:
+        return None
+    attempts = 1 + spec.max_retries_failure + spec.max_retries_preemption
+    return attempts * (spec.time_limit_s + ATTEMPT_ALLOWANCE_S)
+
+
 def start_supervisor(spec: JobSpec, store: JobStore, job_id: str, secrets: Mapping[str, str]) -> None:
     """Start job ``job_id``'s supervisor where :func:`supervised_on_engine` says, and record where."""
     log = store.log_folder(job_id) / "supervisor.log"
@@ -72,7 +86,7 @@ def start_supervisor(spec: JobSpec, store: JobStore, job_id: str, secrets: Mappi
         command = ["/bin/sh", "-c", 'exec "$0" -m iris.supervisor "$1" "$2" >>"$3" 2>&1',
                    sys.executable, str(store.home), job_id, str(log)]
         request = JobRequest(name=f"iris-supervisor-{job_id}", entrypoint=command, resources=SUPERVISOR_RESOURCES,
-                             env=dict(secrets), cwd=spec.cwd)
+                             env=dict(secrets), cwd=spec.cwd, tag=spec.tag, time_limit_s=supervisor_time_limit_s(spec))
         if spec.backend == "slurm":
             from fray.cluster.slurm_client import SlurmClient
 

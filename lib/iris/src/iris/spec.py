@@ -43,6 +43,10 @@ class JobSpec:
     ``time_limit_s`` ends an attempt that runs longer, counted as a failure (TIMED_OUT): Slurm
     enforces it itself; on the other backends the supervisor does.
 
+    ``tag`` labels every engine job of this job (its supervisor's and its replicas'), so that a
+    process that knows the tag finds them again on the engine (Slurm: ``squeue``'s comment column),
+    even with the job's database out of reach: ``fray.cluster.JobRequest.tag``.
+
     ``env`` adds variables to every replica's environment. Those that are secrets
     (:mod:`rigging.secrets`: ``WANDB_API_KEY``, ``HF_TOKEN``, any ``*_TOKEN``...) are recorded by
     name only, in ``secret_env``: :meth:`to_json` (what the job database keeps) has no secret value,
@@ -64,6 +68,7 @@ class JobSpec:
     attempts_folder: str | None = None
     time_limit_s: float | None = None
     secret_env: tuple[str, ...] = ()
+    tag: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str):
@@ -109,6 +114,7 @@ class JobSpec:
             "slurm_partition": self.slurm_partition,
             "attempts_folder": self.attempts_folder,
             "time_limit_s": self.time_limit_s,
+            "tag": self.tag,
         }
         return json.dumps(payload, sort_keys=True)
 

@@ -246,7 +246,7 @@ class Supervisor:
         """Run every replica once: the verdict on the attempt, and the exit code that ended it."""
         spec = self.spec
         request = JobRequest(f"{self.job_id}-attempt-{attempt}", spec.command, resources=spec.resources, cwd=spec.cwd,
-                             time_limit_s=spec.time_limit_s)
+                             time_limit_s=spec.time_limit_s, tag=spec.tag)
         attempt_log = self._begin_attempt_log(attempt)
         replicas: list[Replica] = []
         outcome, codes, cause = AttemptOutcome.FAILED.value, [None] * spec.replicas, None

@@ -205,6 +205,22 @@ class ProcessIdentity:
             return None
         return _process_alive(self.pid, self.started)
 
+    def send_signal(self, signum: int) -> bool:
+        """Send ``signum`` to the process, and to the process group it leads if it leads one (a job's
+        process runs in a session of its own: what it started hears it too), only while
+        :meth:`alive_here` says it is this very process (same machine, pid and start time). Whether
+        it was sent."""
+        if self.alive_here() is not True:
+            return False
+        try:
+            if os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, signum)
+            else:
+                os.kill(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
 
 class Lease:
     """A lease on ``url`` (the lock file itself).

@@ -10,11 +10,13 @@ with ``fstat`` on what was opened. With ``within``, its real path must also lie 
 refused, not read. Object stores hold no special files or links; only the bound applies there.
 
 A refusal raises :class:`RefusedFileError`, whose message names the file and why, so a reader can
-show it in place of the content and go on with the rest.
+show it in place of the content and go on with the rest. A writer that hands a folder on (a step's
+commit) applies the same rule to all of it first, with :func:`refused_entries`.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import stat
@@ -89,6 +91,59 @@ def _check_local(url: str, path: str, within: str | None) -> None:
     check_within(within, url)
     if not stat.S_ISREG(mode := os.stat(path).st_mode):
         raise _not_regular(url, mode)
+
+
+def refused_entries(folder: str) -> list[RefusedFileError]:
+    """Every entry under the folder ``folder`` that the rule above refuses, in path order, without
+    opening anything: a special file (FIFO, device, socket), and a link that leads out of ``folder``,
+    to nothing (dangling, a loop) or to anything but a regular file. For a writer about to hand a
+    folder on (a step's commit): what a reader would refuse is better refused before it is committed.
+    ``[]`` off local disk (object stores hold no special files or links) and for a missing folder."""
+    root = _local_path(folder)
+    if root is None:
+        return []
+    real_root = _real(root)
+    refused: list[RefusedFileError] = []
+
+    def walk(path: str, url: str) -> None:
+        try:
+            entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            entry_url = f"{url.rstrip('/')}/{entry.name}"
+            if entry.is_symlink():
+                reason = _link_problem(entry.path, real_root, folder)
+                if reason is not None:
+                    refused.append(RefusedFileError(entry_url, reason))
+                continue
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                walk(entry.path, entry_url)
+            elif not stat.S_ISREG(mode):
+                refused.append(_not_regular(entry_url, mode))
+
+    walk(root, folder)
+    return refused
+
+
+def _link_problem(path: str, real_root: str, folder: str) -> str | None:
+    """Why the link at ``path`` is refused (``None``: it leads to a regular file inside ``real_root``)."""
+    target = os.readlink(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"a link to nothing ({target} does not exist)"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"a link loop ({target})"
+        return f"a link that cannot be followed ({target}: {exc.strerror})"
+    real = _real(path)
+    if not (real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)):
+        return f"a link to a place outside {folder} ({target})"
+    if not stat.S_ISREG(mode):
+        return f"a link to {_kind(mode)} ({target})"
+    return None
 
 
 def check_regular(url: str, *, within: str | None = None) -> None:

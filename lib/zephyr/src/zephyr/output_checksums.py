@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from rigging import filesystem as fsx
+from rigging.regular_files import open_regular
 
 from zephyr.errors import ZephyrError
 
@@ -82,9 +83,9 @@ def _hash_handle(handle: IO[bytes]) -> tuple[int, str]:
 
 
 def file_checksum(url: str) -> RecordedFile:
-    """The size and SHA-256 of the file at ``url``."""
-    fs, path = fsx.filesystem(url)
-    with fs.open(path, "rb") as handle:
+    """The size and SHA-256 of the file at ``url``; a special file is refused, never opened
+    (:class:`~rigging.regular_files.RefusedFileError`: a FIFO would block the open, a device never end)."""
+    with open_regular(url) as handle:
         return RecordedFile(*_hash_handle(handle))
 
 

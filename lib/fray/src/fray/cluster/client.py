@@ -21,6 +21,7 @@ Futures are plain ``concurrent.futures.Future`` objects, so ``concurrent.futures
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ class UnschedulableError(FrayError, ValueError):
 class ScaleUpTimeout(UnschedulableError, TimeoutError):
     """A request no live node could hold waited for the cluster's autoscaler longer than its
     ``ResourceConfig.scale_up_timeout_s``, and no node that can hold it joined."""
+
+
+_TAG = re.compile(r"[A-Za-z0-9_.:=-]{1,200}")
 
 
 class InvalidJobRequest(FrayError, ValueError):
@@ -68,7 +72,9 @@ class JobRequest:
     there with cloudpickle); a command is run as is. ``env`` adds environment variables. ``cwd`` is
     the working directory where it exists on the machine that runs the job (elsewhere the worker's own).
     ``time_limit_s``: wall-clock seconds after which a cluster with time limits (Slurm) ends the job
-    (``TIMED_OUT``); clients without them ignore it.
+    (``TIMED_OUT``); clients without them ignore it. ``tag``: a label the cluster keeps with the job,
+    by which any process can find it again (Slurm: its comment, :meth:`SlurmClient.tagged_jobs`);
+    letters, digits and ``-_.:=`` only; clients that keep none ignore it.
     """
 
     name: str
@@ -79,10 +85,13 @@ class JobRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     time_limit_s: float | None = None
+    tag: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise InvalidJobRequest("A job needs a non-empty name, e.g. JobRequest(name='tokenize', ...).")
+        if self.tag is not None and not _TAG.fullmatch(self.tag):
+            raise InvalidJobRequest(f"Job {self.name!r}: a tag holds letters, digits and -_.:= only, got {self.tag!r}.")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise InvalidJobRequest(f"Job {self.name!r}: time_limit_s must be positive seconds or None, got {self.time_limit_s!r}.")
         if callable(self.entrypoint):

@@ -21,8 +21,15 @@ How a request becomes ``sbatch`` options (shown in the folder's ``job.sh``):
   ``sbatch_options`` (``--constraint``, ``--gres``);
 * ``JobRequest.time_limit_s`` -> ``--time`` (whole minutes, rounded up), and
   ``--signal=B:TERM@warn_before_s`` so the command hears SIGTERM that long before any time limit;
+* ``JobRequest.tag`` -> ``--comment``, which ``squeue`` shows: :meth:`SlurmClient.tagged_jobs`
+  finds the jobs of a tag from any machine (iris finds a fenced-off execution's jobs so);
 * always ``--no-requeue``: iris owns retries and counts preemptions, so Slurm must not rerun a job
   behind its back; plus ``partition``, ``account``, ``qos`` and ``sbatch_options`` as given.
+
+A job submitted with ``start=False`` waits on its node for ``start(env)`` at most
+``allocation_timeout_s`` and a minute more (the submitter gives up on the allocation of the job's
+peers by then, and releases them all): a job whose submitter died never holds its allocation for
+longer.
 
 Signals: ``scancel --batch --signal=TERM JOB`` is the command that delivers SIGTERM to a job's
 command (the batch script forwards it to the command's process group; plain ``scancel --signal``
@@ -44,6 +51,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +64,7 @@ from fray.cluster.client import ActorHandle, JobRequest, UnschedulableError, des
 from fray.cluster.resources import GpuDevice, ResourceConfig, TpuDevice
 from fray.cluster.slurm_commands import (
     DEFAULT_COMMAND_TIMEOUT_S,
+    SlurmCommandError,
     JobStateBoard,
     SlurmPartitions,
     partitions,
@@ -73,6 +82,8 @@ JOB_ROOT_ENV = "FRAY_SLURM_DIR"
 WORKER_SCRIPT = Path(__file__).with_name("slurm_worker.py")
 _MIB = 1 << 20
 PARTITIONS_TTL_S = 30.0
+# How much longer than the allocation timeout a job submitted with start=False waits for its start.
+START_MARGIN_S = 60.0
 
 
 class SlurmActorsUnsupported(FrayError, NotImplementedError):
@@ -85,6 +96,21 @@ class SlurmJobRootError(FrayError, ValueError):
 
 def default_job_root() -> str:
     return os.environ.get(JOB_ROOT_ENV) or str(Path.home() / ".cache" / "fray" / "slurm")
+
+
+@dataclass(frozen=True)
+class SlurmJobRecordOfTag:
+    """A job :meth:`SlurmClient.tagged_jobs` found: Slurm's id, its state and its tag."""
+
+    slurm_id: str
+    state: str
+    tag: str
+
+
+def _user() -> str:
+    import getpass
+
+    return getpass.getuser()
 
 
 class SlurmFuture(cf.Future):
@@ -159,6 +185,11 @@ class SlurmClient:
         if why is not None:
             raise UnschedulableError(f"{what} asks for {describe_request(resources)} on Slurm, but {why}.")
 
+    def partition_time_limit_s(self) -> float | None:
+        """The time limit Slurm gives a job of this client's partition that asks for none (its
+        MaxTime); None when the partition has none, where such a job could run for ever."""
+        return self._partitions().time_limit_s(self.partition)
+
     def sbatch_header(self, request: JobRequest, folder: str, gpu_type: str | None) -> list[str]:
         """The ``#SBATCH`` options of ``request`` (see the module docstring)."""
         resources = request.resources
@@ -179,6 +210,8 @@ class SlurmClient:
                            else f"--gres=gpu:{kind}:{resources.device.count}")
         if request.time_limit_s is not None:
             options.append(f"--time={math.ceil(request.time_limit_s / 60)}")
+        if request.tag is not None:
+            options.append(f"--comment={request.tag}")
         # Slurm sends the warning up to a minute early; a job shorter than that would hear it at once.
         if request.time_limit_s is None or request.time_limit_s > 2 * self.warn_before_s:
             options.append(f"--signal=B:TERM@{self.warn_before_s}")
@@ -213,7 +246,8 @@ class SlurmClient:
                 write_atomically(os.path.join(folder, "request-secrets.json"), json.dumps(secret), private=True)
             with open(os.path.join(folder, "request.json"), "w") as handle:
                 json.dump({"name": request.name, "command": command, "start": start, "cwd": request.cwd,
-                           "env": public}, handle, indent=1)
+                           "env": public, "start_timeout_s": self.timings.allocation_timeout_s + START_MARGIN_S},
+                          handle, indent=1)
             script = os.path.join(folder, "job.sh")
             header = self.sbatch_header(request, folder, self._gpu_type(request.resources))
             with open(script, "w") as handle:
@@ -226,6 +260,29 @@ class SlurmClient:
         slurm_id = output.strip().split(";")[0]
         logger.info("Slurm job %s: %s (%s)", slurm_id, request.name, folder)
         return SlurmJob(slurm_id, folder, request.name, started=start, timings=self.timings, board=self._board)
+
+    def tagged_jobs(self, tag_prefix: str) -> list[SlurmJobRecordOfTag]:
+        """Every job of this user that Slurm still knows, not yet ended, whose tag (``JobRequest.tag``)
+        starts with ``tag_prefix``."""
+        output = run_slurm(["squeue", "-h", "-u", _user(), "-o", "%i|%T|%k"], timeout=self.timings.command_timeout_s)
+        found = []
+        for line in output.splitlines():
+            slurm_id, _, rest = line.strip().partition("|")
+            state, _, tag = rest.partition("|")
+            if tag.startswith(tag_prefix):
+                found.append(SlurmJobRecordOfTag(slurm_id, state, tag))
+        return found
+
+    def cancel(self, slurm_ids: Iterable[str], *, kill: bool = False) -> None:
+        """``scancel`` the jobs: Slurm's SIGTERM, then SIGKILL after its ``KillWait`` (at once with
+        ``kill``); jobs that ended already are no error."""
+        ids = sorted(set(slurm_ids))
+        if ids:
+            try:
+                run_slurm(["scancel", *(["--full", "--signal=KILL"] if kill else []), *ids],
+                          timeout=self.timings.command_timeout_s)
+            except SlurmCommandError as exc:  # one of them ended meanwhile
+                logger.debug("scancel %s: %s", " ".join(ids), exc)
 
     def attach(self, locator: dict[str, str]) -> SlurmJob:
         """The handle of a job another process submitted, from its :meth:`SlurmJob.locator`."""

@@ -217,6 +217,7 @@ class SlurmNode:
     cpus: int
     memory_mib: int
     gpus: dict[str, int]  # GPU type (as Slurm spells it, "" when untyped) -> count
+    time_limit_s: float | None = None  # the partition's MaxTime; None: unlimited
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,30 @@ class SlurmPartitions:
     def of(self, partition: str) -> list[SlurmNode]:
         return [node for node in self.nodes if node.partition == partition]
 
+    def time_limit_s(self, partition: str | None) -> float | None:
+        """The longest a job may run in ``partition`` (None: its default), which Slurm gives a job
+        that asks for no time; None when the partition has no limit (or is unknown)."""
+        nodes = self.of(partition or self.default or "")
+        return nodes[0].time_limit_s if nodes else None
 
-_SINFO_FORMAT = "%N|%P|%c|%m|%G"
+
+_SINFO_FORMAT = "%N|%P|%c|%m|%G|%l"
+
+
+def parse_time_limit(text: str) -> float | None:
+    """Seconds of one of Slurm's time limits, None for ``infinite``/``UNLIMITED`` (or what cannot be
+    read): ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``."""
+    text = text.strip()
+    days, dash, clock = text.partition("-") if "-" in text else ("0", "", text)
+    parts = clock.split(":")
+    if not days.isdigit() or not all(part.isdigit() for part in parts) or len(parts) > 3:
+        return None
+    numbers = [int(part) for part in parts]
+    if dash:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+    else:  # MM, MM:SS or HH:MM:SS
+        hours, minutes, seconds = ([0] * (3 - len(numbers)) + numbers) if len(numbers) == 3 else (0, *(numbers + [0])[:2])
+    return float(((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 def parse_gres(gres: str) -> dict[str, int]:
@@ -252,14 +275,15 @@ def parse_sinfo(output: str) -> SlurmPartitions:
     nodes, default = [], None
     for line in output.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 5:
+        if len(fields) not in (5, 6):
             continue
-        name, partition, cpus, memory, gres = fields
+        name, partition, cpus, memory, gres = fields[:5]
         if partition.endswith("*"):
             partition = partition[:-1]
             default = partition
         nodes.append(SlurmNode(name=name, partition=partition, cpus=int(cpus.rstrip("+") or 0),
-                               memory_mib=int(memory.rstrip("+") or 0), gpus=parse_gres(gres)))
+                               memory_mib=int(memory.rstrip("+") or 0), gpus=parse_gres(gres),
+                               time_limit_s=parse_time_limit(fields[5]) if len(fields) == 6 else None))
     return SlurmPartitions(tuple(nodes), default)
 
 

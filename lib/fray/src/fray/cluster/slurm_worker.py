@@ -8,7 +8,8 @@ in the job folder (storage both machines see):
 * ``address`` (written here, first thing): ``HOST:PORT``, a port free on this node now; its
   presence tells the client the allocation is held;
 * ``start.json`` (written by the client's ``start(env)``): awaited before the command runs when
-  the job was submitted with ``start=False``; its variables add to the request's;
+  the job was submitted with ``start=False``, at most ``start_timeout_s`` of the request (then the
+  job ends without running the command: its submitter is gone); its variables add to the request's;
 * ``request-secrets.json``, ``start-secrets.json``: the secret variables (``rigging.secrets``) of
   the request and of ``start(env)``, kept out of the two files above. Only the owner can read them
   (the folder is on shared storage), and this script deletes each as soon as it has read it, so
@@ -95,11 +96,16 @@ class Forwarder:
                 pass
 
 
-def wait_for_start(folder: str, forwarder: Forwarder) -> dict[str, str] | None:
-    """The variables of ``start.json`` once it appears; ``None`` when a signal ended the wait."""
+def wait_for_start(folder: str, forwarder: Forwarder, timeout_s: float | None = None) -> dict[str, str] | None:
+    """The variables of ``start.json`` once it appears; ``None`` when a signal or ``timeout_s`` ended the wait."""
     path = os.path.join(folder, "start.json")
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not os.path.exists(path):
         if forwarder.received:
+            return None
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"fray: job {os.path.basename(folder)!r} was not started within {timeout_s:g} s of holding its "
+                  "allocation (its submitter is gone); it ends without running its command", flush=True)
             return None
         time.sleep(START_POLL_S)
     with open(path) as handle:
@@ -126,9 +132,9 @@ def run(folder: str) -> int:
     write_atomically(os.path.join(folder, "address"), node_address())
     extra: dict[str, str] | None = {}
     if not request["start"]:
-        extra = wait_for_start(folder, forwarder)
-        if extra is None:  # cancelled before it was started: the command never ran
-            code = -forwarder.received[0]
+        extra = wait_for_start(folder, forwarder, request.get("start_timeout_s"))
+        if extra is None:  # cancelled, or never started: the command never ran
+            code = -forwarder.received[0] if forwarder.received else -signal.SIGTERM
             write_atomically(os.path.join(folder, "exit_code"), str(code))
             return 128 - code
     if not request["start"]:

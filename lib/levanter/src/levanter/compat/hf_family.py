@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Iterator
@@ -399,6 +400,7 @@ def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool
     config, vocab_size = _config_of_family(family, path)
     config = dataclasses.replace(config, use_scan=use_scan, gradient_checkpointing=gradient_checkpointing)
     tensors = family.canonical_names(read_tensors(path))
+    _refuse_counts_the_tensors_contradict(family, config, tensors, path)
 
     def take(name: str) -> np.ndarray:
         if name not in tensors:
@@ -441,6 +443,38 @@ def read_checkpoint(family: HfFamily, path: str | os.PathLike, *, use_scan: bool
     if leftover:
         raise HfFormatError(f"Checkpoint in {path} has tensors this {family.model_type} model does not use: {leftover[:5]}...")
     return model
+
+
+def _refuse_counts_the_tensors_contradict(family: HfFamily, config: Any, tensors: dict[str, np.ndarray], path: str) -> None:
+    """Refuse, naming both, a config.json whose layer or expert count the tensors contradict.
+
+    Checked before any weight is read: a count the tensors do not hold would otherwise fail on the
+    first tensor missing (after reading a billion names of experts that are not there), or, where
+    config.json spells the count twice (``num_experts`` and ``num_local_experts``), load whichever
+    one is read without a word about the other.
+    """
+    layers: dict[int, str] = {}  # index -> a tensor of it, to name
+    experts: dict[int, str] = {}
+    pattern = re.compile(rf"^{re.escape(family.layer_prefix)}\.(\d+)\.(?:.*\.experts\.(\d+)\.)?")
+    for name in sorted(tensors):
+        match = pattern.match(name)
+        if match:
+            layers.setdefault(int(match.group(1)), name)
+            if match.group(2) is not None:
+                experts.setdefault(int(match.group(2)), name)
+    problem = None
+    if layers and len(layers) != config.num_layers:
+        problem = f"{config.num_layers} layers, but the tensors in {path} hold {_counted(layers, 'layers')}"
+    elif experts and getattr(config, "num_experts", None) not in (None, len(experts)):
+        problem = f"{config.num_experts} experts per layer, but the tensors in {path} hold {_counted(experts, 'experts')}"
+    if problem:
+        raise CorruptCheckpointError(f"{fsx.join(path, CONFIG_FILE)} describes {problem}: the config and the weights "
+                                     "contradict each other (one of them belongs to another model).")
+
+
+def _counted(found: dict[int, str], what: str) -> str:
+    last = max(found)
+    return f"{len(found)} ({what} {min(found)} to {last}; the last: {found[last]})"
 
 
 def _config_of_family(family: HfFamily, path: str) -> tuple[Any, int]:

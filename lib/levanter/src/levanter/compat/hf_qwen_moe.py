@@ -45,6 +45,7 @@ from levanter.compat.hf_family import (
     transposed,
     unsupported,
 )
+from levanter.compat.hf_format import CorruptCheckpointError
 from levanter.compat.hf_llama import expect_model_type
 from levanter.compat.hf_mixtral import per_expert
 from levanter.compat.hf_qwen import _refuse_sliding_layers
@@ -99,6 +100,14 @@ def _qwen_moe_config_dict(config: MoeConfig, vocab_size: int, dtype: Any, archit
         "use_sliding_window": False,
         "sliding_window": None,
     }
+
+
+def _refuse_two_expert_counts(hf: dict) -> None:
+    """config.json as written (before defaults): ``num_experts`` and its alias must not disagree."""
+    if "num_local_experts" in hf and "num_experts" in hf and hf["num_experts"] != hf["num_local_experts"]:
+        raise CorruptCheckpointError(
+            f"config.json gives num_experts={hf['num_experts']!r} and num_local_experts={hf['num_local_experts']!r}, two "
+            "names of one setting (transformers writes the second): which one is meant cannot be told; correct it.")
 
 
 def _qwen_moe_fields_from_hf(hf: dict) -> dict:
@@ -164,6 +173,7 @@ def qwen3_moe_config_dict(config: MoeConfig, vocab_size: int, dtype: Any = jnp.f
 def qwen3_moe_config_from_hf(hf: dict) -> tuple[MoeConfig, int]:
     """Our config and the vocabulary size from a ``Qwen3MoeForCausalLM`` ``config.json`` dict."""
     expect_model_type(hf, "qwen3_moe")
+    _refuse_two_expert_counts(hf)
     hf = {**QWEN3_MOE_DEFAULTS, **hf}
     if hf.get("shared_expert_intermediate_size"):
         raise unsupported("shared_expert_intermediate_size", hf["shared_expert_intermediate_size"],
@@ -200,6 +210,7 @@ def qwen2_moe_config_dict(config: MoeConfig, vocab_size: int, dtype: Any = jnp.f
 def qwen2_moe_config_from_hf(hf: dict) -> tuple[MoeConfig, int]:
     """Our config and the vocabulary size from a ``Qwen2MoeForCausalLM`` ``config.json`` dict."""
     expect_model_type(hf, "qwen2_moe")
+    _refuse_two_expert_counts(hf)
     hf = {**QWEN2_MOE_DEFAULTS, **hf}
     shared = hf["shared_expert_intermediate_size"]
     if not shared:

@@ -73,10 +73,12 @@ def _spelled_like(url: str, root: str, path: str) -> str:
     return url.split("://", 1)[0] + "://" + path.lstrip("/")
 
 
-def step_folders(prefix: str) -> list[str]:
+def step_folders(prefix: str, *, links: list[str] | None = None) -> list[str]:
     """Output folders under ``prefix`` (a folder with ``.executor_info`` or ``.executor_status``).
 
     The walk does not descend into step folders: their contents (checkpoints, caches) can be huge.
+    Nor does it follow links (fsspec lists one as "other"): given ``links``, the links it passed
+    over are appended to it, for a reader that must say what it left out.
     """
     fs, root = fsx.filesystem(prefix)
     if not fs.exists(root):
@@ -98,6 +100,8 @@ def step_folders(prefix: str) -> list[str]:
         for entry in entries:
             if entry.get("type") == "directory" and not _basename(entry["name"]).startswith("."):
                 frontier.append((entry["name"], depth + 1))
+            elif links is not None and entry.get("islink") and not _basename(entry["name"]).startswith("."):
+                links.append(_spelled_like(prefix, root, entry["name"]))
     return sorted(found)
 
 

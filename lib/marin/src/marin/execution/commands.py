@@ -14,6 +14,7 @@ from typing import Any
 
 from iris.attempt_log import AttemptTally
 from rigging.config.discovery import discover_config
+from rigging.errors import ExplainedError
 from rigging.log import get_logger
 
 from marin.execution.catalog import StepListing, find_step_folders, list_steps
@@ -128,6 +129,12 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_STEP_FAILED
     except (OutputPathConflict, StepGraphError, InvalidStepError, RunOptionError, CodeChangedError, ConfigError) as exc:
         print(f"marin run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ExplainedError as exc:
+        # Refused on purpose while the script declared its steps (a sweep whose budget leaves two
+        # sizes, a model config that cannot be): its message says what to change; no traceback.
+        logger.debug("%s refused its declaration", script, exc_info=True)
+        print(f"marin run: {script} was refused: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if launched.runs_started == 0:
         logger.warning("%s never called StepRunner().run(...); nothing was run.", script)

@@ -18,8 +18,16 @@ Cached steps never reach iris.
 * iris keeps every attempt's output (all replicas) in the step's ``.attempts/NNN/`` folder, on any
   storage (:mod:`iris.attempt_log`); the job id, its engine and iris database, and the attempt go
   into the step's RUNNING status, so ``marin status`` shows them and any runner can find the job.
+* Every engine job of a step's execution carries the execution's tag (:func:`execution_tag`: the
+  step and its generation; on Slurm the job's comment), and on Slurm a time limit (the step's own,
+  else its partition's, else :data:`DEFAULT_SLURM_TIME_LIMIT_S`). A runner that fences an execution off ends it
+  (:meth:`IrisStepExecutor.end_execution`): its iris job is stopped, and every Slurm job tagged with
+  the step and a generation up to it is cancelled, so no job outlives its generation, whether its
+  supervisor, its runner or both died.
 * An interrupted run (Ctrl-C, SIGTERM) or a lost lease stops the job (its replicas get SIGTERM, so
-  a training step checkpoints first). A runner that died leaves its job running: the next runner
+  a training step checkpoints first). Every wait for a job is bounded: one that has not started
+  an attempt within ``start_timeout_s`` (a supervisor pending in a full cluster) is stopped and the
+  step fails naming it; a running one ends at its time limit. A runner that died leaves its job running: the next runner
   that takes the step's lease over adopts that job, looked up in the iris database the status
   names (whatever ``IRIS_HOME`` the new runner has), instead of starting a second one. A job whose
   supervisor died while its runner lived is ended in the step's record, which fences off its
@@ -33,6 +41,7 @@ Cached steps never reach iris.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -56,6 +65,7 @@ from rigging.names import safe_name_from
 from rigging.secrets import SecretNames
 
 from marin.errors import MarinError
+from marin.execution.ending_executions import FENCE_WAIT_S, cancel_tagged_slurm_jobs, execution_tag
 from marin.execution.executor_files import STATUS_RUNNING, STATUS_SUCCESS, read_status
 from marin.execution.progress_relay import ProgressRelay
 from marin.execution.step_context import RunCancelled
@@ -77,6 +87,12 @@ STOP_TIMEOUT_S = 120.0
 # How often a step's replicas heartbeat and check the step's fence: a fenced-off replica stops
 # within about this long.
 REPLICA_HEARTBEAT_S = 2.0
+# The time limit of a step's Slurm jobs when neither the step (ResourceConfig.time_limit_s) nor its
+# partition sets one: a job of a step never runs unbounded.
+DEFAULT_SLURM_TIME_LIMIT_S = 24 * 3600.0
+# How long a step's job may take to start its first attempt (its supervisor waits for a place on
+# the engine) before the runner stops it: as long as fray's SlurmClient waits for an allocation.
+START_TIMEOUT_S = 1800.0
 
 
 class StepJobFailed(MarinError, RuntimeError):
@@ -106,13 +122,14 @@ class IrisStepExecutor:
 
     def __init__(self, engine: IrisEngine | str, *, store: JobStore | None = None, prefix: str | None = None,
                  poll_s: float = 0.5, replica_heartbeat_s: float = REPLICA_HEARTBEAT_S,
-                 progress_every_s: float | None = None) -> None:
+                 progress_every_s: float | None = None, start_timeout_s: float | None = None) -> None:
         self.engine = engine if isinstance(engine, IrisEngine) else IrisEngine(engine)
         self._store = store
         self._prefix = prefix
         self.poll_s = poll_s
         self.progress_every_s = progress_every_s  # None: progress_relay.PROGRESS_EVERY_S
         self.replica_heartbeat_s = replica_heartbeat_s
+        self.start_timeout_s = START_TIMEOUT_S if start_timeout_s is None else start_timeout_s
         self._slurm: Any = None
         self._adopted: dict[str, JobStore] = {}  # job id -> the database an adopted job is recorded in
 
@@ -143,13 +160,34 @@ class IrisStepExecutor:
         self._adopted[status.job] = store
         return status.job
 
+    def end_execution(self, output_path: str, record: Any) -> None:
+        """End what execution ``record`` names (fenced off already) runs on the engine: its iris job,
+        if its database is within reach and it still runs; on Slurm, every job tagged with the step
+        and a generation up to the record's (a job submitted by a runner that died before it could
+        name it, a replica that never started). Bounded; a Slurm that cannot be asked is logged."""
+        store = (self._adopted.get(record.job) or self._store_of(record)) if record.job else None
+        self._end(output_path, record.generation, record.job, store, str(record.engine or ""))
+
+    def _end(self, output_path: str, generation: int, job_id: str | None, store: JobStore | None, engine: str) -> None:
+        if self.engine.options["backend"] == "slurm" or engine.startswith("slurm"):
+            # First: a supervisor still pending on Slurm never reads a stop request.
+            cancel_tagged_slurm_jobs(output_path, generation, self.engine.options.get("slurm_partition"))
+        if job_id and store is not None and store.get(job_id) is not None and not get_job(job_id, store).state.finished:
+            logger.info("Stopping iris job %s of execution g%d: %s", job_id, generation, output_path)
+            stop_job(job_id, store, timeout=FENCE_WAIT_S)
+
+    def _store_of(self, record: Any) -> JobStore | None:
+        if record.iris_home and Path(record.iris_home).expanduser().resolve() != self.store.home:
+            return JobStore(record.iris_home, create=False) if Path(record.iris_home).expanduser().exists() else None
+        return self.store
+
     def run(self, call: StepCall) -> Any:
         spec, execution = call.spec, call.execution
         job_id = call.previous_job
         store = self._adopted.get(job_id, self.store) if job_id is not None else self.store
         if job_id is not None:
-            logger.info("Step %s: iris job %s from an earlier runner is still running (execution g%d); waiting for it",
-                        spec.name, job_id, execution.generation)
+            logger.info("Step %s: iris job %s from an earlier runner is still running (execution g%d, %s); waiting for it",
+                        spec.name, job_id, execution.generation, _where_it_runs(get_job(job_id, store)))
         else:
             self._check_fits(spec.name, spec.resources)
             url = call_url(call.output_path, execution.generation)
@@ -186,12 +224,21 @@ class IrisStepExecutor:
             replicas=resources.replicas,
             max_retries_failure=resources.max_retries_failure,
             max_retries_preemption=resources.max_retries_preemption,
-            time_limit_s=resources.time_limit_s,
+            time_limit_s=resources.time_limit_s or self._default_time_limit_s(),
+            tag=execution_tag(call.output_path, call.execution.generation),
             cwd=os.getcwd(),
             env=tuple(sorted(env.items())),
             attempts_folder=call.output_path,
             **self.engine.options,
         )
+
+    def _default_time_limit_s(self) -> float | None:
+        """The time limit of a step that sets none: on Slurm, where a job must not run for ever, the
+        partition's own (Slurm applies it: None here), else :data:`DEFAULT_SLURM_TIME_LIMIT_S` for a
+        partition without one. Other engines hold none."""
+        if self.engine.options["backend"] != "slurm" or self._slurm is None:
+            return None
+        return None if self._slurm.partition_time_limit_s() is not None else DEFAULT_SLURM_TIME_LIMIT_S
 
     def check_placement(self, specs: list[Any]) -> None:
         """Before any step runs: the job database opens, and (on Slurm) every step's resources fit a
@@ -234,8 +281,14 @@ class IrisStepExecutor:
         news = _AttemptNews(call.spec.name, call.output_path, job_id)
         progress = ProgressRelay(call.spec.name, call.output_path, job_id, every_s=self.progress_every_s)
         progress.announce()
+        started = time.monotonic()
         while True:
             record = get_job(job_id, store)
+            if not record.attempts and not record.state.finished and time.monotonic() - started > self.start_timeout_s:
+                where = _where_it_runs(record)
+                self._end(call.output_path, call.execution.generation, job_id, store, self.engine.setting)
+                raise StepJobFailed(f"iris job {job_id} ({where}) did not start within {self.start_timeout_s:g} s; stopped it. "
+                                    "Is the cluster full? (IrisStepExecutor(start_timeout_s=...) waits longer)")
             if record.attempts and record.attempts != reported and call.placed is not None:
                 folder_attempt = _folder_attempt(call.output_path, job_id, record.attempts)
                 if folder_attempt is not None:  # the supervisor opens the folder just after the attempt starts
@@ -261,6 +314,22 @@ class IrisStepExecutor:
         if tail:
             text += f"\nLast lines of its log:\n{tail}"
         return text + f"\nEvery attempt's log: marin logs {call.output_path}"
+
+
+def _where_it_runs(record: JobRecord) -> str:
+    """Where a job's supervisor runs, in words: what a person looks up to see why it waits."""
+    if record.supervisor_job:
+        try:
+            locator = json.loads(record.supervisor_job)
+        except ValueError:
+            locator = {}
+        if locator.get("backend") == "slurm":
+            return f"its supervisor is Slurm job {locator.get('slurm_id')}"
+        if locator.get("backend") == "ray":
+            return f"its supervisor is Ray actor {locator.get('actor')}"
+    if record.supervisor_pid:
+        return f"its supervisor is pid {record.supervisor_pid}"
+    return "no supervisor yet"
 
 
 class _AttemptNews:

@@ -15,14 +15,17 @@ For a step the plan says to run, :func:`attempt_step`:
    waited for, since they may still finish (:mod:`marin.execution.step_ownership`);
 4. deletes the temporary files a killed earlier attempt left (:func:`remove_orphan_temporaries`);
 5. writes ``.executor_info``, claims a new execution (the next generation of the step's fenced
-   record, RUNNING; it continues in its predecessor's staging folder when that one stopped, which
-   is how a training step resumes from its checkpoints), calls the step function through the
+   record, RUNNING, in a clean staging folder of its own), ends the execution it fenced off
+   (:mod:`marin.execution.ending_executions`) and, once that one is known dead, takes over its
+   resumable state (:mod:`marin.execution.resumable_state`: which is how a training step resumes
+   from its checkpoints), calls the step function through the
    run's :class:`~marin.execution.step_executor.StepExecutor` on its staging folder, confirms the
    lease against the lock file itself, and commits: the artifact, then the move of the staged
    output into the step folder, then SUCCESS, each refused if another execution owns the step
    now. A reader who sees SUCCESS can trust the output and the artifact are complete;
 6. on any failure writes FAILED with the error (unless the lease or the fence was taken over:
-   the folder is then another execution's) and logs it (:mod:`marin.execution.step_failures`).
+   the folder is then another execution's), which fences its own execution off, ends what of it
+   still runs (a job's replicas whose supervisor died), and logs it (:mod:`marin.execution.step_failures`).
 
 The lease is released whatever happens. :func:`record_dep_failed` is the short form for a step
 that will not run because a dependency failed.
@@ -43,6 +46,7 @@ from rigging.log import get_logger
 from rigging.secrets import redact
 
 from marin.execution.artifact import current_provenance, save_artifact
+from marin.execution.ending_executions import FENCE_WAIT_S, end_replicas
 from marin.execution.engine_slots import EngineSlots
 from marin.execution.executor_files import (
     INFO_FILE,
@@ -60,6 +64,7 @@ from marin.execution.executor_files import (
 )
 from marin.execution.interrupts import Interrupt, RunInterruption
 from marin.execution.output_reuse import OutputPathConflict, check_recorded_identity
+from marin.execution.resumable_state import carry_over
 from marin.execution.run_report import Outcome, StepOutcome
 from marin.execution.step_executor import StepCall, StepExecutor
 from marin.execution.step_failures import log_step_failure
@@ -67,6 +72,7 @@ from marin.execution.step_ownership import (
     EXECUTIONS_FOLDER,
     STAGING_FOLDER,
     Execution,
+    ReplicaHeartbeat,
     claim_execution,
     read_ownership,
     replica_heartbeats,
@@ -98,9 +104,9 @@ class RunSession:
     lease_ttl_s: float
     heartbeat_s: float | None
     poll_s: float
-    # How long a new execution waits for the fenced-off replicas of an earlier one to stop, so
-    # that it can continue from their staging folder instead of starting from an empty one.
-    orphan_wait_s: float = 60.0
+    # How long the one who fences an execution off waits for its replicas to be known dead (they are
+    # sent SIGTERM, then killed), so that a new execution can take over their resumable state.
+    orphan_wait_s: float = FENCE_WAIT_S
     # How many attempts do the engine's own work at once (see engine_slots); none: no limit.
     slots: EngineSlots = field(default_factory=lambda: EngineSlots(None))
 
@@ -221,6 +227,8 @@ def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: M
                 logger.warning("Step %s: FAILED not recorded, another execution owns the step now (%s)", spec.name, fenced)
             except Exception:
                 logger.exception("Could not record FAILED for %s", output_path)
+            else:
+                _end_own_execution(session, output_path, execution)
         log_step_failure(spec.name, output_path, message, exc, message_only=superseded or session.cancelled.is_set())
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
@@ -236,7 +244,8 @@ def _status_fields(session: RunSession, spec: StepSpec) -> dict[str, Any]:
 
 def _start_execution(session: RunSession, spec: StepSpec, output_path: str, snapshot: Any, status: StatusRecord | None,
                      running: dict[str, Any]) -> Execution:
-    """Claim a new execution of the step; continue in its predecessor's staging folder if that one stopped."""
+    """Claim a new execution of the step, in a clean staging folder of its own; end the one it fences
+    off, and carry over what that one left that is resumable, once it is known dead."""
     for _ in range(20):
         execution = claim_execution(output_path, snapshot, {**_status_fields(session, spec), **running})
         if execution is not None:
@@ -252,39 +261,58 @@ def _start_execution(session: RunSession, spec: StepSpec, output_path: str, snap
             logger.info("Step %s: execution g%d continues from what an earlier run left in the step folder (%s)",
                         spec.name, execution.generation, ", ".join(moved))
         return execution
-    # Read after the claim: a replica that checks the fence from now on finds it taken, and one that
-    # checked before wrote its heartbeat first, so it is seen here.
-    beats = replica_heartbeats(output_path, status.generation)
-    running_still = [beat for beat in beats if beat.may_be_running()]
-    if running_still:
-        logger.warning(
-            "Step %s: %s of the earlier execution g%d still run(s); fenced off (this is g%d), waiting up to %.0f s "
-            "for them to stop", spec.name, ", ".join(b.describe() for b in running_still), status.generation,
-            execution.generation, session.orphan_wait_s,
-        )
-        deadline = time.monotonic() + session.orphan_wait_s
-        while running_still and time.monotonic() < deadline and not session.cancelled.is_set():
-            session.slots.sleep(session.poll_s)
-            beats = replica_heartbeats(output_path, status.generation)
-            running_still = [beat for beat in beats if beat.may_be_running()]
-    if not status.staging or not fsx.exists(fsx.join(output_path, status.staging)):
+    # After the claim: a replica of the old execution that checks the fence from now on finds it
+    # taken, and stops; what does not stop by itself is ended here.
+    still_running = _end_execution(session, output_path, status)
+    if not fsx.exists(fsx.join(output_path, status.staging)):
         return execution
-    if all(beat.known_stopped() for beat in beats):
-        logger.info("Step %s: execution g%d continues from what g%d left in %s", spec.name, execution.generation,
-                    status.generation, status.staging)
-        execution = execution.adopt_staging(status.staging)
+    if still_running:
+        logger.warning("Step %s: execution g%d starts from a clean folder; what g%d left in %s is not taken over, since "
+                       "%s may still write there", spec.name, execution.generation, status.generation, status.staging,
+                       ", ".join(beat.describe() for beat in still_running))
+        return execution
+    carried = carry_over(output_path, status.staging, execution.staging)
+    if carried:
+        logger.info("Step %s: execution g%d continues from the resumable state g%d left in %s: %s", spec.name,
+                    execution.generation, status.generation, status.staging, ", ".join(carried))
         _clean_up_orphans(spec, execution.work_path)
-        return execution
-    logger.warning("Step %s: execution g%d starts from an empty folder; what g%d wrote (%s) is left unread, since "
-                   "not all of its replicas are known to have stopped", spec.name, execution.generation,
-                   status.generation, status.staging)
+    else:
+        logger.info("Step %s: execution g%d starts from a clean folder (g%d left no resumable state in %s)", spec.name,
+                    execution.generation, status.generation, status.staging)
     return execution
+
+
+def _end_own_execution(session: RunSession, output_path: str, execution: Execution | None) -> None:
+    """After this runner recorded its execution FAILED (which fences it off): end what of it still
+    runs elsewhere (a job's replicas whose supervisor died), not leave it writing into its folder."""
+    if execution is None or not session.executor.commits_itself:
+        return  # a call in this runner has ended with the call
+    try:
+        _, ended = read_ownership(output_path)
+        if ended is not None and ended.generation == execution.generation:
+            _end_execution(session, output_path, ended)
+    except Exception as exc:  # noqa: BLE001 - the replicas still stop at their next look at the fence
+        logger.warning("Could not end execution g%d of %s: %s", execution.generation, output_path, exc)
+
+
+def _end_execution(session: RunSession, output_path: str, record: StatusRecord) -> list[ReplicaHeartbeat]:
+    """End the fenced-off execution ``record`` names: on its engine, then its replicas; those not
+    known dead after the session's bounded wait."""
+    try:
+        session.executor.end_execution(output_path, record)
+    except Exception as exc:  # noqa: BLE001 - the replicas below are still ended; what is left is logged
+        logger.warning("Could not end execution g%d of %s on its engine: %s", record.generation, output_path, exc)
+    return end_replicas(output_path, record.generation, wait_s=session.orphan_wait_s, sleep=session.slots.sleep)
 
 
 def _wait_for_replicas_of(session: RunSession, spec: StepSpec, output_path: str, status: StatusRecord) -> tuple[Any, StatusRecord | None]:
     """Wait while replicas of the RUNNING execution the record names still heartbeat (a job whose
-    runner and supervisor are gone can still finish and commit); the record as it is then."""
+    runner and supervisor are gone can still finish and commit); the record as it is then. Bounded:
+    a replica that stops heartbeating is waited for no longer than its heartbeat's time to live, and
+    none longer than the step's time limit (when it has one), after which it is fenced off and ended."""
     announced = False
+    limit = spec.resources.time_limit_s if spec.resources is not None else None
+    deadline = None if limit is None else time.monotonic() + limit
     while True:
         snapshot, now = read_ownership(output_path)
         if now is None or now.status != STATUS_RUNNING or now.generation != status.generation or session.cancelled.is_set():
@@ -295,10 +323,15 @@ def _wait_for_replicas_of(session: RunSession, spec: StepSpec, output_path: str,
         alive = [beat for beat in replica_heartbeats(output_path, now.generation) if beat.may_be_running()]
         if not alive:
             return snapshot, now
+        described = ", ".join(b.describe() for b in alive)
+        if deadline is not None and time.monotonic() >= deadline:
+            logger.warning("Step %s: execution g%d (iris job %s: %s) still runs after the step's time limit of %.0f s; "
+                           "fencing it off", spec.name, now.generation, now.job or "?", described, limit)
+            return snapshot, now
         if not announced:
             logger.info("Step %s: execution g%d (iris job %s) has no runner, but %s still run(s); waiting for it to "
-                        "finish instead of starting the step again: %s", spec.name, now.generation, now.job or "?",
-                        ", ".join(b.describe() for b in alive), output_path)
+                        "finish instead of starting the step again%s: %s", spec.name, now.generation, now.job or "?",
+                        described, f" (at most {limit:.0f} s, the step's time limit)" if limit else "", output_path)
             announced = True
         session.slots.sleep(session.poll_s)
 

@@ -14,6 +14,7 @@ from marin.errors import MarinError
 from marin.execution.artifact import Artifact, load_artifact
 from marin.execution.identity import InvalidStepError
 from marin.execution.interrupts import Interrupt, interrupt_of
+from marin.execution.resumable_state import declare_resumable
 from marin.execution.step_spec import StepSpec
 
 
@@ -74,6 +75,14 @@ class StepContext:
     def load_artifact(self, dep: Any, cls: Any = None) -> Artifact:
         """The :class:`~marin.execution.artifact.Artifact` that ``dep`` saved (result rebuilt as ``cls``)."""
         return load_artifact(self.dep_output_path(dep), cls)
+
+    def declare_resumable(self, *names: str) -> None:
+        """Say that the entries ``names`` of the output (paths relative to ``output_path``) are state
+        this step continues from, and reconciles itself, when it runs again after stopping short: a
+        later execution or attempt takes them over (with every checkpoint and finished token-cache
+        shard, which carry their own checksums); anything else a stopped execution left is not
+        continued in (see :mod:`marin.execution.resumable_state`)."""
+        declare_resumable(self.output_path, list(names))
 
     @property
     def lost_lease(self) -> bool:

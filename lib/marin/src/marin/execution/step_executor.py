@@ -81,6 +81,12 @@ class StepExecutor(Protocol):
         """The job of an earlier runner that still runs the step (as its status record names it), to adopt."""
         ...
 
+    def end_execution(self, output_path: str, record: Any) -> None:
+        """End, within a bound, what the execution ``record`` names still runs on the engine, once it
+        is fenced off (its replicas' own processes are ended from their heartbeats by the caller:
+        :mod:`marin.execution.ending_executions`)."""
+        ...
+
 
 def call_step_function(
     spec: StepSpec,
@@ -146,6 +152,9 @@ class ClientStepExecutor:
 
     def live_job(self, output_path: str, status: Any) -> str | None:
         return None  # a call dies with the runner that made it: there is never one to adopt
+
+    def end_execution(self, output_path: str, record: Any) -> None:
+        return None  # likewise: nothing of an execution outlives the call that ran it
 
     def run(self, call: StepCall) -> Any:
         spec = call.spec

@@ -17,7 +17,13 @@ that make a preempted step round-trip:
   it writes into that execution's staging folder, heartbeats, and checks the fence every
   heartbeat. Once another execution owns the step (or the runner ended this one), the step's
   ``ctx.lost_lease`` fires: it stops, commits nothing, and the process exits with
-  :data:`iris.FENCED_OFF_EXIT_CODE` (77), which iris never retries.
+  :data:`iris.FENCED_OFF_EXIT_CODE` (77), which iris never retries. A function that does not
+  return within :data:`FENCED_OFF_GRACE_S` of the fence is not waited for: the process exits at
+  once, so a fenced-off execution stops writing even where nobody can signal it.
+* Each attempt starts from a clean staging folder: before the function runs again after a failed
+  or preempted attempt, replica 0 deletes what that attempt left except its resumable state
+  (:func:`marin.execution.resumable_state.keep_only_resumable`: checkpoints, finished token-cache
+  shards, what the step declared), and the other replicas wait for it to have done so.
 
 Replica 0 commits: it leaves the function's result beside the call for the runner, then moves
 the staged output into the step folder and records SUCCESS, so a job that outlives its runner
@@ -52,6 +58,7 @@ from rigging.fencing import FencedOff
 from rigging.log import get_logger, setup_logging
 
 from marin.execution.interrupts import Interrupt, RunInterruption
+from marin.execution.resumable_state import keep_only_resumable
 from marin.execution.step_executor import call_step_function
 from marin.execution.step_failures import is_explained_error
 from marin.execution.step_ownership import EXECUTIONS_FOLDER, Execution, ReplicaWatch, relocated
@@ -61,6 +68,10 @@ logger = get_logger("marin.execution.step_job")
 
 CTRL_C_EXIT_CODE = 130
 SAME_NOTICE_S = 10.0
+# How long a fenced-off replica's function gets to return before the process exits without it.
+FENCED_OFF_GRACE_S = 5.0
+# How long a replica other than 0 waits for replica 0 to clean the staging folder for a new attempt.
+CLEAN_START_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -140,7 +151,32 @@ def main(argv: list[str]) -> int:
         if watch.fenced_off is not None:
             logger.error("Step %s: not started, execution g%d is fenced off: %s", spec.name, execution.generation, watch.fenced_off)
             return FENCED_OFF_EXIT_CODE
+        attempt = int(os.environ.get("IRIS_ATTEMPT", "1"))
+        if attempt > 1 and not _start_clean(call, execution, replica, attempt):
+            return 1
         return _run_replica(call, execution, replica, stop, fenced_off, watch)
+
+
+def _start_clean(call: StepJobCall, execution: Execution, replica: int, attempt: int) -> bool:
+    """Before attempt ``attempt`` (> 1) runs the function: what the attempts before it left in the
+    staging folder goes, but for its resumable state (see the module docstring). False when replica
+    0 never said it was done."""
+    done = fsx.join(call.output_path, EXECUTIONS_FOLDER, f"g{execution.generation}-attempt-{attempt}-clean")
+    if replica == 0:
+        removed = keep_only_resumable(execution.work_path)
+        if removed:
+            logger.info("Step %s: attempt %d starts from a clean staging folder; removed %d file(s) the attempt before "
+                        "left (kept its resumable state)", call.spec.name, attempt, len(removed))
+        fsx.atomic_write(done, "")
+        return True
+    deadline = time.monotonic() + CLEAN_START_WAIT_S
+    while not fsx.exists(done):
+        if time.monotonic() >= deadline:
+            logger.error("Step %s: replica 0 did not clean the staging folder for attempt %d within %.0f s", call.spec.name,
+                         attempt, CLEAN_START_WAIT_S)
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: RunInterruption, fenced_off: threading.Event,
@@ -160,8 +196,17 @@ def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: Ru
 
     worker = threading.Thread(target=work, name=f"step {spec.name}", daemon=True)
     worker.start()
+    fenced_at: float | None = None
     while worker.is_alive():
         worker.join(0.2)  # short waits, so signal handlers run promptly
+        if fenced_off.is_set():
+            fenced_at = fenced_at or time.monotonic()
+            if time.monotonic() - fenced_at > FENCED_OFF_GRACE_S:
+                logger.error("Step %s: execution g%d was fenced off and its function did not stop within %.0f s; exiting "
+                             "now (exit %d), its output in %s not committed", spec.name, execution.generation,
+                             FENCED_OFF_GRACE_S, FENCED_OFF_EXIT_CODE, execution.work_path)
+                logging.shutdown()
+                os._exit(FENCED_OFF_EXIT_CODE)
     if fenced_off.is_set():
         logger.error("Step %s stopped: execution g%d was fenced off (another execution owns the step now); its output "
                      "in %s is not committed. Exit %d: iris does not run it again", spec.name, execution.generation,
@@ -200,6 +245,12 @@ def _run_replica(call: StepJobCall, execution: Execution, replica: int, stop: Ru
         except FencedOff as exc:
             logger.error("Step %s: execution g%d could not commit, it was fenced off: %s", spec.name, execution.generation, exc)
             return FENCED_OFF_EXIT_CODE
+        except Exception as exc:
+            if not is_explained_error(exc):
+                raise
+            logger.error("Step %s: execution g%d not committed: %s: %s", spec.name, execution.generation,
+                         type(exc).__name__, _one_line(exc))
+            return 1
         logger.info("Step %s finished; execution g%d committed its output", spec.name, execution.generation)
     else:
         logger.info("Step %s finished", spec.name)

@@ -7,11 +7,12 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
 
 * ``.executor_status`` is the fenced record. Starting an execution claims it: ``generation`` one
   higher than the record read, a new ``owner`` id, and ``staging``, the folder the execution
-  writes into (``.staging/g<generation>``, or a stopped predecessor's, taken over whole). Every
-  later status write of the execution is conditional on the record still naming it.
+  writes into (``.staging/g<generation>``, always a new one). Every later status write of the
+  execution is conditional on the record still naming it.
 * The step's function writes only into the staging folder. Two executions never share one, so
   their bytes are never mixed.
-* :meth:`Execution.commit` makes the output the step's: the artifact and the checksums of the output
+* :meth:`Execution.commit` makes the output the step's: it refuses an output holding a special file
+  or a link out of it (:func:`check_regular_output`, the readers' rule), then the artifact and the checksums of the output
   files (:mod:`zephyr.output_checksums`, which readers check) are written into the staging
   folder, the record is marked ``committing`` (the commit point, refused unless the record names
   this execution and says RUNNING), every entry of the staging folder is moved into the step
@@ -21,9 +22,11 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
   each heartbeat writes ``.executions/g<generation>-replica-<i>.json`` and checks the fence; a
   replica whose execution was superseded, or ended by its runner, stops itself and commits nothing.
 
-A stale predecessor's staging folder is taken over only when each of its replicas is known to
-have stopped (it said so, or it was a process of this machine that is gone). Otherwise the new
-execution starts from an empty folder, and the old one stays where nothing reads it.
+The one who fences an execution off also ends its processes (:mod:`marin.execution.ending_executions`).
+A new execution never continues in a predecessor's staging folder: once each of the predecessor's
+replicas is known dead it takes over only its resumable state (:mod:`marin.execution.resumable_state`:
+checkpoints, finished token-cache shards, what the step declared), and the rest stays where nothing
+reads it until a commit deletes it.
 
 What this cannot fence: a step's side effects outside its folder (a database write, an upload
 elsewhere), and, on local disk, a write that lands within one local read of a takeover.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -44,21 +48,35 @@ from rigging import filesystem as fsx
 from rigging.fencing import Fence, FencedOff, Snapshot, claim, read_snapshot, write_over
 from rigging.lease import Lease, ProcessIdentity
 from rigging.log import get_logger
+from rigging.regular_files import refused_entries
 from zephyr.output_checksums import write_checksums
-from zephyr.token_cache.layout import SHARD_SUMMARY_NAME
 
+from marin.errors import MarinError
 from marin.execution.artifact import save_artifact
 from marin.execution.executor_files import INFO_FILE, LOCK_FILE, STATUS_FILE, STATUS_RUNNING, STATUS_SUCCESS, StatusRecord, status_from_dict, status_url
+from marin.execution.resumable_state import SELF_CHECKED_MARKERS
 
 logger = get_logger("marin.execution.step_runner")
 
 STAGING_FOLDER = ".staging"
-# Files that mark a folder of an output whose files carry checksums of their own, verified by their own
-# reader: a levanter checkpoint's manifest (levanter.trainer.checkpoint_manifest.MANIFEST_NAME, named
-# here rather than imported: the engine does not load JAX) and a token-cache shard's summary. The
-# commit's manifest leaves them out (zephyr.output_checksums.write_checksums).
-SELF_CHECKED_MARKERS = ("checksums.json", SHARD_SUMMARY_NAME)
 EXECUTIONS_FOLDER = ".executions"
+
+
+class IrregularOutputError(MarinError, ValueError):
+    """A step's output holds what the commit refuses: a special file, or a link out of the output or to nothing."""
+
+
+def check_regular_output(work_path: str) -> None:
+    """Refuse to commit what the readers of a step's output would refuse (:mod:`rigging.regular_files`):
+    one line naming each special file (FIFO, device, socket) and each link that leads out of the
+    output, to nothing, or to anything but a regular file. Checked before anything is hashed, since
+    hashing opens every file (a FIFO blocks the open, ``/dev/zero`` never ends)."""
+    refused = refused_entries(work_path)
+    if refused:
+        root = work_path.rstrip("/") + "/"
+        named = "; ".join(f"{error.url.removeprefix(root)} is {error.reason}" for error in refused)
+        raise IrregularOutputError(f"{work_path}: not committed, since an output may hold only regular files (and links "
+                                   f"to them inside it); refused: {named}")
 
 
 def read_ownership(output_path: str) -> tuple[Snapshot, StatusRecord | None]:
@@ -119,16 +137,12 @@ class Execution:
             return f"execution g{self.generation} of {self.output_path} was already ended ({data.get('status')})"
         return None
 
-    def adopt_staging(self, staging: str) -> Execution:
-        """This execution, writing into ``staging`` (a stopped predecessor's folder) from now on."""
-        self.write(staging=staging)
-        return dataclasses.replace(self, staging=staging)
-
     def commit(self, result: Any, *, step: str, identity: str, prefix: str | None) -> Any:
         """Make the staged output the step's and record SUCCESS; ``result`` with its paths moved too.
 
         Raises :class:`FencedOff`, having moved nothing, when another execution owns the step now.
         """
+        check_regular_output(self.work_path)
         save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix, staged_in=self.work_path)
         self.check()
         # Moved in with the output, so a committed step always has its manifest.
@@ -337,6 +351,7 @@ class ReplicaHeartbeat:
     ttl_s: float
     ended: bool = False
     finished: bool = False  # its function returned: its share of the output is written
+    slurm_job: str | None = None  # the Slurm job it runs in, if any: what ends it from any machine
 
     def may_be_running(self, now: float | None = None) -> bool:
         """Whether it may still write: not ended, and alive here or heartbeating within its TTL."""
@@ -352,7 +367,8 @@ class ReplicaHeartbeat:
         return self.ended or self.process.alive_here() is False
 
     def describe(self) -> str:
-        return f"replica {self.replica} (pid {self.process.pid} on {self.process.host})"
+        where = f", Slurm job {self.slurm_job}" if self.slurm_job else ""
+        return f"replica {self.replica} (pid {self.process.pid} on {self.process.host}{where})"
 
 
 def heartbeat_url(output_path: str, generation: int, replica: int) -> str:
@@ -372,7 +388,7 @@ def replica_heartbeats(output_path: str, generation: int) -> list[ReplicaHeartbe
                 generation=int(data["generation"]), replica=int(data["replica"]),
                 process=ProcessIdentity(str(data["host"]), int(data["pid"]), data.get("pid_started"), data.get("pid_namespace")),
                 heartbeat_at=float(data["heartbeat_at"]), ttl_s=float(data["ttl_s"]), ended=bool(data.get("ended")),
-                finished=data.get("finished") is True,
+                finished=data.get("finished") is True, slurm_job=data.get("slurm_job") or None,
             ))
         except (ValueError, KeyError, TypeError):
             continue  # torn or foreign: says nothing about a live replica
@@ -414,6 +430,7 @@ class ReplicaWatch:
             "generation": self.execution.generation, "replica": self.replica, "host": self._process.host,
             "pid": self._process.pid, "pid_started": self._process.started, "pid_namespace": self._process.namespace,
             "heartbeat_at": time.time(), "ttl_s": self.interval_s * 3 + 2, "ended": ended, "finished": self._finished,
+            "slurm_job": os.environ.get("SLURM_JOB_ID"),
         }
         try:
             fsx.atomic_write(heartbeat_url(self.execution.output_path, self.execution.generation, self.replica), json.dumps(record))

@@ -110,6 +110,9 @@ def run_training(ctx: Any, request: TrainingRequest) -> TrainingRun:
     if request.harness is not None:
         harness = HarnessDuringTraining(request.harness, load_tokenizer(first.tokenizer_source), model_label=ctx.step.name,
                                         model_identity=getattr(ctx.step, "identity", ctx.step.name))
+    # A rerun after a stop continues from the checkpoints (taken over by their checksums) and from
+    # the metrics, which the trainer cuts back to the checkpoint it resumes from.
+    ctx.declare_resumable("metrics.jsonl")
     started = time.perf_counter()
     training = run_trainer(
         TrainLmConfig(

@@ -12,7 +12,9 @@ never echoed back: with ``echo`` the prompt's first token is scored given it. A 
 rendered conversation, which carries whatever its template puts first.
 
 Bad requests get OpenAI's error shape and a 4xx; a failure inside the server gets a 500 with a
-one-line message, its traceback going only to the log.
+one-line message, its traceback going only to the log. What a request may carry (its size, its
+text, its token ids, its prompt's length) is checked before any of it is tokenized
+(:mod:`marin.model_server.limits`): no request can take the server down for the others.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from levanter.inference.engine import (
     TokenLogprobs,
 )
 from marin.model_server.chat_page import chat_page
+from marin.model_server.limits import MAX_BODY_BYTES, TokenBounds, read_json_body
 from marin.model_server.metrics import prometheus_text
 from marin.model_server.protocol import DEFAULT_COMPLETION_TOKENS, ApiError, Sampling, parse_chat, parse_completion
 from marin.model_server.text import TextAssembler
@@ -68,12 +71,15 @@ class _Choice:
 class ModelServer:
     """The state the routes share: the engine, the tokenizer and how prompts are read."""
 
-    def __init__(self, engine: GenerationEngine, tokenizer: Any, model_name: str, chat_template: Any = None):
+    def __init__(self, engine: GenerationEngine, tokenizer: Any, model_name: str, chat_template: Any = None, *,
+                 max_body_bytes: int = MAX_BODY_BYTES):
         from levanter.tokenization.chat import ChatRenderer, reply_end_marker
 
         self.engine = engine
         self.tokenizer = tokenizer
         self.raw = tokenizer.tokenizer
+        self.max_body_bytes = max_body_bytes
+        self.bounds = TokenBounds.of(self.raw, engine.model.vocab_size, engine.max_seq_len)
         self.model_name = model_name
         self.created = int(time.time())
         start = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
@@ -88,7 +94,8 @@ class ModelServer:
 
     # -- tokens ---------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, param: str = "prompt") -> list[int]:
+        self.bounds.check_fits(text, param)
         return self.raw.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -222,14 +229,6 @@ def _sse(record: dict[str, Any]) -> str:
     return f"data: {json.dumps(record)}\n\n"
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(f"The request body is not valid JSON: {exc}") from exc
-
-
 def _seed(sampling: Sampling) -> int:
     return sampling.seed if sampling.seed is not None else secrets.randbits(31)
 
@@ -291,7 +290,7 @@ def create_app(server: ModelServer) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await read_json_body(request, server.max_body_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
             raise ApiError("'prompt' must be a string", param="prompt")
         ids = server.encode(body["prompt"])
@@ -301,17 +300,21 @@ def create_app(server: ModelServer) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await read_json_body(request, server.max_body_bytes)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise ApiError("'tokens' must be a list of token ids", param="tokens")
+        server.bounds.check_ids(tokens, "tokens")
         return {"prompt": server.decode(tokens)}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        parsed = parse_completion(await _json_body(request), server.model_name)
+        parsed = parse_completion(await read_json_body(request, server.max_body_bytes), server.model_name)
         sampling, seed = parsed.sampling, _seed(parsed.sampling)
         prompts, texts, choices, params = [], [], [], []
+        for prompt in parsed.prompts:
+            if not isinstance(prompt, str):
+                server.bounds.check_ids(prompt, "prompt")
         for prompt in parsed.prompts:
             ids = server.encode(prompt) if isinstance(prompt, str) else list(prompt)
             texts.append(prompt if isinstance(prompt, str) else server.decode(ids))
@@ -342,7 +345,7 @@ def create_app(server: ModelServer) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        parsed = parse_chat(await _json_body(request), server.model_name)
+        parsed = parse_chat(await read_json_body(request, server.max_body_bytes), server.model_name)
         if server.renderer is None:
             raise ApiError(f"The model '{server.model_name}' has no chat template (its tokenizer has none), so messages cannot "
                            "be rendered into a prompt; use /v1/completions, or restart with --chat-template NAME naming the "
@@ -353,7 +356,7 @@ def create_app(server: ModelServer) -> FastAPI:
             rendered = server.renderer.render(list(parsed.messages), add_generation_prompt=True)
         except ChatTemplateError as exc:
             raise ApiError(f"The chat template refused these messages: {exc}", param="messages") from exc
-        ids = server.encode(rendered)
+        ids = server.encode(rendered, "messages")
         sampling, seed = parsed.sampling, _seed(parsed.sampling)
         stops = (*sampling.stop, *((server.reply_end,) if server.reply_end else ()))
         choices = [_Choice(j, ids, 0, TextAssembler(server.decode, stops)) for j in range(sampling.n)]

@@ -11,7 +11,8 @@ optimum beyond the largest budget fitted says how far beyond and how wide its in
 that differ in more than size and budget (optimizer, data, initial weights, validation set) are
 not fitted together: the largest group of alike runs is, the others are listed with what differs
 (``--mixed`` fits them all). ``--json`` prints the same as one JSON object; ``--png`` also draws the plot.
-Exit status 1 when neither law can be fitted (each reason is printed), 2 for a usage error.
+Exit status 1 when neither law can be fitted (each reason is printed), 2 for a usage error (a
+budget that is not a finite positive number, more than 10,000 bootstrap refits).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import sys
 EXIT_OK = 0
 EXIT_NO_FIT = 1
 EXIT_USAGE = 2
+# Each refit of the parametric law is a small optimisation (tens of milliseconds): ten thousand is
+# minutes, and narrows a 95% interval no further than a few thousand do.
+MAX_BOOTSTRAP = 10_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,8 +55,9 @@ def scaling_command(args: argparse.Namespace) -> int:
     if fsx.is_local(prefix) and not fsx.exists(prefix):
         print(f"marin scaling: there is no folder {prefix}; check PREFIX (or MARIN_PREFIX).", file=sys.stderr)
         return EXIT_USAGE
-    if args.bootstrap < 0 or any(budget <= 0 for budget in args.budget):
-        print("marin scaling: --bootstrap must be 0 or more and every --budget a positive number of FLOPs.", file=sys.stderr)
+    problem = _usage_problem(args)
+    if problem:
+        print(f"marin scaling: {problem}", file=sys.stderr)
         return EXIT_USAGE
     analysis = analyse(prefix, steps=args.steps, validation=args.validation, bootstrap=args.bootstrap,
                        mixed=args.mixed)
@@ -67,6 +72,18 @@ def scaling_command(args: argparse.Namespace) -> int:
     else:
         print(report_text(analysis, budgets, png=args.png))
     return EXIT_NO_FIT if analysis.isoflop is None and analysis.parametric is None else EXIT_OK
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numbers given (``--budget nan`` and ``--budget 1e400`` parse as floats)."""
+    import math
+
+    bad = [budget for budget in args.budget if not (math.isfinite(budget) and budget > 0)]
+    if bad:
+        return f"every --budget must be a finite positive number of FLOPs, got {', '.join(map(str, bad))}."
+    if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
+        return f"--bootstrap must be between 0 and {MAX_BOOTSTRAP} refits, got {args.bootstrap}."
+    return None
 
 
 def _interval(estimate, digits: str = ".3g") -> str:

@@ -9,8 +9,12 @@ validation loss (of the set ``validation`` names, else the first the run evaluat
 ``.executor_info`` (:mod:`marin.experiment.sweep`). Runs that differ in more than size and budget
 (optimizer, data, initial weights, validation set) are not fitted together: the largest group of
 alike runs is, and the others are refused naming what differs (:mod:`marin.scaling.comparable`).
-Runs that cannot be used are listed with the reason, never silently dropped. Records are read only when they are regular files inside the
-prefix, in bounded amounts (:mod:`rigging.regular_files`), so the web view can call this too.
+Runs that cannot be used are listed with the reason, never silently dropped. Records are read only
+when they are regular files inside the prefix, in bounded amounts (:mod:`rigging.regular_files`), so
+the web view can call this too; a run folder that is itself a link out of the prefix is listed as
+refused, unread. A run is one step identity: a folder copied under another name (its
+``.executor_info`` names the same identity) is counted once, at the folder its identity names, and
+the copies are listed as not used.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigging import filesystem as fsx
-from rigging.regular_files import RefusedFileError, read_bounded_text
+from rigging.regular_files import RefusedFileError, read_bounded_text, stays_within
 
 from marin.execution.catalog import describe_folder, step_folders
 from marin.execution.executor_files import ARTIFACT_FILE, STATUS_SUCCESS, CorruptRecordError, read_info
 from marin.execution.explain import identity_settings
+from marin.execution.identity import SHORT_HASH_LENGTH, short_hash
 from marin.scaling.comparable import comparable_settings, split_comparable
 from marin.scaling.points import ScalingRun
 
@@ -63,7 +68,14 @@ def collect_runs(prefix: str, *, steps: str | None = None, validation: str | Non
     notes: set[str] = set()
     sets: set[str] = set()
     settings: dict[str, dict[str, str]] = {}
-    for folder in step_folders(prefix):
+    counted: dict[str, ScalingRun] = {}  # identity -> its run
+    links: list[str] = []
+    folders = step_folders(prefix, links=links)
+    for link in links:  # a run folder that is a link out of the prefix is named, not read
+        location = _without_suffix(link[len(prefix):].strip("/"))
+        if not stays_within(prefix, link) and (steps is None or fnmatch.fnmatchcase(location, steps)):
+            skipped.append(SkippedRun(location, link, f"refused: the folder is a link to a place outside {prefix}"))
+    for folder in folders:
         listing = describe_folder(folder, prefix)
         if steps is not None and not fnmatch.fnmatchcase(listing.name, steps):
             continue
@@ -86,9 +98,22 @@ def collect_runs(prefix: str, *, steps: str | None = None, validation: str | Non
         point = _scaling_run(listing.name, folder, result, _budget_of(info), validation, notes)
         if isinstance(point, str):
             skipped.append(SkippedRun(listing.name, folder, point))
-        else:
+            continue
+        identity = _info(folder, prefix).get("identity")
+        if not isinstance(identity, str) or identity not in counted:
+            if isinstance(identity, str):
+                counted[identity] = point
             runs.append(point)
             settings[point.name] = comparable_settings(identity_settings(info), _validation_used(result, validation))
+            continue
+        # The same run twice: the one at the folder its identity names counts, the other is a copy.
+        first = counted[identity]
+        copy, original = (first, point) if _at_own_folder(folder, listing.name, identity) else (point, first)
+        if copy is first:
+            runs[runs.index(first)] = point
+            counted[identity] = point
+            settings[point.name] = comparable_settings(identity_settings(info), _validation_used(result, validation))
+        skipped.append(SkippedRun(copy.name, copy.path, f"a copy of {original.path} (the same step identity); counted once"))
     kept, refused = split_comparable(runs, settings)
     if mixed and refused:
         notes.add(f"fitted with --mixed: {len(refused)} of the runs differ from the rest in more than size and budget")
@@ -99,6 +124,17 @@ def collect_runs(prefix: str, *, steps: str | None = None, validation: str | Non
         notes.add(f"the runs evaluated {len(sets)} validation sets; each run's loss is its first one "
                   "(choose one with validation=..., --validation on the command line)")
     return CollectedRuns(runs, skipped, sorted(notes), sorted(sets))
+
+
+def _without_suffix(location: str) -> str:
+    """A step folder's location without its ``-<short hash>`` (what a step name glob is matched with)."""
+    head, _, tail = location.rpartition("-")
+    return head if head and len(tail) == SHORT_HASH_LENGTH and all(c in "0123456789abcdef" for c in tail) else location
+
+
+def _at_own_folder(folder: str, name: str, identity: str) -> bool:
+    """Whether ``folder`` is where a step of this name and identity puts its output: ``<name>-<hash>``."""
+    return folder.rstrip("/").endswith(f"/{name}-{short_hash(identity)}")
 
 
 def _read_artifact(folder: str, prefix: str) -> dict[str, Any] | str | None:

@@ -1,0 +1,75 @@
+"""The suite's ``isolated`` marker (conftest.py): a marked test runs in a child pytest process that is
+killed hard when it stalls, so a test stuck where pytest's timeout cannot reach it fails, named,
+instead of hanging the suite; its outcome and output come back as if it had run in place."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+TESTS = textwrap.dedent(
+    """
+    import os
+    import signal
+    import time
+
+    import pytest
+
+    IN_CHILD = "MARIN_TEST_ISOLATED_REPORTS"
+
+
+    def test_runs_in_place():
+        assert IN_CHILD not in os.environ
+
+
+    @pytest.mark.isolated(timeout_s=8)
+    def test_runs_in_a_child():
+        print("said in the child")
+        assert IN_CHILD in os.environ
+
+
+    @pytest.mark.isolated(timeout_s=8)
+    @pytest.mark.parametrize("n", [1, 2])
+    def test_fails_in_a_child(n):
+        assert n == 1, "two is not one"
+
+
+    @pytest.mark.isolated(timeout_s=8)
+    def test_stalls_where_no_signal_reaches():
+        # As a thread waiting in XLA:CPU's collectives: pytest-timeout's SIGALRM is never handled.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(600)
+    """
+)
+
+
+def test_an_isolated_test_that_stalls_is_killed_and_the_others_report_as_usual(tmp_path):
+    shutil.copy(REPO / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pyproject.toml").write_text(textwrap.dedent(
+        """
+        [tool.pytest.ini_options]
+        addopts = "--import-mode=importlib -ra --strict-markers"
+        markers = ["isolated(timeout_s=600): in a child process killed after timeout_s", "slow: slow"]
+        timeout = 600
+        """))
+    (tmp_path / "test_marked.py").write_text(TESTS)
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "pytest", "test_marked.py", "-rA", "-p", "no:cacheprovider"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - started
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-4000:]
+    assert "PASSED test_marked.py::test_runs_in_place" in out
+    assert "PASSED test_marked.py::test_runs_in_a_child" in out and "said in the child" in out
+    assert "PASSED test_marked.py::test_fails_in_a_child[1]" in out
+    assert "FAILED test_marked.py::test_fails_in_a_child[2]" in out and "two is not one" in out
+    assert "FAILED test_marked.py::test_stalls_where_no_signal_reaches" in out
+    assert "killed (SIGKILL) after 8 s in the child process that ran it" in out
+    assert "2 failed, 3 passed" in out
+    assert elapsed < 200  # the stalled test's 600 s sleep did not run out
