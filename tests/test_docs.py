@@ -137,7 +137,9 @@ def scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     # compile flags (see conftest.py).
     compile_flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
                      if not flag.startswith("--xla_force_host_platform_device_count")]
-    env = {**os.environ, "XLA_FLAGS": " ".join(compile_flags), "MARIN_PREFIX": str(tmp_path / "prefix"), "IRIS_HOME": str(tmp_path / "iris"),
+    # iris's folder is not named "iris": beside a page saved as a script it would be found as the
+    # package of that name when the script runs again.
+    env = {**os.environ, "XLA_FLAGS": " ".join(compile_flags), "MARIN_PREFIX": str(tmp_path / "prefix"), "IRIS_HOME": str(tmp_path / "iris-home"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))}
     return workdir, env

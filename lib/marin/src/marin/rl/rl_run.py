@@ -31,7 +31,7 @@ from marin.rl.evaluation import HeldOutEvaluation
 from marin.rl.policy_weights import WeightBoard
 from marin.rl.replay_buffer import ReplayBuffer
 from marin.rl.rollout_fleet import RolloutFleet
-from marin.rl.rollout_log import RolloutLog
+from marin.rl.rollout_log import LOG_FOLDER, RolloutLog
 from marin.rl.rollout_worker import RolloutWorkerConfig, encode_prompt, problems_of_batch
 from marin.rl.rollouts import RolloutSampling
 from marin.rl.training_batches import BatchLayout, RolloutBatches
@@ -103,7 +103,12 @@ def run_rl(ctx: Any, request: RlRequest) -> RlRun:
         problems_of=lambda index: problems_of_batch(index, request.prompts_per_step, num_problems, request.trainer.seed),
         max_restarts=request.max_worker_restarts,
     ).start()
-    source = RolloutBatches(buffer, RolloutLog(ctx.output_path), layout, steps)
+    log = RolloutLog(ctx.output_path)
+    # A rerun after a stop continues from the checkpoints (taken over by their checksums), the metrics
+    # (cut back to the checkpoint) and the rollout log: each logged batch is a whole file written
+    # atomically, and the batches after the checkpoint are trained on again from it, not sampled anew.
+    ctx.declare_resumable("metrics.jsonl", LOG_FOLDER)
+    source = RolloutBatches(buffer, log, layout, steps)
     heldout = None
     if request.environment.problems("eval"):
         heldout = HeldOutEvaluation(request.environment, tokenizer, request.sampling, compute_dtype=request.trainer.compute_dtype,
