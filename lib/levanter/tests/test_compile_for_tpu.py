@@ -9,7 +9,9 @@ XLA compiles for their devices the real TPU programs, Pallas kernels included
 - the blocked cross-entropy of the output layer;
 - the whole training step of a Llama and of an MoE with scanned layers, under every remat policy,
   sharded fsdp over four chips, each reporting its compiled memory per chip (``record_property``;
-  ``pytest --junitxml`` keeps it) and checked against a count from the config.
+  ``pytest --junitxml`` keeps it) and checked against a count from the config, and its matmul FLOPs
+  per step (``levanter.trainer.step_flops``) against the config's own arithmetic;
+- a step too large for its chips, read as DoesNotFit with the bytes XLA asked for.
 """
 
 import dataclasses
@@ -29,7 +31,8 @@ from levanter.models.moe import MoeConfig
 from levanter.models.transformer import REMAT_POLICIES
 from levanter.optim import AdamConfig
 from levanter.trainer import MeshConfig, TrainerConfig
-from levanter.trainer.ahead_of_time import compile_train_step, tpu_topology_devices
+from levanter.trainer.ahead_of_time import DoesNotFit, compile_train_step, tpu_topology_devices
+from levanter.trainer.step import prefers_fused_loss
 
 pytestmark = [
     pytest.mark.slow,
@@ -109,6 +112,31 @@ def expected_state_bytes_per_chip(config, chips: int) -> int:
     return 3 * 4 * config.num_parameters(VOCAB) // chips
 
 
+def expected_matmul_flops_per_token(config, remat: str, tokens: int, chips: int) -> float:
+    """The config's own count (``flops_per_token``: 6N + attention), less attention's products (in the
+    splash kernel, which the FLOP count lists apart), plus the matmuls the remat policy reruns before
+    each layer's backward, at 2 FLOPs per weight and token:
+
+    - "full" and "save_attention" rerun the layer's forward: every matmul but the Llama MLP's down
+      projection, whose output the backward does not need (an MoE's experts' down projections are
+      rerun: the router weights' gradient needs the experts' outputs);
+    - "save_matmuls" keeps the projections' outputs; an MoE reruns its experts' grouped matmuls,
+      which that policy does not keep.
+
+    The blocked loss, where the step uses it, reruns the output layer in its backward."""
+    count = config.flops_per_token(VOCAB, T) - config.attention_flops_per_token(T)
+    moe = isinstance(config, MoeConfig)
+    experts = config.num_experts_per_token * config.expert_parameters() if moe else 0
+    if remat in ("full", "save_attention"):
+        router_and_mlp = config.hidden_dim * config.num_experts + experts if moe else 2 * config.hidden_dim * config.intermediate_dim
+        count += 2 * config.num_layers * (config.attention_parameters() + router_and_mlp)
+    elif remat == "save_matmuls":
+        count += 2 * config.num_layers * experts
+    if prefers_fused_loss(config, tokens, chips):
+        count += 2 * VOCAB * config.hidden_dim
+    return count
+
+
 @pytest.mark.parametrize("remat", REMAT_POLICIES)
 @pytest.mark.parametrize("family", ["llama", "moe"])
 def test_the_training_step_compiles_for_a_v5e_slice_under_every_remat_policy(family, remat, record_property):
@@ -127,4 +155,31 @@ def test_the_training_step_compiles_for_a_v5e_slice_under_every_remat_policy(fam
     assert 0 < memory.total < 16 * 2**30
     # fsdp gathers each layer's weights and scatters its gradients: collectives in every layer.
     assert step.collectives.counts.get("all-gather", 0) >= config.num_layers
+    # Matmul FLOPs per chip, loops at their trip counts, against the config's arithmetic. The program
+    # also multiplies small things that count leaves out, a few thousand FLOPs per token and layer
+    # beside the weights' 2 x 590k: the attention backward's per-head row sums (2 x heads x head_dim)
+    # and, in the MoE, the products weighing each token's experts by its router weights (about
+    # 3 x top-k x hidden): 0.01% of the Llama's step, 0.08% of the MoE's; hence 0.2%.
+    record_property("flops_per_chip", step.step_flops.per_chip)
+    expected = expected_matmul_flops_per_token(config, remat, B * T, 4) * B * T / 4
+    assert step.step_flops.per_chip == pytest.approx(expected, rel=2e-3)
+    # The splash kernel runs forward and backward in each layer, and forward again where remat reruns
+    # attention ("full", "save_matmuls"); "save_attention" keeps its output instead.
+    runs = 2 if remat in ("none", "save_attention") else 3
+    assert step.step_flops.kernels == {"splash_attention": runs * config.num_layers}
+
+
+def test_a_step_too_large_for_its_chips_does_not_fit_with_the_bytes_xla_asked_for():
+    # 2,048 rows of 512 tokens on four v5e chips, nothing rematerialised: tens of GiB of activations a chip.
+    devices = tpu_topology_devices(TOPOLOGIES["v5e"])
+    trainer = TrainerConfig(num_train_steps=10, batch_size=2048, mesh=MeshConfig(data=1, fsdp=len(devices)))
+    step = compile_train_step(lambda key: LLAMA.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1),
+                              seq_len=T, devices=devices)
+    assert isinstance(step, DoesNotFit) and not step.fits
+    assert step.available_bytes == pytest.approx(15.75 * 2**30, rel=1e-3)  # v5e's 16 GiB less the runtime's share
+    assert step.needed_bytes > step.available_bytes
+    assert step.mesh["fsdp"] == 4 and step.device_kind == "TPU v5 lite"
+    # The FLOPs are known without the compiled program: they come from the lowered one.
+    assert step.step_flops.per_chip == pytest.approx(
+        expected_matmul_flops_per_token(LLAMA, "none", 2048 * T, 4) * 2048 * T / 4, rel=1e-3)
 

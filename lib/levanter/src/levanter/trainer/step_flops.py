@@ -34,6 +34,7 @@ _MESH = re.compile(r'sdy\.mesh<\[([^\]]*)\]>')
 _MESH_AXIS = re.compile(r'\\?"([\w\-]+)\\?"=(\d+)')
 _MANUAL_AXES = re.compile(r'manual_axes\{([^}]*)\}')
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_RAGGED = re.compile(r"lhs_ragged_dims=\{([\d,]*)\}")
 _DIM_LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
 _KERNEL_TARGET = 'custom_call_target="tpu_custom_call"'
 # A shard_map's body, as JAX names it in the lowered program.
@@ -90,7 +91,14 @@ def _matmul_flops(instruction: Instruction, shapes: dict[str, str]) -> float:
         contracting = _CONTRACTING.search(instruction.attributes)
         if lhs is None or contracting is None:
             return 0.0
-        per_element = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d)
+        dims = [int(d) for d in contracting.group(1).split(",") if d]
+        per_element = math.prod(lhs[d] for d in dims)
+        ragged = _RAGGED.search(instruction.attributes)
+        if ragged and any(int(d) in dims for d in ragged.group(1).split(",") if d):
+            # Ragged along the summed dimension (a weight gradient per group): the result holds one
+            # [K, N] per group, each summing only its group's rows, so 1/groups of the rows per element.
+            groups = _operand_dims(instruction.operands[2], shapes) if len(instruction.operands) > 2 else None
+            per_element /= groups[-1] if groups else 1
     return 2.0 * math.prod(result) * per_element
 
 
