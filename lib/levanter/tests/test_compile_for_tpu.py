@@ -31,6 +31,7 @@ from levanter.models.moe import MoeConfig
 from levanter.models.transformer import REMAT_POLICIES
 from levanter.optim import AdamConfig
 from levanter.trainer import MeshConfig, TrainerConfig
+from levanter.trainer.ahead_of_time import TOPOLOGY_PREFIXES as TOPOLOGY_KINDS
 from levanter.trainer.ahead_of_time import DoesNotFit, compile_train_step, tpu_topology_devices
 from levanter.trainer.step import prefers_fused_loss
 
@@ -47,6 +48,21 @@ B, T, H, KV, D = 8, 512, 4, 2, 128
 
 def sharded(shape, dtype, sharding):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def test_every_tpu_slice_of_frays_table_is_a_topology_libtpu_describes():
+    from fray.cluster.accelerators import tpu_slice, tpu_types
+
+    for name in tpu_types():
+        tpu = tpu_slice(name)
+        if tpu.chips == 1:  # libtpu describes no single chip; a plan takes one device of a 2x2
+            continue
+        devices = tpu_topology_devices(tpu.topology)
+        assert len(devices) == tpu.chips, (name, tpu.topology)
+        assert devices[0].device_kind == TOPOLOGY_KINDS[tpu.generation.chip]
+    # Several slices: each device knows its slice.
+    two = tpu_topology_devices("v5e:2x2", slices=2)
+    assert len(two) == 8 and {device.slice_index for device in two} == {0, 1}
 
 
 def attention_program(devices, dtype):

@@ -56,7 +56,9 @@ class StepMemory:
     ``arguments``: the state and batch coming in; ``outputs``: the state and metrics going out;
     ``aliased``: the part of the outputs written in place of donated arguments (the state), so
     counted once; ``temporaries``: everything else alive at the step's peak (activations, gradients,
-    workspace). ``generated_code``: the program itself.
+    workspace). ``generated_code``: the program itself. ``peak``: XLA's own peak of the bytes alive at
+    once, the figure it holds against the chip's memory (None where the compiler does not say); the
+    sum in ``total`` can exceed it, as not every temporary and argument is alive at the same time.
     """
 
     arguments: int
@@ -64,6 +66,7 @@ class StepMemory:
     aliased: int
     temporaries: int
     generated_code: int
+    peak: int | None = None
 
     @property
     def total(self) -> int:
@@ -79,6 +82,7 @@ class StepMemory:
             aliased=int(stats.alias_size_in_bytes),
             temporaries=int(stats.temp_size_in_bytes),
             generated_code=int(stats.generated_code_size_in_bytes),
+            peak=int(stats.peak_memory_in_bytes) if getattr(stats, "peak_memory_in_bytes", None) else None,
         )
 
 

@@ -96,8 +96,11 @@ class StepPlan:
 
     @property
     def per_chip_bytes(self) -> int | None:
-        """What one chip holds (compiled), or what XLA asked for (refused)."""
-        return self.result.memory.total if isinstance(self.result, CompiledStep) else self.result.needed_bytes
+        """What one chip holds at the step's peak (compiled: XLA's peak, else the sum of its parts),
+        or what XLA asked for (refused)."""
+        if isinstance(self.result, CompiledStep):
+            return self.result.memory.peak or self.result.memory.total
+        return self.result.needed_bytes
 
     @property
     def available_bytes(self) -> int:

@@ -177,7 +177,8 @@ def _record(plan: StepPlan, change: Change | None) -> dict[str, Any]:
     if isinstance(result, CompiledStep):
         memory = result.memory
         record["memory"] = {"arguments": memory.arguments, "temporaries": memory.temporaries, "outputs": memory.outputs,
-                            "aliased": memory.aliased, "generated_code": memory.generated_code, "total": memory.total}
+                            "aliased": memory.aliased, "generated_code": memory.generated_code, "total": memory.total,
+                            "peak": memory.peak}
         record["collectives"] = result.collectives.summary()
     else:
         record["refusal"] = result.message
@@ -204,8 +205,9 @@ def _describe(record: dict[str, Any]) -> list[str]:
     if "memory" in record:
         memory = record["memory"]
         lines.append(f"  HBM/chip   arguments {_size(memory['arguments'])}, temporaries {_size(memory['temporaries'])}, "
-                     f"outputs {_size(memory['outputs'])} ({_size(memory['aliased'])} of them in place of the arguments), "
-                     f"total {_gib(memory['total'])} of {_gib(record['hbm_bytes'])}")
+                     f"outputs {_size(memory['outputs'])} ({_size(memory['aliased'])} of them in place of the arguments): "
+                     f"{_gib(memory['total'])} together, {_gib(record['per_chip_bytes'])} alive at the peak (XLA's count), "
+                     f"of {_gib(record['hbm_bytes'])}")
     if record["flops_per_step"] is not None:
         kernels = ", ".join(f"{name} x{count}" for name, count in record["kernels_not_counted"].items())
         lines.append(f"  FLOPs      {record['flops_per_step']:.3g} per step in matmuls, {record['flops_per_chip']:.3g} per chip"
