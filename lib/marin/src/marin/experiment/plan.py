@@ -113,6 +113,13 @@ class StepPlan:
         return flops.per_chip if flops is not None else None
 
     @property
+    def caveat(self) -> str:
+        """What the compiled step leaves out of the step that will run, when anything."""
+        left_out = [what for what, present in (("LoRA's adapters (the plan trains every weight)", self.request.lora),
+                                               ("DPO's reference model pass", self.request.dpo)) if present is not None]
+        return f"compiled as language-model training; not in the plan: {', '.join(left_out)}" if left_out else ""
+
+    @property
     def model_flops_per_step(self) -> float | None:
         """The model's own count (``flops_per_token``: 6N plus attention) for one step's tokens, all chips."""
         count = getattr(self.request.model, "flops_per_token", None)
@@ -128,7 +135,16 @@ class Change:
     plan: StepPlan
 
     def describe(self) -> str:
-        return ", ".join(f"{key}={value!r}" for key, value in self.settings.items())
+        """The change as ``train_lm``'s arguments: ``model=dataclasses.replace(model, remat='full'), microbatch_size=64``."""
+        written = []
+        for key, value in self.settings.items():
+            if key.startswith("model."):
+                written.append(f"model=dataclasses.replace(model, {key.removeprefix('model.')}={value!r})")
+            elif key == "resources":
+                written.append(f"resources=ResourceConfig.{value}")
+            else:
+                written.append(f"{key}={value!r}")
+        return ", ".join(written)
 
 
 def plan_step(step: str, request: TrainingRequest, resources: ResourceConfig, vocab_size: int) -> StepPlan:

@@ -156,7 +156,7 @@ def _record(plan: StepPlan, change: Change | None) -> dict[str, Any]:
         "slices": pod.slices,
         "chips": pod.chips,
         "device_kind": result.device_kind,
-        "note": pod.note,
+        "note": "; ".join(note for note in (pod.note, plan.caveat) if note),
         "mesh": result.mesh,
         "model": type(model).__name__,
         "remat": getattr(model, "remat", None),
@@ -226,8 +226,8 @@ def _describe(record: dict[str, Any]) -> list[str]:
     if suggestion is None:
         lines.append("  no change tried fits (remat, smaller microbatches, a larger slice): use more chips or a smaller model")
     else:
-        lines.append(f"  change     {suggestion['text']} in train_lm(...): fits, {_gib(suggestion['per_chip_bytes'])} per chip "
-                     f"(planned: compiled in {suggestion['compile_seconds']} s)")
+        lines.append(f"  change     train_lm(..., {suggestion['text']}) fits: {_gib(suggestion['per_chip_bytes'])} per chip "
+                     f"(planned: compiled in {suggestion['compile_seconds']} s; a new hash for the step, as the model and batch are hashed)")
     return lines
 
 
