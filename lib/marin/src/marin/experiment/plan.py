@@ -27,16 +27,15 @@ from typing import Any
 from fray.cluster import ResourceConfig
 from fray.cluster.accelerators import tpu_slice
 from fray.cluster.resources import TpuDevice
-from levanter.models.transformer import REMAT_POLICIES
-from levanter.trainer import MeshConfig, MeshConfigError, TrainerConfigError
+from levanter.trainer import MeshConfig, MeshConfigError
 from levanter.trainer.ahead_of_time import CompiledStep, DoesNotFit, compile_train_step, tpu_topology_devices
 from levanter.trainer.mesh_choice import choose_mesh, resource_devices
 from marin.errors import MarinError
 from marin.experiment.train_step import TrainingRequest
 
-# Remat policies from the most activations kept per layer to the fewest (transformer.REMAT_POLICIES).
+# The remat policies (levanter.models.transformer.REMAT_POLICIES) from the most activations kept per
+# layer to the fewest; a model with another policy is not offered a stronger one.
 REMAT_BY_MEMORY = ("none", "save_matmuls", "save_attention", "full")
-assert set(REMAT_BY_MEMORY) == set(REMAT_POLICIES)
 # At most this many changes are planned in search of one that fits (each is a compile).
 MAX_CHANGES_TRIED = 8
 
@@ -189,13 +188,18 @@ def _next_change(request: TrainingRequest, resources: ResourceConfig) -> tuple[d
     if rows % 2 == 0 and _splits(half, trainer.mesh):
         return {"microbatch_size": half}, dataclasses.replace(request, trainer=dataclasses.replace(trainer, microbatch_size=half)), resources
     bigger = _bigger_slice(resources)
-    if bigger is not None:
+    if bigger is None:
+        return None
+    # The microbatches as they are, else the whole batch, where the larger mesh cannot split them.
+    for microbatch in dict.fromkeys((trainer.microbatch_size, None)):
         try:
-            mesh = choose_mesh(bigger, request.model, trainer.batch_size, microbatch_size=trainer.microbatch_size)
+            mesh = choose_mesh(bigger, request.model, trainer.batch_size, microbatch_size=microbatch)
         except MeshConfigError:
-            return None
-        return ({"resources": resource_devices(bigger).resources},
-                dataclasses.replace(request, trainer=dataclasses.replace(trainer, mesh=mesh)), bigger)
+            continue
+        change = {"resources": resource_devices(bigger).resources}
+        if microbatch != trainer.microbatch_size:
+            change["microbatch_size"] = microbatch
+        return change, dataclasses.replace(request, trainer=dataclasses.replace(trainer, mesh=mesh, microbatch_size=microbatch)), bigger
     return None
 
 
@@ -208,14 +212,10 @@ def _bigger_slice(resources: ResourceConfig) -> ResourceConfig | None:
     """The same generation's slice of twice the chips, when there is one."""
     device = resources.device
     tpu = tpu_slice(device.type)
-    sizes = tpu.generation.sizes
-    larger = [size for size in sizes if size == 2 * tpu.size]
+    larger = [size for size in tpu.generation.sizes if size == 2 * tpu.size]
     if not larger:
         return None
-    try:
-        return ResourceConfig.with_tpu(f"{tpu.generation.name}-{larger[0]}", slice_count=device.slice_count)
-    except (ValueError, TrainerConfigError):
-        return None
+    return ResourceConfig.with_tpu(f"{tpu.generation.name}-{larger[0]}", slice_count=device.slice_count)
 
 
 __all__ = ["Change", "MAX_CHANGES_TRIED", "PlanError", "Pod", "StepPlan", "find_fitting_change", "plan_step", "pod_of"]

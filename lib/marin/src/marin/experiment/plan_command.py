@@ -23,20 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from levanter.errors import LevanterError
-from levanter.trainer.ahead_of_time import CompiledStep
-from levanter.trainer.mesh_choice import resource_devices
 from rigging.config.discovery import discover_config
 
-from marin.errors import MarinError
-from marin.execution.artifact import load_artifact
 from marin.execution.commands import script_settings
-from marin.execution.executor_files import STATUS_SUCCESS, read_status
 from marin.execution.run_defaults import RunOverrides
 from marin.execution.script_launch import declared_steps
-from marin.experiment.plan import Change, PlanError, StepPlan, find_fitting_change, plan_step, pod_of
-from marin.experiment.train import training_request_of
-from marin.processing.tokenize import TokenizedDataset
+
+# JAX, levanter and the planner are imported when a plan is asked for, not whenever `marin` starts.
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
@@ -66,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def plan_command(args: argparse.Namespace) -> int:
+    from levanter.errors import LevanterError
+
+    from marin.errors import MarinError
+    from marin.experiment.plan import PlanError
+    from marin.experiment.train import training_request_of
+
     script = Path(args.script)
     if not script.is_file():
         return _refuse(f"no such script {script}")
@@ -107,6 +106,10 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def _plan_one(runner: Any, spec: Any, request: Any, vocab_size: int | None) -> dict[str, Any]:
+    from levanter.trainer.mesh_choice import resource_devices
+
+    from marin.experiment.plan import find_fitting_change, plan_step, pod_of
+
     pod = pod_of(spec.resources)
     if pod is None:
         return {"step": spec.name, "resources": resource_devices(spec.resources).resources, "planned": False,
@@ -127,6 +130,11 @@ def _plan_one(runner: Any, spec: Any, request: Any, vocab_size: int | None) -> d
 
 def _vocab_of_datasets(runner: Any, spec: Any, request: Any) -> int:
     """The vocabulary of the datasets' tokenizer, read from their finished tokenize steps (read only)."""
+    from marin.execution.artifact import load_artifact
+    from marin.execution.executor_files import STATUS_SUCCESS, read_status
+    from marin.experiment.plan import PlanError
+    from marin.processing.tokenize import TokenizedDataset
+
     sizes, missing = set(), []
     for handle in request.weights:
         output = runner.output_path_for(handle)
@@ -144,8 +152,11 @@ def _vocab_of_datasets(runner: Any, spec: Any, request: Any) -> int:
     return max(sizes)
 
 
-def _record(plan: StepPlan, change: Change | None) -> dict[str, Any]:
-    """One step's plan as plain data (the JSON object, and what the text is written from)."""
+def _record(plan: Any, change: Any) -> dict[str, Any]:
+    """One step's plan (a :class:`marin.experiment.plan.StepPlan`) and the change that fits it, when
+    it does not, as plain data: the JSON object, and what the text is written from."""
+    from levanter.trainer.ahead_of_time import CompiledStep
+
     result, pod = plan.result, plan.pod
     model = plan.request.model
     record: dict[str, Any] = {
