@@ -187,7 +187,8 @@ def test_the_tutorial_with_llama_8b_on_a_v5e_256_plans_a_change_that_fits_and_th
     assert suggestion["per_chip_bytes"] < plan["available_bytes"]
     assert not prefix.exists()  # nothing ran, nothing was written
 
-    # The change, applied to the script, plans as fitting.
+    # The change, applied to the script, plans as fitting: the script then declares the very settings the
+    # plan compiled (which this process compiles once: marin.experiment.plan._compiled).
     change = suggestion["change"]
     assert set(change) <= {"model.remat", "microbatch_size"}, change
     model = f'dataclasses.replace(llama_8b, remat={change["model.remat"]!r})' if "model.remat" in change else "llama_8b"

@@ -55,8 +55,8 @@ class StepFlops:
 def count_step_flops(lowered_hlo_text: str, num_devices: int) -> StepFlops:
     """The FLOPs of every matmul in ``lowered_hlo_text`` (see the module docstring), per chip of ``num_devices``."""
     program = parse_hlo(lowered_hlo_text)
-    mesh = {axis: int(size) for axis, size in _MESH_AXIS.findall(_MESH.search(lowered_hlo_text).group(1))} \
-        if _MESH.search(lowered_hlo_text) else {}
+    declared = _MESH.search(lowered_hlo_text)  # the mesh's axes and sizes, as the program declares them
+    mesh = {axis: int(size) for axis, size in _MESH_AXIS.findall(declared.group(1))} if declared else {}
     # Weighted by how many devices' worth of the global arrays each computation's shapes stand for.
     shares = program.executions(scale=lambda caller, instruction, callee: _local_factor(caller, instruction, callee, mesh))
     calls = program.executions()

@@ -20,6 +20,7 @@ device knowing its slice, with data parallelism across the slices as the mesh ha
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,12 +152,18 @@ def plan_step(step: str, request: TrainingRequest, resources: ResourceConfig, vo
     pod = pod_of(resources)
     if pod is None:
         raise PlanError(f"Step {step!r} runs on {resource_devices(resources).resources}: compiling ahead is for TPUs.")
-    build = getattr(request.model, "build", None)
-    if not callable(build):
+    if not callable(getattr(request.model, "build", None)):
         raise PlanError(f"Step {step!r}: the plan builds the model from its config, and {type(request.model).__name__} has no build().")
-    result = compile_train_step(lambda key: build(vocab_size, key=key), request.trainer, request.optimizer,
-                                seq_len=request.seq_len, devices=pod.devices())
-    return StepPlan(step, pod, request, vocab_size, result)
+    return StepPlan(step, pod, request, vocab_size, _compiled(request.model, request.optimizer, request.trainer,
+                                                              request.seq_len, pod, vocab_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled(model: Any, optimizer: Any, trainer: Any, seq_len: int, pod: Pod, vocab_size: int) -> CompiledStep | DoesNotFit:
+    """The step these settings compile to, compiled once per process: a change found to fit, planned
+    again as a script that applies it (the same settings), is not compiled twice."""
+    return compile_train_step(lambda key: model.build(vocab_size, key=key), trainer, optimizer, seq_len=seq_len,
+                              devices=pod.devices())
 
 
 def find_fitting_change(plan: StepPlan, resources: ResourceConfig,
