@@ -21,8 +21,9 @@ Each plan's memory per chip is pinned against a count from the config (:func:`me
   position); two float32 blocks of logits for the blocked loss (its block and its gradient); and the
   attention kernel's float32 statistics where "save_attention" keeps them.
 
-The plans take minutes of compiling each (the step of a scanned 8B for 256 chips: 2 to 4 minutes
-of CPU here), so they are marked slow.
+Each plan compiles for hundreds of chips, 1.5 to 3 minutes of CPU each here (the 8B's search for a
+change that fits, three compiles of which one is refused early), so they are marked slow, and the
+test run spreads them over its workers one test at a time (conftest.py).
 """
 
 from __future__ import annotations
