@@ -22,8 +22,9 @@ Each plan's memory per chip is pinned against a count from the config (:func:`me
   attention kernel's float32 statistics where "save_attention" keeps them.
 
 Each plan compiles for hundreds of chips, 1.5 to 3 minutes of CPU each here (the 8B's search for a
-change that fits, three compiles of which one is refused early), so they are marked slow, and the
-test run spreads them over its workers one test at a time (conftest.py).
+change that fits is two compiles, the first refused within seconds; the change applied is the second
+again, not compiled twice), so they are marked slow, and the test run spreads them over its workers
+one test at a time (conftest.py).
 """
 
 from __future__ import annotations
