@@ -78,9 +78,10 @@ SHARED_WORKER = {
     ),
 }
 _GROUP_OF_FILE = {path: group for group, paths in SHARED_WORKER.items() for path in paths}
-# Test files spread over the workers test by test: each test is long (a docs page runs its commands)
-# and what they share is built once for the whole run, not per module (see the file).
-SPREAD_BY_TEST = ("tests/test_docs.py",)
+# Test files spread over the workers test by test: each test is long (a docs page runs its commands;
+# a pod's plan compiles for hundreds of chips) and what they share is built once for the whole run,
+# not per module (see the file).
+SPREAD_BY_TEST = ("tests/test_docs.py", "tests/test_pod_plans.py")
 
 
 @pytest.hookimpl(optionalhook=True)

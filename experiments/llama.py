@@ -33,17 +33,23 @@ llama_300m = LlamaConfig(hidden_dim=768, intermediate_dim=2688, num_layers=12, n
 llama_600m = LlamaConfig(hidden_dim=1024, intermediate_dim=3584, num_layers=24, num_heads=16, num_kv_heads=8, max_seq_len=4096)
 llama_1_4b = LlamaConfig(hidden_dim=2048, intermediate_dim=7168, num_layers=16, num_heads=16, num_kv_heads=8, max_seq_len=4096)
 
-# Published architectures.
+# Published architectures, sized for pods: their layers are scanned, so XLA compiles one layer's
+# program instead of each layer's. For a v5e-256 at 256 x 4,096 tokens (`marin plan`,
+# docs/training.md#from-the-tutorial-to-a-pod), XLA took 10 minutes to refuse the unrolled 8B on a
+# busy 2-core machine and 8 seconds to refuse the scanned one, both keeping every activation (remat
+# "none": 15.79 GiB a chip unrolled, 39.51 scanned, which stacks every layer's); with remat
+# "save_matmuls" the scanned 8B fits, 13.49 GiB a chip at XLA's peak.
 llama_8b = LlamaConfig(
     hidden_dim=4096, intermediate_dim=14336, num_layers=32, num_heads=32, num_kv_heads=8,
-    max_seq_len=8192, rope_theta=500_000.0,
+    max_seq_len=8192, rope_theta=500_000.0, use_scan=True,
 )
 llama_13b = LlamaConfig(
     hidden_dim=5120, intermediate_dim=13824, num_layers=40, num_heads=40, num_kv_heads=40, max_seq_len=4096,
+    use_scan=True,
 )
 llama_70b = LlamaConfig(
     hidden_dim=8192, intermediate_dim=28672, num_layers=80, num_heads=64, num_kv_heads=8,
-    max_seq_len=8192, rope_theta=500_000.0,
+    max_seq_len=8192, rope_theta=500_000.0, use_scan=True,
 )
 
 # name -> (config, vocabulary size its name is counted with)

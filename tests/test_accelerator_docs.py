@@ -4,6 +4,7 @@ what one host has. A failure prints the table as it should read."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from fray.cluster.accelerators import TPU_GENERATIONS, TpuGeneration
@@ -63,3 +64,35 @@ def test_every_host_count_in_the_table_is_right_for_each_size():
             for size in map(int, row[1].split(", ")):
                 hosts = size // int(row[3].split(" / ")[1]) if "/" in row[3] else int(row[3])
                 assert hosts == generation.slice(size).hosts, (generation.name, size)
+
+
+CHIPS_SECTION = "### TPU chips: memory and topology"
+CHIPS_HEADER = ["TPU type", "chip", "HBM per chip (GiB)", "topology of each N", "published in"]
+
+
+def expected_chips_table() -> list[list[str]]:
+    """One row per generation: the chip's short name, its HBM, and the grid of each size."""
+    rows = []
+    for generation in TPU_GENERATIONS.values():
+        written = " or ".join(f"`{name}-N`" for name in (generation.name, *generation.aliases))
+        shapes = ", ".join(f"{size}: {shape}" for size, shape in zip(generation.sizes, generation.topologies, strict=True))
+        source = f"[TPU {generation.source.rstrip('/').rsplit('/', 1)[1]}]({generation.source})"
+        rows.append([written, f"`{generation.chip}`", str(generation.hbm_gib), shapes, source])
+    return rows
+
+
+def test_the_pages_chip_table_is_frays_accelerator_table():
+    section = PAGE.read_text().split(CHIPS_SECTION, 1)[1].split("\n#", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in section.splitlines() if line.startswith("|")]
+    assert rows and rows[0] == CHIPS_HEADER
+    expected = expected_chips_table()
+    table = "\n".join("| " + " | ".join(cells) + " |" for cells in [CHIPS_HEADER, ["---"] * len(CHIPS_HEADER), *expected])
+    assert rows[2:] == expected, f"{PAGE.name}, {CHIPS_SECTION}, should read:\n\n{table}"
+
+
+def test_every_topology_has_the_slices_chips():
+    for generation in TPU_GENERATIONS.values():
+        for size in generation.sizes:
+            tpu = generation.slice(size)
+            grid = [int(side) for side in tpu.topology.split(":")[1].split("x")]
+            assert tpu.topology.startswith(f"{generation.chip}:") and math.prod(grid) == tpu.chips, tpu

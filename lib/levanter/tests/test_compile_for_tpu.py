@@ -9,7 +9,9 @@ XLA compiles for their devices the real TPU programs, Pallas kernels included
 - the blocked cross-entropy of the output layer;
 - the whole training step of a Llama and of an MoE with scanned layers, under every remat policy,
   sharded fsdp over four chips, each reporting its compiled memory per chip (``record_property``;
-  ``pytest --junitxml`` keeps it) and checked against a count from the config.
+  ``pytest --junitxml`` keeps it) and checked against a count from the config, and its matmul FLOPs
+  per step (``levanter.trainer.step_flops``) against the config's own arithmetic;
+- a step too large for its chips, read as DoesNotFit with the bytes XLA asked for.
 """
 
 import dataclasses
@@ -30,7 +32,9 @@ from levanter.models.moe import MoeConfig
 from levanter.models.transformer import REMAT_POLICIES
 from levanter.optim import AdamConfig
 from levanter.trainer import MeshConfig, TrainerConfig
-from levanter.trainer.ahead_of_time import compile_train_step, tpu_topology_devices
+from levanter.trainer.ahead_of_time import TOPOLOGY_PREFIXES as TOPOLOGY_KINDS
+from levanter.trainer.ahead_of_time import DoesNotFit, compile_train_step, tpu_topology_devices
+from levanter.trainer.step import prefers_fused_loss
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,6 +49,21 @@ B, T, H, KV, D = 8, 512, 4, 2, 128
 
 def sharded(shape, dtype, sharding):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def test_every_tpu_slice_of_frays_table_is_a_topology_libtpu_describes():
+    from fray.cluster.accelerators import tpu_slice, tpu_types
+
+    for name in tpu_types():
+        tpu = tpu_slice(name)
+        if tpu.chips == 1:  # libtpu describes no single chip; a plan takes one device of a 2x2
+            continue
+        devices = tpu_topology_devices(tpu.topology)
+        assert len(devices) == tpu.chips, (name, tpu.topology)
+        assert devices[0].device_kind == TOPOLOGY_KINDS[tpu.generation.chip]
+    # Several slices: each device knows its slice.
+    two = tpu_topology_devices("v5e:2x2", slices=2)
+    assert len(two) == 8 and {device.slice_index for device in two} == {0, 1}
 
 
 def attention_program(devices, dtype):
@@ -110,6 +129,31 @@ def expected_state_bytes_per_chip(config, chips: int) -> int:
     return 3 * 4 * config.num_parameters(VOCAB) // chips
 
 
+def expected_matmul_flops_per_token(config, remat: str, tokens: int, chips: int) -> float:
+    """The config's own count (``flops_per_token``: 6N + attention), less attention's products (in the
+    splash kernel, which the FLOP count lists apart), plus the matmuls the remat policy reruns before
+    each layer's backward, at 2 FLOPs per weight and token:
+
+    - "full" and "save_attention" rerun the layer's forward: every matmul but the Llama MLP's down
+      projection, whose output the backward does not need (an MoE's experts' down projections are
+      rerun: the router weights' gradient needs the experts' outputs);
+    - "save_matmuls" keeps the projections' outputs; an MoE reruns its experts' grouped matmuls,
+      which that policy does not keep.
+
+    The blocked loss, where the step uses it, reruns the output layer in its backward."""
+    count = config.flops_per_token(VOCAB, T) - config.attention_flops_per_token(T)
+    moe = isinstance(config, MoeConfig)
+    experts = config.num_experts_per_token * config.expert_parameters() if moe else 0
+    if remat in ("full", "save_attention"):
+        router_and_mlp = config.hidden_dim * config.num_experts + experts if moe else 2 * config.hidden_dim * config.intermediate_dim
+        count += 2 * config.num_layers * (config.attention_parameters() + router_and_mlp)
+    elif remat == "save_matmuls":
+        count += 2 * config.num_layers * experts
+    if prefers_fused_loss(config, tokens, chips):
+        count += 2 * VOCAB * config.hidden_dim
+    return count
+
+
 @pytest.mark.parametrize("remat", REMAT_POLICIES)
 @pytest.mark.parametrize("family", ["llama", "moe"])
 def test_the_training_step_compiles_for_a_v5e_slice_under_every_remat_policy(family, remat, record_property):
@@ -128,6 +172,18 @@ def test_the_training_step_compiles_for_a_v5e_slice_under_every_remat_policy(fam
     assert 0 < memory.total < 16 * 2**30
     # fsdp gathers each layer's weights and scatters its gradients: collectives in every layer.
     assert step.collectives.counts.get("all-gather", 0) >= config.num_layers
+    # Matmul FLOPs per chip, loops at their trip counts, against the config's arithmetic. The program
+    # also multiplies small things that count leaves out, a few thousand FLOPs per token and layer
+    # beside the weights' 2 x 590k: the attention backward's per-head row sums (2 x heads x head_dim)
+    # and, in the MoE, the products weighing each token's experts by its router weights (about
+    # 3 x top-k x hidden): 0.01% of the Llama's step, 0.08% of the MoE's; hence 0.2%.
+    record_property("flops_per_chip", step.step_flops.per_chip)
+    expected = expected_matmul_flops_per_token(config, remat, B * T, 4) * B * T / 4
+    assert step.step_flops.per_chip == pytest.approx(expected, rel=2e-3)
+    # The splash kernel runs forward and backward in each layer, and forward again where remat reruns
+    # attention ("full", "save_matmuls"); "save_attention" keeps its output instead.
+    runs = 2 if remat in ("none", "save_attention") else 3
+    assert step.step_flops.kernels == {"splash_attention": runs * config.num_layers}
 
 
 
@@ -151,3 +207,21 @@ def test_save_attention_keeps_the_backward_from_rerunning_the_attention_kernel_o
                                   seq_len=T, devices=devices)
         kernels[remat] = forward_attention_kernels(step.compiled)
     assert kernels == {"full": 2, "save_attention": 1}
+
+
+def test_a_step_too_large_for_its_chips_does_not_fit_with_the_bytes_xla_asked_for():
+    # 5.2B parameters on four v5e chips: the state alone (12 bytes a parameter) is 14.6 GiB a chip, the
+    # gradients 4.9 more; a chip has 16.
+    config = LlamaConfig(hidden_dim=4096, intermediate_dim=14336, num_layers=24, num_heads=32, num_kv_heads=8,
+                         max_seq_len=T, use_scan=True)
+    devices = tpu_topology_devices(TOPOLOGIES["v5e"])
+    trainer = TrainerConfig(num_train_steps=10, batch_size=B, mesh=MeshConfig(data=1, fsdp=len(devices)))
+    step = compile_train_step(lambda key: config.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1),
+                              seq_len=T, devices=devices)
+    assert isinstance(step, DoesNotFit) and not step.fits
+    assert step.available_bytes == pytest.approx(15.75 * 2**30, rel=1e-3)  # v5e's 16 GiB less the runtime's share
+    assert step.needed_bytes > 16 * config.num_parameters(VOCAB) / 4
+    assert step.mesh["fsdp"] == 4 and step.device_kind == "TPU v5 lite"
+    # The FLOPs are known without the compiled program: they come from the lowered one.
+    assert step.step_flops.per_chip == pytest.approx(
+        expected_matmul_flops_per_token(config, "none", B * T, 4) * B * T / 4, rel=2e-3)

@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "marin.model_server.cli",  # serve-model
     "marin.slurm_command",  # slurm start, stop, status
     "marin.scaling.cli",  # scaling
+    "marin.experiment.plan_command",  # plan
 ]
 
 

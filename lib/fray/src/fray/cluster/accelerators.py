@@ -1,6 +1,7 @@
 """Accelerator hardware as the cloud publishes it, in one table: for each TPU generation, how a
-slice of each size splits into hosts and what one host has; for each GPU model and GPU machine
-type, how many GPUs, vCPUs and how much memory a machine has.
+slice of each size splits into hosts and what one host has, the chips' arrangement (topology) and
+the memory (HBM) of one chip; for each GPU model and GPU machine type, how many GPUs, vCPUs and how
+much memory a machine has.
 
 This is the only place these figures live. fray reads it to turn ``with_tpu("v5litepod-16")`` into
 one replica per host and the chips each host offers Ray; ``infra`` reads it to check a stack's
@@ -11,6 +12,12 @@ How the names count. A TPU type is ``<generation>-<N>`` as the TPU API (and Ray'
 write it. For v4 and v5p, N counts TensorCores, two per chip (``v4-8`` is 4 chips); for v5e
 (``v5litepod`` to the API) and v6e, N counts chips. ``v5e-N`` is accepted as another spelling of
 ``v5litepod-N`` and means the same slice.
+
+What a topology is. The chips of a slice sit in a grid, two-dimensional for v5e and v6e (a
+v5litepod-256 is 16x16) and three-dimensional for v4 and v5p (a v5p-512's 256 chips are 4x8x8);
+``TpuSlice.topology`` writes it as libtpu's topology descriptions do, ``v5e:16x16``, with the short
+generation name (``TpuGeneration.chip``). A size comes in several shapes; the table holds the one
+the provider lists for it (for v4 and v5p, the most cube-like).
 
 What a host is. Here a host is one TPU VM: one Ray node, one JAX process, one replica of a
 multi-host job. Google's v5e and v6e tables also count physical machines of 8 chips, but a slice of
@@ -58,6 +65,9 @@ class TpuGeneration:
     one_host: tuple[TpuHost, ...]
     multi_host: TpuHost
     source: str  # the provider's page the figures come from
+    chip: str  # the chip's short name, as libtpu's topology descriptions write it: "v5e"
+    hbm_gib: int  # memory (HBM) of one chip, GiB, as the provider lists it
+    topologies: tuple[str, ...]  # the chips' grid for each of ``sizes``, in the same order: "16x16"
 
     def slice(self, size: int) -> TpuSlice:
         return TpuSlice(self, size)
@@ -101,6 +111,16 @@ class TpuSlice:
     def hosts(self) -> int:
         return self.chips // self.host.chips
 
+    @property
+    def topology(self) -> str:
+        """The chips' arrangement as libtpu names it: ``v5e:16x16``, ``v5p:4x8x8``."""
+        shape = self.generation.topologies[self.generation.sizes.index(self.size)]
+        return f"{self.generation.chip}:{shape}"
+
+    @property
+    def hbm_bytes_per_chip(self) -> int:
+        return self.generation.hbm_gib * 2**30
+
 
 # v4: 4 chips per VM (ct4p-hightpu-4t: 240 vCPUs, 407 GB), v4-8 is one VM; the number counts TensorCores.
 # Source: Cloud TPU v4, https://cloud.google.com/tpu/docs/v4 (configurations, VM and host properties),
@@ -122,19 +142,43 @@ _V6E_HOSTS = (TpuHost("ct6e-standard-1t", chips=1, cpus=44, memory_gb=176),
               TpuHost("ct6e-standard-4t", chips=4, cpus=180, memory_gb=720),
               TpuHost("ct6e-standard-8t", chips=8, cpus=180, memory_gb=1440))
 
+# HBM per chip, GiB: v4 32 (https://cloud.google.com/tpu/docs/v4, key specifications), v5p 95 (what
+# remains of 96 physical after the system's reserve, https://cloud.google.com/tpu/docs/v5p), v5e 16
+# (https://cloud.google.com/tpu/docs/v5e), v6e 32 (https://cloud.google.com/tpu/docs/v6e).
+# Topologies: the v5p page's configurations table (2x2x1 for 4 chips ... 16x16x24 for 6,144) and the v4
+# page's topologies, AxBxC with A <= B <= C, the most cube-like shape for the chips (the default shape
+# of that many chips); the chip counts neither page lists (16 chips: v5p-32; 1,536: v4-3072; 3,072:
+# v5p-6144) take that rule's shape. v5e and v6e: their pages' slice shapes (1x1, 2x2, 2x4, 4x4, 4x8,
+# 8x8, 8x16, 16x16).
+_V4_V5P_TOPOLOGIES = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
+                      512: "8x8x8", 768: "8x8x12", 1024: "8x8x16", 1536: "8x12x16", 2048: "8x16x16",
+                      3072: "12x16x16", 4096: "16x16x16", 6144: "16x16x24"}
+_GRID_TOPOLOGIES = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+
+
+def _topologies(sizes: tuple[int, ...], cores_per_chip: int, shapes: dict[int, str]) -> tuple[str, ...]:
+    return tuple(shapes[size // cores_per_chip] for size in sizes)
+
+
+_V4_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+_V5P_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288)
+_GRID_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
+
 TPU_GENERATIONS: dict[str, TpuGeneration] = {
     generation.name: generation
     for generation in (
-        TpuGeneration("v4", (), cores_per_chip=2,
-                      sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096),
-                      one_host=(_V4_HOST,), multi_host=_V4_HOST, source="https://cloud.google.com/tpu/docs/v4"),
-        TpuGeneration("v5p", (), cores_per_chip=2,
-                      sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288),
-                      one_host=(_V5P_HOST,), multi_host=_V5P_HOST, source="https://cloud.google.com/tpu/docs/v5p"),
-        TpuGeneration("v5litepod", ("v5e",), cores_per_chip=1, sizes=(1, 4, 8, 16, 32, 64, 128, 256),
-                      one_host=_V5E_HOSTS, multi_host=_V5E_HOSTS[1], source="https://cloud.google.com/tpu/docs/v5e"),
-        TpuGeneration("v6e", (), cores_per_chip=1, sizes=(1, 4, 8, 16, 32, 64, 128, 256),
-                      one_host=_V6E_HOSTS, multi_host=_V6E_HOSTS[1], source="https://cloud.google.com/tpu/docs/v6e"),
+        TpuGeneration("v4", (), cores_per_chip=2, sizes=_V4_SIZES, one_host=(_V4_HOST,), multi_host=_V4_HOST,
+                      source="https://cloud.google.com/tpu/docs/v4", chip="v4", hbm_gib=32,
+                      topologies=_topologies(_V4_SIZES, 2, _V4_V5P_TOPOLOGIES)),
+        TpuGeneration("v5p", (), cores_per_chip=2, sizes=_V5P_SIZES, one_host=(_V5P_HOST,), multi_host=_V5P_HOST,
+                      source="https://cloud.google.com/tpu/docs/v5p", chip="v5p", hbm_gib=95,
+                      topologies=_topologies(_V5P_SIZES, 2, _V4_V5P_TOPOLOGIES)),
+        TpuGeneration("v5litepod", ("v5e",), cores_per_chip=1, sizes=_GRID_SIZES, one_host=_V5E_HOSTS,
+                      multi_host=_V5E_HOSTS[1], source="https://cloud.google.com/tpu/docs/v5e", chip="v5e", hbm_gib=16,
+                      topologies=_topologies(_GRID_SIZES, 1, _GRID_TOPOLOGIES)),
+        TpuGeneration("v6e", (), cores_per_chip=1, sizes=_GRID_SIZES, one_host=_V6E_HOSTS,
+                      multi_host=_V6E_HOSTS[1], source="https://cloud.google.com/tpu/docs/v6e", chip="v6e", hbm_gib=32,
+                      topologies=_topologies(_GRID_SIZES, 1, _GRID_TOPOLOGIES)),
     )
 }
 _BY_ANY_NAME = {name: gen for gen in TPU_GENERATIONS.values() for name in (gen.name, *gen.aliases)}

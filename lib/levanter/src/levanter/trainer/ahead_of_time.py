@@ -9,7 +9,8 @@ real TPU program, Pallas kernels included, and XLA's own analyses of that progra
 
 - the bytes each chip holds while the step runs (arguments, outputs, temporaries; donated
   arguments counted once), :class:`StepMemory`;
-- the step's FLOPs per chip from the compiled cost analysis;
+- the step's matmul FLOPs per chip, every loop's body counted as often as it runs
+  (:mod:`levanter.trainer.step_flops`; XLA's cost analysis counts a loop's body once);
 - the collectives per step (all-reduce, all-gather, reduce-scatter, all-to-all, permutes), each
   counted as many times as the loops around it run (:mod:`levanter.trainer.collectives`).
 
@@ -20,6 +21,7 @@ anyone pays for the chips.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from levanter.trainer.initial_state import optimizer_state_shardings
 from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
 from levanter.trainer.state import TrainState
 from levanter.trainer.step import DeviceBatch, build_step_functions
+from levanter.trainer.step_flops import StepFlops, count_step_flops
 
 
 class AheadOfTimeError(LevanterError, ValueError):
@@ -53,7 +56,9 @@ class StepMemory:
     ``arguments``: the state and batch coming in; ``outputs``: the state and metrics going out;
     ``aliased``: the part of the outputs written in place of donated arguments (the state), so
     counted once; ``temporaries``: everything else alive at the step's peak (activations, gradients,
-    workspace). ``generated_code``: the program itself.
+    workspace). ``generated_code``: the program itself. ``peak``: XLA's own peak of the bytes alive at
+    once, the figure it holds against the chip's memory (None where the compiler does not say); the
+    sum in ``total`` can exceed it, as not every temporary and argument is alive at the same time.
     """
 
     arguments: int
@@ -62,10 +67,12 @@ class StepMemory:
     temporaries: int
     generated_code: int
     host: int = 0  # arguments kept in the host's memory (offloaded optimizer state): not on the chip
+    peak: int | None = None
 
     @property
     def total(self) -> int:
-        """Peak bytes per chip: what must fit in its memory."""
+        """Every byte the step holds on the chip, summed as if all were alive at once: an upper bound
+        of ``peak``."""
         return self.arguments + self.outputs - self.aliased + self.temporaries + self.generated_code
 
     @classmethod
@@ -78,6 +85,7 @@ class StepMemory:
             temporaries=int(stats.temp_size_in_bytes),
             generated_code=int(stats.generated_code_size_in_bytes),
             host=int(getattr(stats, "host_argument_size_in_bytes", 0)),
+            peak=int(stats.peak_memory_in_bytes) if getattr(stats, "peak_memory_in_bytes", None) else None,
         )
 
 
@@ -90,9 +98,12 @@ class CompiledStep:
     device_kind: str
     num_devices: int
     memory: StepMemory
-    flops: float | None  # per chip per step, from the compiled cost analysis
+    flops: float | None  # XLA's compiled cost analysis per chip: a loop's body counted once, so not per step
     collectives: CollectiveCounts
     compile_seconds: float
+    step_flops: StepFlops | None = None  # matmul FLOPs per chip per step, loops counted in full
+
+    fits = True  # XLA compiles only a step whose memory fits its chips
 
     def summary(self) -> dict[str, Any]:
         """Plain data for a JSON line."""
@@ -102,19 +113,78 @@ class CompiledStep:
             "mesh": self.mesh,
             "memory": {**dataclasses.asdict(self.memory), "total": self.memory.total},
             "flops_per_chip": self.flops,
+            "step_flops": self.step_flops.summary() if self.step_flops is not None else None,
             "collectives": self.collectives.summary(),
             "compile_seconds": round(self.compile_seconds, 2),
         }
 
 
+@dataclass(frozen=True)
+class DoesNotFit:
+    """A step XLA refused to compile because one chip's memory cannot hold it: the bytes it asked for
+    and the bytes it had (XLA's figures, to its two decimals of a GiB), read from its refusal."""
+
+    mesh: dict[str, int]
+    device_kind: str
+    num_devices: int
+    needed_bytes: int | None  # None where the refusal names no figure this reads
+    available_bytes: int | None
+    message: str  # XLA's refusal, first line
+    compile_seconds: float
+    step_flops: StepFlops | None = None  # known from the lowered program, before compiling
+
+    fits = False
+
+    @classmethod
+    def read(cls, error: Exception) -> "DoesNotFit | None":
+        """The refusal in ``error``, or None when ``error`` is not XLA running out of memory."""
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if "RESOURCE_EXHAUSTED" not in message or "memory" not in message.lower():
+            return None
+        needed, available = _oom_figures(message)
+        return cls(mesh={}, device_kind="", num_devices=0, needed_bytes=needed, available_bytes=available,
+                   message=message, compile_seconds=0.0)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "device_kind": self.device_kind,
+            "num_devices": self.num_devices,
+            "mesh": self.mesh,
+            "needed_bytes": self.needed_bytes,
+            "available_bytes": self.available_bytes,
+            "message": self.message,
+            "step_flops": self.step_flops.summary() if self.step_flops is not None else None,
+            "compile_seconds": round(self.compile_seconds, 2),
+        }
+
+
+# XLA's two ways of saying it: "the total memory required for HLO temporaries (39.51G) exceeds available
+# HBM (15.75G)" (a figure that counts the arguments too) and "Used 18.74G of 15.75G hbm". G is a GiB.
+_REQUIRED = re.compile(r"\(([\d.]+)([KMGT])i?B?\) exceeds available \w+ \(([\d.]+)([KMGT])i?B?\)")
+_USED = re.compile(r"Used ([\d.]+)([KMGT])i?B? of ([\d.]+)([KMGT])i?B? \w+")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _oom_figures(message: str) -> tuple[int | None, int | None]:
+    found = _REQUIRED.search(message) or _USED.search(message)
+    if found is None:
+        return None, None
+    need, need_unit, have, have_unit = found.groups()
+    return int(float(need) * _UNIT[need_unit]), int(float(have) * _UNIT[have_unit])
+
+
 # TPU generations as libtpu's topology descriptions name them (``v5e:2x2``), by the device kind
 # a chip of each reports.
 TOPOLOGY_PREFIXES = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
+# libtpu describes a v4 chip's two TensorCores as two devices unless asked for megacore, the one
+# device a chip that a v4 program runs on.
+_TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
 
 
-def tpu_topology_devices(topology: str) -> list:
+def tpu_topology_devices(topology: str, *, slices: int = 1) -> list:
     """The devices of a TPU topology such as ``"v5e:2x2"``, ``"v5e:16x16"`` or ``"v5p:4x4x4"``,
-    compiled for without a chip (needs ``libtpu`` installed beside jaxlib).
+    compiled for without a chip (needs ``libtpu`` installed beside jaxlib); with ``slices`` > 1, that
+    many such slices, each device carrying its ``slice_index``.
 
     libtpu refuses single-chip topologies; take one device of ``"v5e:2x2"`` for one chip.
     """
@@ -122,8 +192,11 @@ def tpu_topology_devices(topology: str) -> list:
         from jax.experimental import topologies
     except ImportError as e:  # pragma: no cover - every supported JAX has it
         raise AheadOfTimeError(f"This JAX cannot describe TPU topologies: {e}") from None
+    options = dict(_TOPOLOGY_OPTIONS.get(topology.partition(":")[0], {}))
+    if slices > 1:
+        options["num_slices"] = slices
     try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **options).devices)
     except Exception as e:  # libtpu missing, or a topology it does not know
         raise AheadOfTimeError(
             f"Cannot describe TPU topology {topology!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}. "
@@ -240,7 +313,7 @@ def compile_train_step(
     devices: Sequence[Any],
     compute_dtype: str | None = None,
     segments: bool = True,
-) -> CompiledStep:
+) -> CompiledStep | DoesNotFit:
     """Lower and compile the training step of ``init_model``'s model for a mesh of ``devices``.
 
     ``config.mesh`` gives the mesh's shape (one axis may be -1: the rest of the devices);
@@ -249,7 +322,8 @@ def compile_train_step(
     whether batches carry document ids (packed documents, as the loader makes them).
 
     A step that needs more memory than the chip has is not an error here: XLA's refusal is read
-    into :class:`DoesNotFit`, which carries the bytes it asked for.
+    into :class:`DoesNotFit`, which carries the bytes it asked for. The step's FLOPs are counted
+    from the lowered program either way (:mod:`levanter.trainer.step_flops`).
     """
     mesh = mesh_of(devices, config.mesh)
     check_batch_splits(config, mesh)
@@ -260,17 +334,25 @@ def compile_train_step(
     rate = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
     started = time.perf_counter()
     lowered = train_step.lower(state, batch, rate)
-    compiled = lowered.compile()
+    step_flops = count_step_flops(lowered.as_text(dialect="hlo"), int(mesh.devices.size))
+    placement = {"mesh": {axis: int(size) for axis, size in mesh.shape.items()},
+                 "device_kind": str(mesh.devices.flat[0].device_kind), "num_devices": int(mesh.devices.size)}
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # XLA raises its own runtime error type; anything but running out of memory propagates
+        refusal = DoesNotFit.read(e)
+        if refusal is None:
+            raise
+        return dataclasses.replace(refusal, **placement, step_flops=step_flops, compile_seconds=time.perf_counter() - started)
     seconds = time.perf_counter() - started
     return CompiledStep(
         compiled=compiled,
-        mesh={axis: int(size) for axis, size in mesh.shape.items()},
-        device_kind=str(mesh.devices.flat[0].device_kind),
-        num_devices=int(mesh.devices.size),
+        **placement,
         memory=StepMemory.of(compiled),
         flops=_flops(compiled),
         collectives=count_collectives(compiled.as_text()),
         compile_seconds=seconds,
+        step_flops=step_flops,
     )
 
 

@@ -30,7 +30,7 @@ import os
 import posixpath
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from levanter.errors import LevanterError
@@ -45,9 +45,7 @@ from marin.execution.executor_files import STATUS_SUCCESS, read_info, read_statu
 from marin.execution.output_comparison import OutputComparison, Placement, compare_outputs
 from marin.execution.output_reuse import OutputPathConflict, check_recorded_identity
 from marin.execution.run_defaults import RunOverrides
-from marin.execution.run_report import RunReport
-from marin.execution.script_launch import prefix_in_environment, run_script
-from marin.execution.step_graph import collect_steps
+from marin.execution.script_launch import declared_steps, prefix_in_environment
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 
@@ -87,18 +85,6 @@ class Reproduction:
     inputs: dict[str, str]  # dependency name -> the folder it was read from
     comparison: OutputComparison
     kept: bool  # whether the rerun's folder is still there
-
-
-@dataclass
-class _Declared:
-    """Every step a script's runs declared, with the runner each was given to."""
-
-    steps: list[tuple[StepRunner, StepSpec]] = field(default_factory=list)
-
-    def take(self, runner: StepRunner, roots: list[StepSpec]) -> RunReport:
-        known = {spec.identity for _, spec in self.steps}
-        self.steps.extend((runner, spec) for spec in collect_steps(roots) if spec.identity not in known)
-        return RunReport(dry_run=True, prefix=runner.prefix)
 
 
 def reproduce(request: ReproduceRequest) -> Reproduction:
@@ -141,15 +127,14 @@ def _is_absolute(path: str | None) -> bool:
 
 
 def _declared_steps(request: ReproduceRequest) -> list[tuple[StepRunner, StepSpec]]:
-    declared = _Declared()
     overrides = RunOverrides(prefix=request.prefix, settings=request.settings, config_files=request.config_files)
-    launched = run_script(request.script, request.script_args, overrides, take_run=declared.take)
+    declared, launched = declared_steps(request.script, request.script_args, overrides)
     if launched.runs_started == 0:
         raise ReproduceError(f"{request.script} never called StepRunner().run(...), so it declares no step to reproduce.")
     unread = launched.unread_config_names()
     if unread:
         raise ReproduceError(f"settings were given for {', '.join(unread)}, which {request.script} never read.")
-    return declared.steps
+    return declared
 
 
 def _find_step(request: ReproduceRequest) -> tuple[StepRunner, StepSpec]:

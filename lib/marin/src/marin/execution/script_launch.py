@@ -1,7 +1,7 @@
 """Run a user's script as ``python SCRIPT.py ARGS`` would, inside a launch (see :mod:`run_defaults`).
 
 The one way the command line starts a script: ``marin run`` to run its steps, ``marin reproduce``
-to read which steps it declares. The script sees the ``sys.argv`` and ``sys.path[0]`` that
+and ``marin plan`` to read which steps it declares (:func:`declared_steps`, which runs none). The script sees the ``sys.argv`` and ``sys.path[0]`` that
 ``python`` would give it, and ``MARIN_PREFIX`` set to the launch's prefix (for anything in the
 script, or its subprocesses, that reads the prefix itself); all three are restored afterwards,
 whatever the script raised.
@@ -14,10 +14,13 @@ import os
 import runpy
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from marin.execution.run_defaults import Launch, RunOverrides, launch
+from marin.execution.run_report import RunReport
+from marin.execution.step_graph import collect_steps
 
 
 def run_script(
@@ -39,6 +42,26 @@ def run_script(
     return launched
 
 
+@dataclass
+class _Declared:
+    """Every step a script's runs declared, with the runner each was given to."""
+
+    steps: list[tuple[Any, Any]] = field(default_factory=list)  # (StepRunner, StepSpec)
+
+    def take(self, runner: Any, roots: list[Any]) -> RunReport:
+        known = {spec.identity for _, spec in self.steps}
+        self.steps.extend((runner, spec) for spec in collect_steps(roots) if spec.identity not in known)
+        return RunReport(dry_run=True, prefix=runner.prefix)
+
+
+def declared_steps(script: Path, script_args: Sequence[str], overrides: RunOverrides) -> tuple[list[tuple[Any, Any]], Launch]:
+    """Every step ``script`` declares, each with the runner it was handed to (dependencies included,
+    each once), and the launch: its runs return a dry run's report and run nothing."""
+    declared = _Declared()
+    launched = run_script(script, script_args, overrides, take_run=declared.take)
+    return declared.steps, launched
+
+
 @contextlib.contextmanager
 def prefix_in_environment(prefix: str | None) -> Iterator[None]:
     """``MARIN_PREFIX`` set to ``prefix`` (when given) for the block, as it was afterwards."""
@@ -54,4 +77,4 @@ def prefix_in_environment(prefix: str | None) -> Iterator[None]:
             os.environ["MARIN_PREFIX"] = saved
 
 
-__all__ = ["prefix_in_environment", "run_script"]
+__all__ = ["declared_steps", "prefix_in_environment", "run_script"]

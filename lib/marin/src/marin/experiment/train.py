@@ -258,6 +258,8 @@ def train_lm(
     def run(ctx) -> TrainedModel:
         return _trained_model(request, run_training(ctx, request))
 
+    run.training_request = request  # what `marin plan` compiles (training_request_of)
+
     hash_attrs = {
         "model": model,  # a frozen dataclass: hashed with its class name
         "optimizer": optimizer.to_dict(),
@@ -290,6 +292,12 @@ def train_lm(
         # Placement, beside the resources it comes from: recorded in .executor_info, shown by a dry run.
         annotations={"mesh": mesh.sizes()},
     )
+
+
+def training_request_of(step: LazyStep) -> TrainingRequest | None:
+    """What a training step (``train_lm``, ``sft``, ``dpo``) was declared with; None for any other step."""
+    request = getattr(getattr(step.fn, "fn", None), "training_request", None)
+    return request if isinstance(request, TrainingRequest) else None
 
 
 def _harness_settings(evals: Any, every: Any, limit: Any, compute_dtype: str, seed: int) -> HarnessSettings | None:
