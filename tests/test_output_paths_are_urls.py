@@ -153,6 +153,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("marin.execution.code_fingerprint", "_parse", "the Python source file a step function was loaded from"),
     Allowed("marin.execution.commands", "run_command", "the user's script on this machine, run with runpy"),
     Allowed("marin.execution.reproduce_command", "reproduce_command", "the user's script on this machine, run with runpy"),
+    Allowed("marin.experiment.plan_command", "plan_command", "the user's script on this machine, run with runpy"),
     Allowed("marin.execution.reproduce", "_resolved", "follows the symbolic links of a path fsx.is_local says is on this machine"),
     Allowed("marin.execution.tensor_diff", "npz_difference", "np.load reads bytes fetched with fsx.open_url, not a path"),
     Allowed("marin.execution.prefix_check", "check_prefix", "returns early unless fsx.is_local(prefix): probes local prefixes only"),

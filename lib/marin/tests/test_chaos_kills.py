@@ -127,7 +127,7 @@ def _chaos_round(workdir: Path, engine: str, engine_env: dict[str, str], seed: i
     rng = random.Random(seed)
     workdir.mkdir(parents=True)
     (workdir / "runner.py").write_text(RUNNER)
-    prefix, iris_home = workdir / "prefix", workdir / "iris"
+    prefix, iris_home = workdir / "prefix", workdir / "iris-home"
     env = {**os.environ, **engine_env, "IRIS_HOME": str(iris_home)}
     launches = [_launch(workdir, prefix, engine, env, 0)]
     kills: list[str] = []

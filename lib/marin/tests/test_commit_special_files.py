@@ -44,7 +44,14 @@ RUNNER = textwrap.dedent(
                 os.mkfifo(special)
             elif kind == "socket":
                 import socket
-                socket.socket(socket.AF_UNIX).bind(special)
+                # Bound by its relative name from inside the folder: a socket's path is limited to
+                # about 107 bytes, and the staging folder's absolute path can be longer.
+                here = os.getcwd()
+                os.chdir(output_path)
+                try:
+                    socket.socket(socket.AF_UNIX).bind("special")
+                finally:
+                    os.chdir(here)
             else:
                 os.symlink({"zero": "/dev/zero", "dangling": "/nowhere/at/all", "outside": "/etc/hostname",
                             "folder": "/tmp"}.get(kind, special), special)

@@ -87,7 +87,7 @@ def full(slurm_cluster, tmp_path):
 def _start(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen:
     (tmp_path / "runner.py").write_text(RUNNER)
     return subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "prefix")], cwd=tmp_path,
-                            env={**env, "IRIS_HOME": str(tmp_path / "iris")}, stdout=subprocess.PIPE,
+                            env={**env, "IRIS_HOME": str(tmp_path / "iris-home")}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -107,7 +107,7 @@ def test_a_replica_queued_when_its_supervisor_dies_is_cancelled_not_left_holding
         # Each of the step's jobs (its supervisor, its replica) carries its execution's tag and a time limit.
         assert len(ours) == 2 and all(job["tag"].startswith("marin-step-") and job["tag"].endswith("-g1") for job in ours), ours
         assert all(job["limit"] not in ("UNLIMITED", "NOT_SET", "") for job in ours), ours
-        (job,) = JobStore(tmp_path / "iris", create=False).all()
+        (job,) = JobStore(tmp_path / "iris-home", create=False).all()
         if also_kill_the_runner:
             runner.kill()
         os.kill(job.supervisor_pid, signal.SIGKILL)
@@ -152,7 +152,7 @@ def test_a_job_that_cannot_start_is_stopped_after_the_start_timeout_naming_where
 
     env, _ = full
     monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
-    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris"))
+    monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
     monkeypatch.setattr(iris_steps, "START_TIMEOUT_S", 5.0)
     step = StepSpec("never-placed", _never_called, resources=ResourceConfig.with_cpu(cpu=1, ram="256m"))
     started = time.monotonic()

@@ -84,7 +84,7 @@ def test_marin_run_on_iris_slurm_without_a_controller_is_one_line_naming_marin_s
         pytest.skip("this machine has a Slurm configuration")
     (tmp_path / "exp.py").write_text(textwrap.dedent(EXPERIMENT))
     env = {**os.environ, "MARIN_CLUSTER": "iris:slurm", "MARIN_PREFIX": str(tmp_path / "prefix"),
-           "IRIS_HOME": str(tmp_path / "iris"), STATE_DIR_ENV: str(tmp_path / "no-private-slurm")}
+           "IRIS_HOME": str(tmp_path / "iris-home"), STATE_DIR_ENV: str(tmp_path / "no-private-slurm")}
     env.pop("SLURM_CONF", None)
     if slurm_conf == "names-no-file":
         env["SLURM_CONF"] = str(tmp_path / "nowhere" / "slurm.conf")

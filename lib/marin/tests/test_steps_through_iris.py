@@ -217,7 +217,7 @@ def _assert_attempts_on_the_serve_step_page(train: str, job_attempts: list[int])
 
 
 def _through_iris(inputs, tmp_path, engine_env: dict[str, str], preempt: Callable[[Path], None], uninterrupted: dict) -> None:
-    prefix, iris_home = tmp_path / "prefix", tmp_path / "iris"
+    prefix, iris_home = tmp_path / "prefix", tmp_path / "iris-home"
     env = {**engine_env, "MARIN_PREFIX": str(prefix), "IRIS_HOME": str(iris_home)}
     driver = _run_graph(inputs, tmp_path / "driver", env)
     try:
@@ -333,7 +333,7 @@ def _chaos_round(inputs: Path, workdir: Path, engine_env: dict[str, str], seed: 
     import random
 
     rng = random.Random(seed)
-    prefix, iris_home = workdir / "prefix", workdir / "iris"
+    prefix, iris_home = workdir / "prefix", workdir / "iris-home"
     env = {**engine_env, "MARIN_PREFIX": str(prefix), "IRIS_HOME": str(iris_home)}
     launches = [_run_graph(inputs, workdir / "driver-0", env)]
     kills: list[str] = []

@@ -236,7 +236,7 @@ def test_iris_retries_a_marin_run_preempted_by_sigterm_and_it_resumes_to_success
     root, prefix = workspace
     bin_folder = Path(sys.executable).parent
     seed = 4
-    env = {**os.environ, "IRIS_HOME": str(tmp_path / "iris")}
+    env = {**os.environ, "IRIS_HOME": str(tmp_path / "iris-home")}
     command = [
         str(bin_folder / "iris"), "job", "run", "--name", "exp", "--max-retries-preemption", "2", "--wait", "--",
         str(bin_folder / "marin"), "run", str(root / "run.py"), "--", str(root / "inputs"), str(prefix), str(seed),
