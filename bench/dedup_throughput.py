@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -147,7 +148,9 @@ def clustered_pairs(clusters: dict[str, str]) -> set[tuple[str, str]]:
 
 # -- the signature kernel against dupekit -----------------------------------------------------------
 
-STORIES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinystories" / "train.jsonl"
+# The shared sample: under MARIN_TEST_DATA when set (a worktree has no shared/ beside it), else beside the checkout.
+SHARED = Path(os.environ.get("MARIN_TEST_DATA") or Path(__file__).resolve().parents[1].parent / "shared")
+STORIES = SHARED / "data" / "tinystories" / "train.jsonl"
 KERNEL_WORK = {"ngram": 5, "num_perm": 286, "bands": 26, "rows": 11, "batch": 512}
 
 # Runs in the upstream interpreter: argv[1] is a JSON file of texts, argv[2] the work; prints one JSON object.

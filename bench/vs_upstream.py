@@ -30,8 +30,11 @@ Comparisons (``--only NAME,...``; a name that is no comparison's selects those i
   repeat, most of it upstream's first run).
 
 Speed ratios are ours over upstream's throughput (>= 1: ours is faster); memory ratios ours over
-upstream's peak RSS (<= 1: ours uses less). Without a usable ``--upstream-python`` it prints how to
-make one and exits 0.
+upstream's peak RSS (<= 1: ours uses less). Each comparison needs some of upstream's packages
+(training: ``marin-levanter`` and ``marin-haliax``; MinHash and exact keys: ``marin-dupekit``;
+tokenizing and the engine: ``marin-core``): those the upstream interpreter lacks are skipped, each
+named with what it lacks. Without a usable ``--upstream-python``, or when it can run none of the
+chosen comparisons, it prints how to make one and exits 0.
 
 Usage: ``python bench/vs_upstream.py --upstream-python /tmp/upstream-venv/bin/python [--repeats 3]
 [--only train_a,minhash] [--json] [--tiny]``.
@@ -56,13 +59,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 SIDES = BENCH / "vs_upstream_sides"
-SHARED = ROOT.parent / "shared"
+# The shared sample: under MARIN_TEST_DATA when set (a worktree has no shared/ beside it), else beside the checkout.
+SHARED = Path(os.environ.get("MARIN_TEST_DATA") or ROOT.parent / "shared")
 STORIES = SHARED / "data" / "tinystories" / "train.jsonl"
 GPT2 = SHARED / "tokenizers" / "gpt2"
 sys.path.insert(0, str(BENCH))  # dedup_throughput's corpus and dupekit worker are reused
 from process_sampler import tree_pids  # noqa: E402
 
 UPSTREAM_PACKAGES = ("marin-core", "marin-levanter", "marin-haliax", "marin-dupekit")
+TRAINING_PACKAGES = ("marin-levanter", "marin-haliax")
 MAKE_UPSTREAM_ENV = (
     "/root/.pyenv/versions/3.12.1/bin/python -m venv /tmp/upstream-venv",
     "/tmp/upstream-venv/bin/pip install marin-levanter marin-haliax marin-core marin-dupekit",
@@ -174,6 +179,7 @@ class Comparison:
     work: str
     same: tuple[str, ...] = ()  # keys of the JSON lines that must agree, or the comparison is refused
     timeout: float = 900.0
+    needs: tuple[str, ...] = UPSTREAM_PACKAGES  # upstream's distributions its upstream side imports
 
 
 def per_second(count_key: str) -> Callable[[dict], float]:
@@ -215,7 +221,7 @@ def train_comparison(name: str, shape: dict, layout: str, tiny: bool) -> Compari
         f"{shape['layers']} layers, hidden {shape['hidden']}, vocabulary {shape['vocab']}, sequence {shape['seq_len']}, "
         f"batch {shape['batch']}, f32, AdamW + clipping at 1.0; {warmup} warm-up then {steps} timed steps; "
         + ("both unrolled, no remat" if layout == "unrolled" else "each side's default layer layout and trainer"),
-        same=("parameters",), timeout=1800)
+        same=("parameters",), timeout=1800, needs=TRAINING_PACKAGES)
 
 
 def plan(args: argparse.Namespace, inputs: dict[str, str]) -> list[Comparison]:
@@ -232,7 +238,8 @@ def plan(args: argparse.Namespace, inputs: dict[str, str]) -> list[Comparison]:
         ["-c", DUPEKIT_WORKER, inputs["texts"], json.dumps(KERNEL_WORK)],
         (Metric("minhash", "docs/s", per_second("documents")),),
         "character 5-grams, 286 permutations, 26 bands x 11 rows, batches of 512 texts in memory; each side "
-        "normalises its own way first (ours: NFKC + lower case + whitespace; dupekit: CleanText)", same=("documents",)))
+        "normalises its own way first (ours: NFKC + lower case + whitespace; dupekit: CleanText)", same=("documents",),
+        needs=("marin-dupekit",)))
     for work, name in (("equal", "exact_keys"), ("own", "exact_keys_own")):
         found.append(Comparison(
             name, [str(SIDES / "ours_data.py"), "exact-keys", inputs["texts"], f"--work={work}"],
@@ -241,7 +248,7 @@ def plan(args: argparse.Namespace, inputs: dict[str, str]) -> list[Comparison]:
             "equal: both normalise with the same definition (NFKC, lower case, whitespace runs to one space) inside the "
             "timed region, then BLAKE2b (ours hashlib, 128-bit digest; upstream dupekit over Arrow batches, 512-bit)"
             if work == "equal" else "NOT equal work: each side's own exact-document key (ours normalise + BLAKE2b-128; "
-            "upstream xxh3-128 of the raw text)", same=("documents", "distinct_keys")))
+            "upstream xxh3-128 of the raw text)", same=("documents", "distinct_keys"), needs=("marin-dupekit",)))
     for docs_key, name in (("docs", "tokenize"), ("docs_100k", "tokenize_100k")):
         if docs_key in inputs:
             found.append(Comparison(
@@ -249,7 +256,7 @@ def plan(args: argparse.Namespace, inputs: dict[str, str]) -> list[Comparison]:
                 [str(SIDES / "upstream_data.py"), "tokenize", inputs[docs_key], str(GPT2)],
                 (Metric(name, "docs/s", per_second("documents")),),
                 "the same jsonl of TinyStories documents, GPT-2 tokenizer, each side's own cache builder end to end "
-                "(tokens differ only by the special tokens each appends)", same=("documents",)))
+                "(tokens differ only by the special tokens each appends)", same=("documents",), needs=("marin-core",)))
     for count in (5, 20) if args.tiny else (300, 3000, 30000) if args.engine_30k else (300, 3000):
         found.append(Comparison(
             f"engine_{count}", [str(SIDES / "ours_engine.py"), f"--steps={count}"],
@@ -258,7 +265,7 @@ def plan(args: argparse.Namespace, inputs: dict[str, str]) -> list[Comparison]:
              Metric(f"engine_{count}_rerun", "ms/step", ms_per_step("rerun_s"), higher_is_better=False)),
             f"{count} trivial steps and one root depending on them, the root given to a fresh StepRunner at its default "
             "concurrency; first run, then all cached (the median of five reruns, each a fresh runner on the DAG declared "
-            "again)", same=("steps",), timeout=max(900.0, count * 0.06)))
+            "again)", same=("steps",), timeout=max(900.0, count * 0.06), needs=("marin-core",)))
     return found
 
 
@@ -322,11 +329,13 @@ def summarise(comparison: Comparison, runs: dict[str, list[Run]]) -> list[dict]:
 
 
 def upstream_versions(python: str | None) -> dict[str, str] | None:
-    """Upstream's package versions in ``python``, or None when it is missing or lacks one of them."""
+    """The versions of upstream's packages installed in ``python`` (those it lacks are left out) and
+    its Python's, or None when the interpreter is missing or does not run."""
     if not python or not os.path.exists(python):
         return None
-    code = ("import json, importlib.metadata as m, sys; "
-            f"print(json.dumps({{p: m.version(p) for p in {list(UPSTREAM_PACKAGES)!r}}} | {{'python': sys.version.split()[0]}}))")
+    code = ("import json, importlib.metadata as m, sys\n"
+            f"found = {{'python': sys.version.split()[0]}}\nfor p in {list(UPSTREAM_PACKAGES)!r}:\n"
+            "    try: found[p] = m.version(p)\n    except m.PackageNotFoundError: pass\nprint(json.dumps(found))")
     try:
         done = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -353,17 +362,25 @@ def our_versions() -> dict[str, str]:
     return found
 
 
+def document_counts(args: argparse.Namespace) -> dict[str, int]:
+    """The tokenize comparisons' inputs: each jsonl's key and how many documents it holds."""
+    return {"docs": 200 if args.tiny else 10_000, **({"docs_100k": 100_000} if args.tokenize_100k else {})}
+
+
+def input_paths(folder: Path, args: argparse.Namespace) -> dict[str, str]:
+    """Where ``write_inputs`` puts each input (the texts of the dedup comparisons, the tokenize documents)."""
+    return {"texts": str(folder / "texts.json"), **{key: str(folder / f"{key}.jsonl") for key in document_counts(args)}}
+
+
 def write_inputs(folder: Path, args: argparse.Namespace) -> dict[str, str]:
     """The texts of the dedup comparisons (a JSON list) and the tokenize documents (jsonl), shared by both sides."""
     from dedup_throughput import kernel_corpus
 
-    inputs = {"texts": str(folder / "texts.json")}
+    inputs = input_paths(folder, args)
     with open(inputs["texts"], "w") as handle:
         json.dump(kernel_corpus(200 if args.tiny else args.kernel_docs), handle)
     stories = [json.loads(line)["text"] for line in STORIES.read_text().splitlines()]
-    sizes = {"docs": 200 if args.tiny else 10_000, **({"docs_100k": 100_000} if args.tokenize_100k else {})}
-    for key, count in sizes.items():
-        inputs[key] = str(folder / f"{key}.jsonl")
+    for key, count in document_counts(args).items():
         with open(inputs[key], "w") as handle:
             handle.writelines(json.dumps({"text": stories[i % len(stories)]}) + "\n" for i in range(count))
     return inputs
@@ -378,6 +395,7 @@ def table(results: list[dict], environment: dict) -> str:
              f"ours: {', '.join(f'{k} {v}' for k, v in ours.items())}",
              f"machine: {environment['machine']['cpu']}, {environment['machine']['cores']} cores, load average "
              f"{environment['machine']['load_average_at_start']} at start, {environment['load_average_at_end']} at end",
+             *(f"skipped {name}: {reason}" for name, reason in environment.get("skipped", {}).items()),
              "",
              "| comparison | unit | ours | upstream | ratio | CPU s ours / upstream | compile s ours / upstream |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -411,10 +429,20 @@ def _figure(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def explain_setup(python: str | None) -> str:
+def missing_packages(comparison: Comparison, versions: dict[str, str]) -> list[str]:
+    """Upstream's packages ``comparison`` needs that the upstream interpreter lacks."""
+    return [package for package in comparison.needs if package not in versions]
+
+
+def skipped_reason(missing: list[str], python: str) -> str:
+    return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed in {python}"
+
+
+def explain_setup(python: str | None, skipped: list[tuple[Comparison, list[str]]] = ()) -> str:
+    lacking = sorted({package for _, missing in skipped for package in missing})
     reason = ("no --upstream-python given" if not python else
-              f"{python} does not exist" if not os.path.exists(python) else
-              f"{python} lacks one of {', '.join(UPSTREAM_PACKAGES)}")
+              f"{python} does not exist or does not run" if not skipped else
+              f"{python} lacks {', '.join(lacking)}, which every chosen comparison needs")
     return (f"Nothing compared: {reason}. Upstream Marin must live in an environment of its own (it installs the same "
             "import names as ours). Make one with:\n\n    " + "\n    ".join(MAKE_UPSTREAM_ENV) +
             "\n\nthen run:  python bench/vs_upstream.py --upstream-python /tmp/upstream-venv/bin/python")
@@ -437,12 +465,22 @@ def main(argv: list[str] | None = None) -> int:
     if versions is None:
         print(explain_setup(args.upstream_python))
         return 0
-    environment = {"upstream": versions, "ours": our_versions(), "machine": machine()}
+    # Chosen on the inputs' paths; they are written once something is known to run.
+    chosen = select(plan(args, input_paths(Path("inputs"), args)), args.only)
+    skipped = [(c, missing) for c in chosen if (missing := missing_packages(c, versions))]
+    if len(skipped) == len(chosen):
+        print(explain_setup(args.upstream_python, skipped))
+        return 0
+    for comparison, missing in skipped:
+        print(f"{comparison.name} skipped: {skipped_reason(missing, args.upstream_python)}", file=sys.stderr, flush=True)
+    environment = {"upstream": versions, "ours": our_versions(), "machine": machine(),
+                   "skipped": {c.name: skipped_reason(missing, args.upstream_python) for c, missing in skipped}}
     results = []
     with tempfile.TemporaryDirectory(prefix="vs-upstream-") as folder:
         inputs = write_inputs(Path(folder), args)
         interpreters = {"ours": [args.ours_python], "upstream": [args.upstream_python, "-I"]}
-        for comparison in select(plan(args, inputs), args.only):
+        planned = {c.name: c for c in plan(args, inputs)}
+        for comparison in [planned[c.name] for c in chosen if c.name not in environment["skipped"]]:
             try:
                 runs = run_alternately(comparison, interpreters, folder, args.repeats)
             except SideFailed as failure:
@@ -453,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             results.extend(summarise(comparison, runs))
     environment["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
+        for name, reason in environment["skipped"].items():
+            print(json.dumps({"name": name, "skipped": reason, "environment": environment}))
         for result in results:
             print(json.dumps({**result, "environment": environment}))
     else:

@@ -34,6 +34,33 @@ def test_without_an_upstream_environment_it_prints_how_to_make_one_and_succeeds(
     assert "--upstream-python /tmp/upstream-venv/bin/python" in done.stdout
 
 
+def test_comparisons_the_upstream_environment_cannot_run_are_skipped_and_named(monkeypatch, capsys):
+    # An environment with upstream's trainer but not its dedup kernels (dupekit has no build of
+    # every release): training runs, MinHash is skipped with what it lacks.
+    monkeypatch.setattr(vs_upstream, "upstream_versions",
+                        lambda python: {"python": "3.11.7", "marin-levanter": "0.2.20", "marin-haliax": "0.2.20"})
+    monkeypatch.setattr(vs_upstream, "write_inputs", vs_upstream.input_paths)
+    ran = []
+
+    def fake_runs(comparison, interpreters, folder, repeats):
+        ran.append(comparison.name)
+        return {side: [Run({"tokens_per_s": 10.0, "parameters": 7, "first_step_s": 1.0}, 1.0, 100.0)]
+                for side in ("ours", "upstream")}
+
+    monkeypatch.setattr(vs_upstream, "run_alternately", fake_runs)
+    assert vs_upstream.main(["--upstream-python", "/up/python", "--tiny", "--only", "minhash,train_a", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert ran == ["train_a"]
+    assert lines[0] == {"name": "minhash", "skipped": "marin-dupekit is not installed in /up/python",
+                        "environment": lines[0]["environment"]}
+    assert [line["name"] for line in lines[1:]] == ["train_a", "train_a_peak_rss"]
+
+    # Nothing it can run: how to make an environment, naming what is missing.
+    assert vs_upstream.main(["--upstream-python", "/up/python", "--only", "minhash,engine"]) == 0
+    out = capsys.readouterr().out
+    assert "Nothing compared: /up/python lacks marin-core, marin-dupekit" in out and PIP_LINE in out
+
+
 def test_our_training_side_counts_the_parameters_our_config_says_and_reports_rates(tmp_path):
     from levanter.models.llama import LlamaConfig
 

@@ -19,6 +19,26 @@ def test_linear_contracts_trailing_input_dims():
         Linear((2,), (4,), in_axes=("a", "b"), out_axes=("c",), key=jax.random.PRNGKey(0))
 
 
+def test_linear_over_batch_and_sequence_gives_the_contraction_and_its_gradients():
+    # [batch, seq, heads, head_dim] -> [batch, seq, embed]: on a CPU the rows are flattened first.
+    layer = Linear((2, 3), (4,), in_axes=("heads", "head_dim"), out_axes=("embed",), key=jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 2, 3))
+
+    def reference(weight, x):
+        return jnp.einsum("bshd,hde->bse", x, weight, precision="highest")
+
+    y = layer(x)
+    assert y.shape == (3, 5, 4)
+    # Six float32 products summed per output: a few float32 epsilons of the operands' scale.
+    np.testing.assert_allclose(y, reference(layer.weight, x), atol=1e-5)
+    weight_grad, x_grad = jax.grad(lambda w, x: jnp.sum(jnp.sin(eqx.tree_at(lambda l: l.weight, layer, w)(x))),
+                                   argnums=(0, 1))(layer.weight, x)
+    want_weight, want_x = jax.grad(lambda w, x: jnp.sum(jnp.sin(reference(w, x))), argnums=(0, 1))(layer.weight, x)
+    # The weight's gradient sums 15 rows of such products.
+    np.testing.assert_allclose(weight_grad, want_weight, atol=1e-5)
+    np.testing.assert_allclose(x_grad, want_x, atol=1e-5)
+
+
 def test_rms_norm_keeps_dtype_and_normalises():
     norm = RMSNorm(8, eps=0.0)
     x = jnp.arange(16, dtype=jnp.float32).reshape(2, 8) + 1
