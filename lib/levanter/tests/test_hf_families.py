@@ -198,7 +198,7 @@ def test_default_llama_config_records_exactly_as_before_the_family_options():
 
 
 def test_default_llama_config_keeps_its_step_identity():
-    identity = pytest.importorskip("marin.execution.identity")
+    identity = pytest.importorskip("marin.execution.hashing.identity")
     assert identity.canonicalize(LLAMA_NANO) == {"__class__": "LlamaConfig", **LLAMA_NANO_RECORD}
     with_window = identity.canonicalize(dataclasses.replace(LLAMA_NANO, sliding_window=1024))
     assert with_window["sliding_window"] == 1024

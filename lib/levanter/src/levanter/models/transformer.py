@@ -90,7 +90,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # Field metadata for options added to a config after configs of its class were already in use
 # (hashed into step identities, written to records). Such a field is left out of ``to_dict`` while
-# it holds its default, and marin.execution.identity leaves it out of a step's identity the same
+# it holds its default, and marin.execution.hashing.identity leaves it out of a step's identity the same
 # way, so adding an option changes neither the record nor the hash of any existing config.
 OMIT_WHEN_DEFAULT = {"omit_when_default": True}
 
