@@ -31,7 +31,6 @@ from levanter.models.lm import LmOutput, soft_cap
 from levanter.models.transformer import (
     ACTIVATIONS,
     LAYER_TYPES,
-    OMIT_WHEN_DEFAULT,
     QK_NORM_SCOPES,
     Attention,
     ConfigError,
@@ -41,6 +40,7 @@ from levanter.models.transformer import (
     build_layers,
     run_layers,
 )
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT
 
 
 # Where LlamaDecoderLayer puts its RMSNorms (LlamaConfig.norm_placement).

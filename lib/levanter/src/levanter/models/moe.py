@@ -32,7 +32,8 @@ from haliax.partitioning import constrain
 from levanter.models.expert_parallel import expert_placement, grouped_experts
 from levanter.models.llama import _trunk
 from levanter.models.lm import LmOutput
-from levanter.models.transformer import OMIT_WHEN_DEFAULT, Attention, ConfigError, DecoderShape, GatedMlp, build_layers
+from levanter.models.transformer import Attention, ConfigError, DecoderShape, GatedMlp, build_layers
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from haliax.nn.attention_kernels import SPLASH_RESIDUALS_NAME
 from haliax.partitioning import constrain
 
 from levanter.errors import LevanterError
+from levanter.recorded_fields import fields_to_record
 
 
 class ConfigError(LevanterError, ValueError):
@@ -87,21 +88,6 @@ QK_NORM_SCOPES = ("head", "projection")
 
 # The attention kinds a layer can have, by the names of transformers' ``layer_types``.
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-# Field metadata for options added to a config after configs of its class were already in use
-# (hashed into step identities, written to records). Such a field is left out of ``to_dict`` while
-# it holds its default, and marin.execution.hashing.identity leaves it out of a step's identity the same
-# way, so adding an option changes neither the record nor the hash of any existing config.
-OMIT_WHEN_DEFAULT = {"omit_when_default": True}
-
-
-def fields_to_record(config: Any) -> list[dataclasses.Field]:
-    """The dataclass fields of ``config`` that its record and identity include (see OMIT_WHEN_DEFAULT)."""
-    return [
-        f for f in dataclasses.fields(config)
-        if not (f.metadata.get("omit_when_default") and getattr(config, f.name) == f.default)
-    ]
-
 
 class DecoderShape:
     """What every decoder config (Llama, MoE) derives from its shape fields.
