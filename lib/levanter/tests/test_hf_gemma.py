@@ -59,17 +59,7 @@ def checkpoint(request, tmp_path_factory):
     return case, model, folder
 
 
-def their_logits(model, tokens) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def our_logits(model, tokens):
-    return model(tokens)
-
-
-def test_import_gives_transformers_logits_with_every_option_in_use(checkpoint):
+def test_import_gives_transformers_logits_with_every_option_in_use(checkpoint, hf_comparison):
     case, reference, folder = checkpoint
     ours = import_from_hf(folder)
     config = ours.config
@@ -80,8 +70,8 @@ def test_import_gives_transformers_logits_with_every_option_in_use(checkpoint):
     else:
         assert config.layer_types == ("sliding_attention", "sliding_attention", "full_attention") and config.qk_norm
         assert (config.rope_theta, config.rope_scaling.factor, config.sliding_rope_theta) == (50_000.0, 4.0, 500.0)
-    expected = their_logits(reference, TOKENS)
-    assert np.max(np.abs(np.asarray(our_logits(ours, TOKENS)) - expected)) < LOGIT_TOLERANCE
+    expected = hf_comparison.their_logits(reference, TOKENS)
+    assert np.max(np.abs(hf_comparison.our_logits(ours, TOKENS) - expected)) < LOGIT_TOLERANCE
     # Each option is in play: the same weights without it give logits far from transformers'.
     options = {"attention_scale_dim": None, "sliding_window": 64}  # a window longer than the tokens: none
     options.update({"attention_logit_softcap": None, "final_logit_softcap": None} if case == "gemma2" else {"sliding_rope_theta": None})
@@ -107,13 +97,13 @@ def test_greedy_decoding_equals_transformers_generate(checkpoint):
     np.testing.assert_array_equal(got, expected)
 
 
-def test_export_loads_in_transformers_with_the_same_logits(checkpoint, tmp_path):
+def test_export_loads_in_transformers_with_the_same_logits(checkpoint, tmp_path, hf_comparison):
     case, _, folder = checkpoint
     ours = import_from_hf(folder)
     export_to_hf(ours, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == case
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert np.max(np.abs(np.asarray(our_logits(ours, TOKENS)) - their_logits(again, TOKENS))) < LOGIT_TOLERANCE
+    assert np.max(np.abs(hf_comparison.our_logits(ours, TOKENS) - hf_comparison.their_logits(again, TOKENS))) < LOGIT_TOLERANCE
     assert import_from_hf(tmp_path).config == ours.config
 
 
@@ -208,7 +198,7 @@ def test_training_starts_from_the_checkpoint_and_exports_the_same_family(checkpo
     assert 0 < moved < 2 * steps * learning_rate
 
 
-def test_cached_decoding_gives_the_forward_logits(checkpoint):
+def test_cached_decoding_gives_the_forward_logits(checkpoint, hf_comparison):
     from levanter.inference.sampling import decode, init_cache
 
     _, _, folder = checkpoint
@@ -216,7 +206,7 @@ def test_cached_decoding_gives_the_forward_logits(checkpoint):
     prefix_logits, cache = decode(ours, TOKENS[:, :7], init_cache(ours, 2, 11), 0)
     rest_logits, _ = decode(ours, TOKENS[:, 7:], cache, 7)
     # Same arithmetic as the forward pass but for the order of the attention sums: float32 rounding.
-    np.testing.assert_allclose(np.concatenate([prefix_logits, rest_logits], axis=1), our_logits(ours, TOKENS), atol=1e-5)
+    np.testing.assert_allclose(np.concatenate([prefix_logits, rest_logits], axis=1), hf_comparison.our_logits(ours, TOKENS), atol=1e-5)
 
 
 def test_fused_loss_soft_caps_logits_as_the_forward_pass_does():

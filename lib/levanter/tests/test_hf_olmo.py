@@ -41,51 +41,22 @@ CASES = {
 TOKENS = np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
 
 
-def hf_model(case: str):
-    """A transformers model with every parameter random (norm scales and biases too, which would
-    otherwise start as constants and hide a misplaced tensor)."""
+def hf_model(hf_comparison, case: str):
+    """A transformers model of ``case`` with every parameter random."""
     config_class, kwargs = CASES[case]
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(0.5 + torch.rand(param.shape, generator=generator))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
-    return model
-
-
-def hf_logits(model, tokens=TOKENS) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def our_logits(model, tokens):
-    return model(tokens)
-
-
-def assert_same_logits(ours, expected: np.ndarray) -> None:
-    # Both sides compute in float32 (unit roundoff u = 2^-24 = 6e-8). A logit is the end of about
-    # ten chained roundings of sums of at most 64 terms per layer, two layers: worst-case relative
-    # error ~ 2 * 10 * 64 * u = 8e-5 of the logits' scale; the typical (random-walk) error is ~100x
-    # smaller. 2e-5 of the largest logit sits between the two and far below any wiring mistake,
-    # which moves logits by a sizeable fraction of their scale.
-    tolerance = 2e-5 * float(np.max(np.abs(expected)))
-    np.testing.assert_allclose(np.asarray(our_logits(ours, TOKENS)), expected, rtol=0, atol=tolerance)
+    return hf_comparison.randomized(transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)))
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def imported(request, tmp_path_factory):
+def imported(request, tmp_path_factory, hf_comparison):
     """(case, transformers model, its folder, our import of it)."""
     folder = tmp_path_factory.mktemp(request.param)
-    reference = hf_model(request.param)
+    reference = hf_model(hf_comparison, request.param)
     reference.save_pretrained(folder)
     return request.param, reference, folder, import_from_hf(folder)
 
 
-def test_import_matches_transformers_logits(imported):
+def test_import_matches_transformers_logits(imported, hf_comparison):
     case, reference, _, ours = imported
     config = ours.config
     assert config.norm_placement == "post" and config.qk_norm and config.qk_norm_scope == "projection"
@@ -98,7 +69,7 @@ def test_import_matches_transformers_logits(imported):
         assert config.sliding_rope_theta == 1e4
     else:
         assert config.qkv_bias and config.o_bias and config.head_dim == 16 and config.tie_word_embeddings
-    assert_same_logits(ours, hf_logits(reference))
+    hf_comparison.assert_same_logits(ours, reference, TOKENS)
 
 
 def test_greedy_decoding_matches_transformers_generate(imported):
@@ -111,14 +82,14 @@ def test_greedy_decoding_matches_transformers_generate(imported):
     np.testing.assert_array_equal(ids, expected)
 
 
-def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path):
+def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path, hf_comparison):
     case, _, _, ours = imported
     export_to_hf(ours, tmp_path)
     model_type = case.split("-")[0]
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == model_type
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(again).__name__ == f"{model_type.capitalize()}ForCausalLM"
-    assert_same_logits(ours, hf_logits(again))
+    hf_comparison.assert_same_logits(ours, again, TOKENS)
     assert import_from_hf(tmp_path).config == ours.config
 
 

@@ -50,43 +50,22 @@ LOGITS_ATOL = 1e-4
 TOKENS = np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
 
 
-def reference_model(case: str):
-    """A transformers Qwen3-MoE with every parameter random (norm scales and biases too, which
-    transformers initialises to constants that would hide a misplaced tensor)."""
+def reference_model(hf_comparison, case: str):
+    """A transformers Qwen-MoE of ``case`` with every parameter random (its routers decisive)."""
     config_class, kwargs = CASES[case]
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(0.5 + torch.rand(param.shape, generator=generator))
-            elif name.endswith("mlp.gate.weight"):  # the router: decisive, so routing mismatches show
-                param.copy_(2.0 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
-    return model
-
-
-def their_logits(model) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(TOKENS, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def our_logits(model, tokens):
-    return model(tokens)
+    return hf_comparison.randomized(transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)))
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def imported(request, tmp_path_factory):
+def imported(request, tmp_path_factory, hf_comparison):
     """(case, transformers model, its save_pretrained folder, our import of that folder)."""
-    reference = reference_model(request.param)
+    reference = reference_model(hf_comparison, request.param)
     folder = tmp_path_factory.mktemp(request.param) / "theirs"
     reference.save_pretrained(folder)
     return request.param, reference, folder, import_from_hf(folder, use_scan=request.param == "qwen3-renormalised")
 
 
-def test_import_gives_transformers_logits(imported):
+def test_import_gives_transformers_logits(imported, hf_comparison):
     case, reference, _, ours = imported
     assert isinstance(ours, MoeLMHeadModel)
     config, (config_class, kwargs) = ours.config, CASES[case]
@@ -97,10 +76,10 @@ def test_import_gives_transformers_logits(imported):
         assert config.qkv_bias == config.o_bias == kwargs.get("attention_bias", False)
     else:
         assert not config.qk_norm and config.qkv_bias and not config.o_bias and config.shared_expert_dim == 20
-    np.testing.assert_allclose(our_logits(ours, TOKENS), their_logits(reference), atol=LOGITS_ATOL)
+    np.testing.assert_allclose(hf_comparison.our_logits(ours, TOKENS), hf_comparison.their_logits(reference, TOKENS), atol=LOGITS_ATOL)
 
 
-def test_export_loads_back_in_transformers_with_the_same_logits(imported, tmp_path):
+def test_export_loads_back_in_transformers_with_the_same_logits(imported, tmp_path, hf_comparison):
     case, _, _, ours = imported
     export_to_hf(ours, tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())
@@ -108,7 +87,7 @@ def test_export_loads_back_in_transformers_with_the_same_logits(imported, tmp_pa
     assert written["num_experts"] == 4 and written["moe_intermediate_size"] == 24
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(again).__name__ == type(imported[1]).__name__
-    np.testing.assert_allclose(their_logits(again), our_logits(ours, TOKENS), atol=LOGITS_ATOL)
+    np.testing.assert_allclose(hf_comparison.their_logits(again, TOKENS), hf_comparison.our_logits(ours, TOKENS), atol=LOGITS_ATOL)
     back = import_from_hf(tmp_path)
     assert back.config == dataclasses.replace(ours.config, use_scan=False)
 
@@ -169,7 +148,7 @@ def test_mixtral_export_refuses_the_qwen_options(imported, tmp_path):
         export_moe_to_hf(ours, tmp_path)
 
 
-def test_training_starts_from_the_imported_weights(imported, tmp_path):
+def test_training_starts_from_the_imported_weights(imported, tmp_path, hf_comparison):
     from levanter.main.train_lm import InitialWeights, TrainLmConfig, train_lm
     from levanter.optim import AdamConfig
     from levanter.trainer import MeshConfig, TrainerConfig
@@ -185,7 +164,7 @@ def test_training_starts_from_the_imported_weights(imported, tmp_path):
     result = train_lm(config, source)
     # The first step's loss is the imported model's on the first batch: training started from its weights.
     first = jnp.asarray(source.batch_at(0).tokens)
-    sums = next_token_loss(our_logits(ours, first), first, jnp.ones(first.shape))
+    sums = next_token_loss(hf_comparison.our_logits(ours, first), first, jnp.ones(first.shape))
     first_loss = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert first_loss == pytest.approx(float(sums.loss_sum / sums.weight_sum), rel=1e-5)
     exported = transformers.AutoModelForCausalLM.from_pretrained(result.hf_path)
@@ -223,10 +202,10 @@ def test_a_shared_expert_counts_and_trains_like_the_rest():
     ],
     ids=["a-billion-experts", "fewer-experts", "two-spellings", "more-layers"],
 )
-def test_a_config_the_tensors_contradict_is_refused_naming_both(tmp_path, edits, message):
+def test_a_config_the_tensors_contradict_is_refused_naming_both(tmp_path, edits, message, hf_comparison):
     from levanter.compat.hf_format import CorruptCheckpointError
 
-    reference_model("qwen3-renormalised").save_pretrained(tmp_path)
+    reference_model(hf_comparison, "qwen3-renormalised").save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **edits}))
     with pytest.raises(CorruptCheckpointError, match=message):
