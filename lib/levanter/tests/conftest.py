@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from levanter.models.llama import LlamaConfig
-from levanter.optim import OptimizerConfig
+from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.trainer import Checkpointer, MeshConfig, Trainer, TrainerConfig
 from levanter.trainer.sources import InMemoryWindows
 
@@ -49,6 +49,21 @@ class TransformersComparison:
                     param.copy_(0.15 * torch.randn(param.shape, generator=generator))
         return model.eval()
 
+    def random_model(self, config_class: str, config: dict):
+        """A transformers causal LM of ``config_class`` (a config class's name in transformers),
+        built from ``config``, every parameter random (:meth:`randomized`)."""
+        import transformers
+
+        return self.randomized(transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config)))
+
+    @staticmethod
+    def saved_and_imported(reference, folder, **import_options):
+        """``reference`` saved in ``folder`` as transformers saves it, and our import of that folder."""
+        from levanter.compat.hf_checkpoints import import_from_hf
+
+        reference.save_pretrained(folder)
+        return import_from_hf(folder, **import_options)
+
     def their_logits(self, model, tokens) -> np.ndarray:
         with self.torch.no_grad():
             return model(self.torch.tensor(np.asarray(tokens), dtype=self.torch.long)).logits.numpy()
@@ -70,6 +85,46 @@ class TransformersComparison:
         expected = self.their_logits(theirs, tokens)
         tolerance = 2e-5 * float(np.max(np.abs(expected)))
         np.testing.assert_allclose(self.our_logits(ours, tokens), expected, rtol=0, atol=tolerance)
+
+
+    def assert_same_greedy_decoding(self, ours, theirs, prompt, new_tokens: int = 32) -> None:
+        """Greedy decoding of ``new_tokens`` ids after ``prompt`` gives the same ids from our model and
+        from transformers' ``generate``, told of no end token and given an explicit attention mask
+        (without one it takes the ids equal to its pad id for padding)."""
+        from levanter.inference.sampling import sample
+
+        torch = self.torch
+        prompt = np.asarray(prompt, dtype=np.int32)
+        with torch.no_grad():
+            as_torch = torch.tensor(prompt, dtype=torch.long)
+            expected = theirs.generate(as_torch, attention_mask=torch.ones_like(as_torch), max_new_tokens=new_tokens,
+                                       min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
+        np.testing.assert_array_equal(np.asarray(sample(ours, prompt, max_new_tokens=new_tokens, temperature=0.0)), expected)
+
+    @staticmethod
+    def assert_training_starts_from(folder, model_config, vocab_size: int, output_path: str):
+        """A one-step training run initialised from the transformers checkpoint in ``folder`` exports
+        exactly its weights: the learning rate (1e-30) is far below float32's resolution at every
+        weight's magnitude, so the exported weights are the initial ones. Returns the run's result."""
+        from safetensors.numpy import load_file
+
+        from levanter.main.train_lm import InitialWeights, TrainLmConfig, train_lm
+
+        config = TrainLmConfig(
+            model=model_config,
+            optimizer=AdamConfig(learning_rate=1e-30, weight_decay=0.0),
+            trainer=TrainerConfig(num_train_steps=1, batch_size=8, minutes_per_checkpoint=None),
+            vocab_size=vocab_size,
+            output_path=output_path,
+            initialize_from=InitialWeights(str(folder), "hf"),
+        )
+        result = train_lm(config, InMemoryWindows(np.tile(np.arange(vocab_size), 8), seq_len=16, batch_size=8))
+        assert np.isfinite(result.final_train_loss)
+        source, exported = load_file(os.path.join(folder, "model.safetensors")), load_file(f"{result.hf_path}/model.safetensors")
+        for name, tensor in source.items():
+            if name != "lm_head.weight":  # tied: transformers may store the shared table twice
+                np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
+        return result
 
 
 @pytest.fixture(scope="session")

@@ -46,15 +46,9 @@ CASES = {
 }
 
 
-def hf_model(hf_comparison, case: str):
-    """A transformers model of ``case`` with every parameter random."""
-    config_class, kwargs, _ = CASES[case]
-    return hf_comparison.randomized(transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)))
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_import_and_export_match_transformers_logits(case, tmp_path, hf_comparison, assert_same_logits_as_transformers):
-    reference = hf_model(hf_comparison, case)
+    reference = hf_comparison.random_model(*CASES[case][:2])
     reference.save_pretrained(tmp_path / "theirs")
     ours = import_from_hf(tmp_path / "theirs", use_scan=case in ("qwen2", "gemma"))
     assert isinstance(ours, MoeLMHeadModel if case == "mixtral" else LlamaLMHeadModel)
@@ -69,11 +63,11 @@ def test_import_and_export_match_transformers_logits(case, tmp_path, hf_comparis
 
 
 def test_imported_options_are_the_ones_the_config_names(tmp_path, hf_comparison):
-    hf_model(hf_comparison, "llama3.1").save_pretrained(tmp_path)
+    hf_comparison.random_model(*CASES["llama3.1"][:2]).save_pretrained(tmp_path)
     config = import_from_hf(tmp_path).config
     assert config.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 64)
     assert config.head_dim == 16 and config.qkv_bias and config.o_bias and config.mlp_bias and config.tie_word_embeddings
-    hf_model(hf_comparison, "qwen3").save_pretrained(tmp_path / "q")
+    hf_comparison.random_model(*CASES["qwen3"][:2]).save_pretrained(tmp_path / "q")
     config = import_from_hf(tmp_path / "q").config
     assert config.qk_norm and not config.qkv_bias and config.head_dim == 16
 

@@ -15,7 +15,6 @@ transformers = pytest.importorskip("transformers")
 from levanter.compat.hf_checkpoints import export_to_hf, import_from_hf  # noqa: E402
 from levanter.compat.hf_family import UnsupportedConfigError  # noqa: E402
 from levanter.compat.hf_gemma import gemma2_config_from_hf, gemma3_config_from_hf  # noqa: E402
-from levanter.inference import sample  # noqa: E402
 from levanter.models import ConfigError, LlamaConfig  # noqa: E402
 
 VOCAB = 64
@@ -86,15 +85,9 @@ def _with_option(model, name, value):
     return jax.tree.unflatten(jax.tree.structure(fresh), jax.tree.leaves(model))
 
 
-def test_greedy_decoding_equals_transformers_generate(checkpoint):
+def test_greedy_decoding_equals_transformers_generate(checkpoint, hf_comparison):
     _, reference, folder = checkpoint
-    ours = import_from_hf(folder)
-    prompt = TOKENS[:, :5]
-    with torch.no_grad():
-        expected = reference.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=32, min_new_tokens=32,
-                                      do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-    got = np.asarray(sample(ours, prompt, max_new_tokens=32, temperature=0.0))
-    np.testing.assert_array_equal(got, expected)
+    hf_comparison.assert_same_greedy_decoding(import_from_hf(folder), reference, TOKENS[:, :5])
 
 
 def test_export_loads_in_transformers_with_the_same_logits(checkpoint, tmp_path, hf_comparison):

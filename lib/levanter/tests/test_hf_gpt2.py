@@ -14,13 +14,8 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from levanter.compat.hf_checkpoints import export_to_hf, import_from_hf  # noqa: E402
 from levanter.compat.hf_family import UnsupportedConfigError  # noqa: E402
-from levanter.inference.sampling import sample  # noqa: E402
-from levanter.main.train_lm import InitialWeights, TrainLmConfig, train_lm  # noqa: E402
 from levanter.models.gpt2 import Gpt2Config, Gpt2LMHeadModel  # noqa: E402
 from levanter.models.transformer import ConfigError  # noqa: E402
-from levanter.optim import AdamConfig  # noqa: E402
-from levanter.trainer import TrainerConfig  # noqa: E402
-from levanter.trainer.sources import InMemoryWindows  # noqa: E402
 
 from experiments.gpt2 import GPT2_SIZES, GPT2_VOCAB_SIZE  # noqa: E402
 
@@ -41,8 +36,7 @@ def imported(tmp_path_factory, hf_comparison):
     """(transformers model, its folder, our import of it)."""
     folder = tmp_path_factory.mktemp("gpt2")
     reference = hf_gpt2(hf_comparison)
-    reference.save_pretrained(folder)
-    return reference, folder, import_from_hf(folder)
+    return reference, folder, hf_comparison.saved_and_imported(reference, folder)
 
 
 def test_import_matches_transformers_logits(imported, hf_comparison):
@@ -52,14 +46,9 @@ def test_import_matches_transformers_logits(imported, hf_comparison):
     hf_comparison.assert_same_logits(ours, reference, TOKENS)
 
 
-def test_greedy_decoding_matches_transformers_generate(imported):
+def test_greedy_decoding_matches_transformers_generate(imported, hf_comparison):
     reference, _, ours = imported
-    prompt = TOKENS[:, :5]
-    ids = np.asarray(sample(ours, prompt, max_new_tokens=32, temperature=0.0))
-    with torch.no_grad():
-        expected = reference.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=32, do_sample=False,
-                                      min_new_tokens=32).numpy()
-    np.testing.assert_array_equal(ids, expected)
+    hf_comparison.assert_same_greedy_decoding(ours, reference, TOKENS[:, :5])
 
 
 def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path, hf_comparison):
@@ -118,23 +107,9 @@ def test_positions_beyond_the_table_are_refused():
         model(np.zeros((1, 9), np.int32))
 
 
-def test_training_starts_from_an_import(imported, tmp_path):
+def test_training_starts_from_an_import(imported, tmp_path, hf_comparison):
     _, folder, ours = imported
-    config = TrainLmConfig(
-        model=ours.config,
-        # Far below float32's resolution at every weight's magnitude: the exported weights are the initial ones.
-        optimizer=AdamConfig(learning_rate=1e-30, weight_decay=0.0),
-        trainer=TrainerConfig(num_train_steps=1, batch_size=8, minutes_per_checkpoint=None),
-        vocab_size=VOCAB,
-        output_path=str(tmp_path / "run"),
-        initialize_from=InitialWeights(str(folder), "hf"),
-    )
-    result = train_lm(config, InMemoryWindows(np.tile(np.arange(VOCAB), 8), seq_len=16, batch_size=8))
-    assert np.isfinite(result.final_train_loss)
-    source, exported = load_file(str(folder / "model.safetensors")), load_file(f"{result.hf_path}/model.safetensors")
-    for name, tensor in source.items():
-        if name != "lm_head.weight":  # tied: transformers may store the shared table twice
-            np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
+    hf_comparison.assert_training_starts_from(folder, ours.config, VOCAB, str(tmp_path / "run"))
 
 
 def test_published_sizes_have_their_exact_counts():

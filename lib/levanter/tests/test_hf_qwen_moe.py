@@ -18,7 +18,6 @@ from safetensors.numpy import save_file  # noqa: E402
 
 from levanter.compat.hf_checkpoints import export_to_hf, import_from_hf  # noqa: E402
 from levanter.compat.hf_family import UnsupportedConfigError  # noqa: E402
-from levanter.inference import sample  # noqa: E402
 from levanter.models import next_token_loss  # noqa: E402
 from levanter.models.moe import MoeLMHeadModel  # noqa: E402
 
@@ -50,19 +49,11 @@ LOGITS_ATOL = 1e-4
 TOKENS = np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
 
 
-def reference_model(hf_comparison, case: str):
-    """A transformers Qwen-MoE of ``case`` with every parameter random (its routers decisive)."""
-    config_class, kwargs = CASES[case]
-    return hf_comparison.randomized(transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)))
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def imported(request, tmp_path_factory, hf_comparison):
-    """(case, transformers model, its save_pretrained folder, our import of that folder)."""
-    reference = reference_model(hf_comparison, request.param)
-    folder = tmp_path_factory.mktemp(request.param) / "theirs"
-    reference.save_pretrained(folder)
-    return request.param, reference, folder, import_from_hf(folder, use_scan=request.param == "qwen3-renormalised")
+    """(case, transformers model with every parameter random, its save_pretrained folder, our import of that folder)."""
+    reference, folder = hf_comparison.random_model(*CASES[request.param]), tmp_path_factory.mktemp(request.param) / "theirs"
+    return request.param, reference, folder, hf_comparison.saved_and_imported(reference, folder, use_scan=request.param == "qwen3-renormalised")
 
 
 def test_import_gives_transformers_logits(imported, hf_comparison):
@@ -92,14 +83,9 @@ def test_export_loads_back_in_transformers_with_the_same_logits(imported, tmp_pa
     assert back.config == dataclasses.replace(ours.config, use_scan=False)
 
 
-def test_greedy_decoding_matches_transformers_generate(imported):
+def test_greedy_decoding_matches_transformers_generate(imported, hf_comparison):
     _, reference, _, ours = imported
-    prompt = torch.tensor(TOKENS[:, :5], dtype=torch.long)
-    with torch.no_grad():  # an explicit mask: without one, transformers takes tokens equal to pad_token_id for padding
-        theirs = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
-                                    pad_token_id=0, eos_token_id=None).numpy()
-    prompt = prompt.numpy().astype(np.int32)
-    np.testing.assert_array_equal(np.asarray(sample(ours, prompt, max_new_tokens=32, temperature=0.0)), theirs)
+    hf_comparison.assert_same_greedy_decoding(ours, reference, TOKENS[:, :5])
 
 
 def test_fused_expert_tensors_import_like_per_expert_ones(imported, tmp_path):
@@ -205,7 +191,7 @@ def test_a_shared_expert_counts_and_trains_like_the_rest():
 def test_a_config_the_tensors_contradict_is_refused_naming_both(tmp_path, edits, message, hf_comparison):
     from levanter.compat.hf_format import CorruptCheckpointError
 
-    reference_model(hf_comparison, "qwen3-renormalised").save_pretrained(tmp_path)
+    hf_comparison.random_model(*CASES["qwen3-renormalised"]).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **edits}))
     with pytest.raises(CorruptCheckpointError, match=message):
