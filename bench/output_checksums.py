@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import zephyr.readers
-from marin.execution import step_ownership
+from marin.execution.ownership import step_ownership
 from marin.execution.lazy import lazy_step
 from marin.execution.step_runner import StepRunner
 from rigging import filesystem as fsx

@@ -23,7 +23,7 @@ BASES = {
 }
 # The root every base derives from, and how a preempted run exits (not an error: SystemExit with
 # the preemption exit code).
-NOT_ERRORS = {"rigging.errors.ExplainedError", "marin.execution.interrupts.RunPreempted"}
+NOT_ERRORS = {"rigging.errors.ExplainedError", "marin.execution.ownership.interrupts.RunPreempted"}
 
 
 def _resolve(dotted: str) -> type:
@@ -60,7 +60,7 @@ def test_every_exception_class_of_a_package_derives_from_its_base(package):
 def test_specific_errors_keep_the_builtin_kind_callers_catch():
     from fray.cluster import UnschedulableError
     from levanter.tokenization.loading import TokenizerNotFoundError
-    from marin.execution.identity import InvalidStepError
+    from marin.execution.hashing.identity import InvalidStepError
 
     assert issubclass(InvalidStepError, ValueError)
     assert issubclass(UnschedulableError, ValueError)

@@ -129,7 +129,7 @@ def test_the_nodes_cluster_setting_waits_for_the_autoscaler(tmp_path):
     from fray.cluster.current import client_from_spec
     from fray.cluster.ray_client import RayClient
     from iris.spec import engine_options
-    from marin.execution.iris_steps import IrisEngine, IrisStepExecutor
+    from marin.execution.running.iris_steps import IrisEngine, IrisStepExecutor
     from marin.execution.step_runner import StepRunner
 
     from infra.ray_cluster import MARIN_CLUSTER

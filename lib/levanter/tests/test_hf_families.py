@@ -46,53 +46,28 @@ CASES = {
 }
 
 
-def hf_model(case: str):
-    """A transformers model of ``case`` with every parameter random: biases and norm scales too,
-    which transformers initialises to constants that would hide a misplaced tensor."""
-    config_class, kwargs, _ = CASES[case]
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(0.5 + torch.rand(param.shape, generator=generator))
-            elif name.endswith("mlp.gate.weight"):  # Mixtral's router: decisive, so routing mismatches show
-                param.copy_(2.0 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
-    return model
-
-
-def max_logit_difference(ours, theirs) -> float:
-    """Largest |difference| of the two models' logits on fixed 2 x 11 tokens (float32, CPU)."""
-    tokens = np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
-    with torch.no_grad():
-        expected = theirs(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-    return float(np.max(np.abs(np.asarray(jax.jit(lambda m, t: m(t))(ours, tokens)) - expected)))
-
-
 @pytest.mark.parametrize("case", list(CASES))
-def test_import_and_export_match_transformers_logits(case, tmp_path):
-    reference = hf_model(case)
+def test_import_and_export_match_transformers_logits(case, tmp_path, hf_comparison, assert_same_logits_as_transformers):
+    reference = hf_comparison.random_model(*CASES[case][:2])
     reference.save_pretrained(tmp_path / "theirs")
     ours = import_from_hf(tmp_path / "theirs", use_scan=case in ("qwen2", "gemma"))
     assert isinstance(ours, MoeLMHeadModel if case == "mixtral" else LlamaLMHeadModel)
-    assert max_logit_difference(ours, reference) < 1e-4
+    assert_same_logits_as_transformers(ours, reference)
 
     export_to_hf(ours, tmp_path / "ours")
     written = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert written["model_type"] == CASES[case][2]
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
-    assert max_logit_difference(ours, again) < 1e-4
+    assert_same_logits_as_transformers(ours, again)
     assert import_from_hf(tmp_path / "ours").config == dataclasses.replace(ours.config, use_scan=False)
 
 
-def test_imported_options_are_the_ones_the_config_names(tmp_path):
-    hf_model("llama3.1").save_pretrained(tmp_path)
+def test_imported_options_are_the_ones_the_config_names(tmp_path, hf_comparison):
+    hf_comparison.random_model(*CASES["llama3.1"][:2]).save_pretrained(tmp_path)
     config = import_from_hf(tmp_path).config
     assert config.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 64)
     assert config.head_dim == 16 and config.qkv_bias and config.o_bias and config.mlp_bias and config.tie_word_embeddings
-    hf_model("qwen3").save_pretrained(tmp_path / "q")
+    hf_comparison.random_model(*CASES["qwen3"][:2]).save_pretrained(tmp_path / "q")
     config = import_from_hf(tmp_path / "q").config
     assert config.qk_norm and not config.qkv_bias and config.head_dim == 16
 
@@ -198,7 +173,7 @@ def test_default_llama_config_records_exactly_as_before_the_family_options():
 
 
 def test_default_llama_config_keeps_its_step_identity():
-    identity = pytest.importorskip("marin.execution.identity")
+    identity = pytest.importorskip("marin.execution.hashing.identity")
     assert identity.canonicalize(LLAMA_NANO) == {"__class__": "LlamaConfig", **LLAMA_NANO_RECORD}
     with_window = identity.canonicalize(dataclasses.replace(LLAMA_NANO, sliding_window=1024))
     assert with_window["sliding_window"] == 1024

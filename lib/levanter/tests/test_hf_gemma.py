@@ -15,7 +15,6 @@ transformers = pytest.importorskip("transformers")
 from levanter.compat.hf_checkpoints import export_to_hf, import_from_hf  # noqa: E402
 from levanter.compat.hf_family import UnsupportedConfigError  # noqa: E402
 from levanter.compat.hf_gemma import gemma2_config_from_hf, gemma3_config_from_hf  # noqa: E402
-from levanter.inference import sample  # noqa: E402
 from levanter.models import ConfigError, LlamaConfig  # noqa: E402
 
 VOCAB = 64
@@ -59,17 +58,7 @@ def checkpoint(request, tmp_path_factory):
     return case, model, folder
 
 
-def their_logits(model, tokens) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def our_logits(model, tokens):
-    return model(tokens)
-
-
-def test_import_gives_transformers_logits_with_every_option_in_use(checkpoint):
+def test_import_gives_transformers_logits_with_every_option_in_use(checkpoint, hf_comparison):
     case, reference, folder = checkpoint
     ours = import_from_hf(folder)
     config = ours.config
@@ -80,8 +69,8 @@ def test_import_gives_transformers_logits_with_every_option_in_use(checkpoint):
     else:
         assert config.layer_types == ("sliding_attention", "sliding_attention", "full_attention") and config.qk_norm
         assert (config.rope_theta, config.rope_scaling.factor, config.sliding_rope_theta) == (50_000.0, 4.0, 500.0)
-    expected = their_logits(reference, TOKENS)
-    assert np.max(np.abs(np.asarray(our_logits(ours, TOKENS)) - expected)) < LOGIT_TOLERANCE
+    expected = hf_comparison.their_logits(reference, TOKENS)
+    assert np.max(np.abs(hf_comparison.our_logits(ours, TOKENS) - expected)) < LOGIT_TOLERANCE
     # Each option is in play: the same weights without it give logits far from transformers'.
     options = {"attention_scale_dim": None, "sliding_window": 64}  # a window longer than the tokens: none
     options.update({"attention_logit_softcap": None, "final_logit_softcap": None} if case == "gemma2" else {"sliding_rope_theta": None})
@@ -96,24 +85,18 @@ def _with_option(model, name, value):
     return jax.tree.unflatten(jax.tree.structure(fresh), jax.tree.leaves(model))
 
 
-def test_greedy_decoding_equals_transformers_generate(checkpoint):
+def test_greedy_decoding_equals_transformers_generate(checkpoint, hf_comparison):
     _, reference, folder = checkpoint
-    ours = import_from_hf(folder)
-    prompt = TOKENS[:, :5]
-    with torch.no_grad():
-        expected = reference.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=32, min_new_tokens=32,
-                                      do_sample=False, eos_token_id=None, pad_token_id=0).numpy()
-    got = np.asarray(sample(ours, prompt, max_new_tokens=32, temperature=0.0))
-    np.testing.assert_array_equal(got, expected)
+    hf_comparison.assert_same_greedy_decoding(import_from_hf(folder), reference, TOKENS[:, :5])
 
 
-def test_export_loads_in_transformers_with_the_same_logits(checkpoint, tmp_path):
+def test_export_loads_in_transformers_with_the_same_logits(checkpoint, tmp_path, hf_comparison):
     case, _, folder = checkpoint
     ours = import_from_hf(folder)
     export_to_hf(ours, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == case
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert np.max(np.abs(np.asarray(our_logits(ours, TOKENS)) - their_logits(again, TOKENS))) < LOGIT_TOLERANCE
+    assert np.max(np.abs(hf_comparison.our_logits(ours, TOKENS) - hf_comparison.their_logits(again, TOKENS))) < LOGIT_TOLERANCE
     assert import_from_hf(tmp_path).config == ours.config
 
 
@@ -208,7 +191,7 @@ def test_training_starts_from_the_checkpoint_and_exports_the_same_family(checkpo
     assert 0 < moved < 2 * steps * learning_rate
 
 
-def test_cached_decoding_gives_the_forward_logits(checkpoint):
+def test_cached_decoding_gives_the_forward_logits(checkpoint, hf_comparison):
     from levanter.inference.sampling import decode, init_cache
 
     _, _, folder = checkpoint
@@ -216,7 +199,7 @@ def test_cached_decoding_gives_the_forward_logits(checkpoint):
     prefix_logits, cache = decode(ours, TOKENS[:, :7], init_cache(ours, 2, 11), 0)
     rest_logits, _ = decode(ours, TOKENS[:, 7:], cache, 7)
     # Same arithmetic as the forward pass but for the order of the attention sums: float32 rounding.
-    np.testing.assert_allclose(np.concatenate([prefix_logits, rest_logits], axis=1), our_logits(ours, TOKENS), atol=1e-5)
+    np.testing.assert_allclose(np.concatenate([prefix_logits, rest_logits], axis=1), hf_comparison.our_logits(ours, TOKENS), atol=1e-5)
 
 
 def test_fused_loss_soft_caps_logits_as_the_forward_pass_does():

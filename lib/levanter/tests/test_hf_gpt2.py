@@ -14,13 +14,8 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from levanter.compat.hf_checkpoints import export_to_hf, import_from_hf  # noqa: E402
 from levanter.compat.hf_family import UnsupportedConfigError  # noqa: E402
-from levanter.inference.sampling import sample  # noqa: E402
-from levanter.main.train_lm import InitialWeights, TrainLmConfig, train_lm  # noqa: E402
 from levanter.models.gpt2 import Gpt2Config, Gpt2LMHeadModel  # noqa: E402
 from levanter.models.transformer import ConfigError  # noqa: E402
-from levanter.optim import AdamConfig  # noqa: E402
-from levanter.trainer import TrainerConfig  # noqa: E402
-from levanter.trainer.sources import InMemoryWindows  # noqa: E402
 
 from experiments.gpt2 import GPT2_SIZES, GPT2_VOCAB_SIZE  # noqa: E402
 
@@ -30,95 +25,64 @@ HF_CONFIG = dict(vocab_size=VOCAB, n_positions=48, n_embd=32, n_layer=2, n_head=
                  bos_token_id=None, eos_token_id=None)
 
 
-def hf_gpt2(**overrides):
+def hf_gpt2(hf_comparison, **overrides):
     """A transformers GPT-2 with every parameter random (LayerNorm scales and biases included)."""
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**HF_CONFIG, **overrides})).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
-                param.copy_(0.5 + torch.rand(param.shape, generator=generator))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
-    return model
-
-
-def hf_logits(model) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(TOKENS, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def our_logits(model, tokens):
-    return model(tokens)
-
-
-def assert_same_logits(ours, expected: np.ndarray) -> None:
-    # Float32 on both sides (u = 6e-8); each logit ends about ten chained roundings of sums of at
-    # most 64 terms per layer over two layers: worst case ~8e-5 of the logits' scale, typically
-    # ~100x less. 2e-5 of the largest logit lies between, far below what a misplaced weight moves.
-    tolerance = 2e-5 * float(np.max(np.abs(expected)))
-    np.testing.assert_allclose(np.asarray(our_logits(ours, TOKENS)), expected, rtol=0, atol=tolerance)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**HF_CONFIG, **overrides}))
+    return hf_comparison.randomized(model, is_norm=lambda name: name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")))
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
+def imported(tmp_path_factory, hf_comparison):
     """(transformers model, its folder, our import of it)."""
     folder = tmp_path_factory.mktemp("gpt2")
-    reference = hf_gpt2()
-    reference.save_pretrained(folder)
-    return reference, folder, import_from_hf(folder)
+    reference = hf_gpt2(hf_comparison)
+    return reference, folder, hf_comparison.saved_and_imported(reference, folder)
 
 
-def test_import_matches_transformers_logits(imported):
+def test_import_matches_transformers_logits(imported, hf_comparison):
     reference, _, ours = imported
     assert isinstance(ours, Gpt2LMHeadModel)
     assert ours.config == Gpt2Config(hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, max_seq_len=48)
-    assert_same_logits(ours, hf_logits(reference))
+    hf_comparison.assert_same_logits(ours, reference, TOKENS)
 
 
-def test_greedy_decoding_matches_transformers_generate(imported):
+def test_greedy_decoding_matches_transformers_generate(imported, hf_comparison):
     reference, _, ours = imported
-    prompt = TOKENS[:, :5]
-    ids = np.asarray(sample(ours, prompt, max_new_tokens=32, temperature=0.0))
-    with torch.no_grad():
-        expected = reference.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=32, do_sample=False,
-                                      min_new_tokens=32).numpy()
-    np.testing.assert_array_equal(ids, expected)
+    hf_comparison.assert_same_greedy_decoding(ours, reference, TOKENS[:, :5])
 
 
-def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path):
+def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path, hf_comparison):
     _, _, ours = imported
     export_to_hf(ours, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gpt2"
     assert "transformer.h.0.attn.c_attn.weight" in load_file(str(tmp_path / "model.safetensors"))
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(again).__name__ == "GPT2LMHeadModel"
-    assert_same_logits(ours, hf_logits(again))
+    hf_comparison.assert_same_logits(ours, again, TOKENS)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(import_from_hf(tmp_path)), strict=True):
         np.testing.assert_array_equal(a, b)
     scanned = import_from_hf(tmp_path, use_scan=True)
     assert scanned.config.use_scan
-    np.testing.assert_allclose(our_logits(scanned, TOKENS), our_logits(ours, TOKENS), atol=1e-5)
+    np.testing.assert_allclose(hf_comparison.our_logits(scanned, TOKENS), hf_comparison.our_logits(ours, TOKENS), atol=1e-5)
 
 
-def test_published_file_names_without_the_transformer_prefix_are_read(imported, tmp_path):
+def test_published_file_names_without_the_transformer_prefix_are_read(imported, tmp_path, hf_comparison):
     # The published gpt2 weights were saved from the bare GPT2Model: "h.0.attn.c_attn.weight", "wte.weight".
     reference, folder, ours = imported
     reference.config.save_pretrained(tmp_path)
     tensors = load_file(str(folder / "model.safetensors"))
     save_file({name.removeprefix("transformer."): t for name, t in tensors.items()}, str(tmp_path / "model.safetensors"))
-    assert_same_logits(import_from_hf(tmp_path), hf_logits(reference))
+    hf_comparison.assert_same_logits(import_from_hf(tmp_path), reference, TOKENS)
 
 
-def test_an_untied_head_round_trips(tmp_path):
-    reference = hf_gpt2(tie_word_embeddings=False)
+def test_an_untied_head_round_trips(tmp_path, hf_comparison):
+    reference = hf_gpt2(hf_comparison, tie_word_embeddings=False)
     reference.save_pretrained(tmp_path / "theirs")
     ours = import_from_hf(tmp_path / "theirs")
     assert ours.lm_head is not None
-    assert_same_logits(ours, hf_logits(reference))
+    hf_comparison.assert_same_logits(ours, reference, TOKENS)
     export_to_hf(ours, tmp_path / "ours")
-    assert_same_logits(ours, hf_logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()))
+    hf_comparison.assert_same_logits(ours, transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval(), TOKENS)
 
 
 @pytest.mark.parametrize(
@@ -143,23 +107,9 @@ def test_positions_beyond_the_table_are_refused():
         model(np.zeros((1, 9), np.int32))
 
 
-def test_training_starts_from_an_import(imported, tmp_path):
+def test_training_starts_from_an_import(imported, tmp_path, hf_comparison):
     _, folder, ours = imported
-    config = TrainLmConfig(
-        model=ours.config,
-        # Far below float32's resolution at every weight's magnitude: the exported weights are the initial ones.
-        optimizer=AdamConfig(learning_rate=1e-30, weight_decay=0.0),
-        trainer=TrainerConfig(num_train_steps=1, batch_size=8, minutes_per_checkpoint=None),
-        vocab_size=VOCAB,
-        output_path=str(tmp_path / "run"),
-        initialize_from=InitialWeights(str(folder), "hf"),
-    )
-    result = train_lm(config, InMemoryWindows(np.tile(np.arange(VOCAB), 8), seq_len=16, batch_size=8))
-    assert np.isfinite(result.final_train_loss)
-    source, exported = load_file(str(folder / "model.safetensors")), load_file(f"{result.hf_path}/model.safetensors")
-    for name, tensor in source.items():
-        if name != "lm_head.weight":  # tied: transformers may store the shared table twice
-            np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
+    hf_comparison.assert_training_starts_from(folder, ours.config, VOCAB, str(tmp_path / "run"))
 
 
 def test_published_sizes_have_their_exact_counts():

@@ -11,17 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from safetensors.numpy import load_file  # noqa: E402
-
 from levanter.compat.hf_checkpoints import export_to_hf, import_from_hf  # noqa: E402
 from levanter.compat.hf_family import UnsupportedConfigError  # noqa: E402
-from levanter.inference.sampling import decode, init_cache, sample  # noqa: E402
-from levanter.main.train_lm import InitialWeights, TrainLmConfig, train_lm  # noqa: E402
+from levanter.inference.sampling import decode, init_cache  # noqa: E402
 from levanter.models import LlamaConfig  # noqa: E402
 from levanter.models.transformer import ConfigError  # noqa: E402
-from levanter.optim import AdamConfig  # noqa: E402
-from levanter.trainer import TrainerConfig  # noqa: E402
-from levanter.trainer.sources import InMemoryWindows  # noqa: E402
 
 VOCAB = 64
 SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -41,51 +35,14 @@ CASES = {
 TOKENS = np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
 
 
-def hf_model(case: str):
-    """A transformers model with every parameter random (norm scales and biases too, which would
-    otherwise start as constants and hide a misplaced tensor)."""
-    config_class, kwargs = CASES[case]
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(0.5 + torch.rand(param.shape, generator=generator))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
-    return model
-
-
-def hf_logits(model, tokens=TOKENS) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def our_logits(model, tokens):
-    return model(tokens)
-
-
-def assert_same_logits(ours, expected: np.ndarray) -> None:
-    # Both sides compute in float32 (unit roundoff u = 2^-24 = 6e-8). A logit is the end of about
-    # ten chained roundings of sums of at most 64 terms per layer, two layers: worst-case relative
-    # error ~ 2 * 10 * 64 * u = 8e-5 of the logits' scale; the typical (random-walk) error is ~100x
-    # smaller. 2e-5 of the largest logit sits between the two and far below any wiring mistake,
-    # which moves logits by a sizeable fraction of their scale.
-    tolerance = 2e-5 * float(np.max(np.abs(expected)))
-    np.testing.assert_allclose(np.asarray(our_logits(ours, TOKENS)), expected, rtol=0, atol=tolerance)
-
-
 @pytest.fixture(scope="module", params=list(CASES))
-def imported(request, tmp_path_factory):
-    """(case, transformers model, its folder, our import of it)."""
-    folder = tmp_path_factory.mktemp(request.param)
-    reference = hf_model(request.param)
-    reference.save_pretrained(folder)
-    return request.param, reference, folder, import_from_hf(folder)
+def imported(request, tmp_path_factory, hf_comparison):
+    """(case, transformers model with every parameter random, its folder, our import of it)."""
+    reference, folder = hf_comparison.random_model(*CASES[request.param]), tmp_path_factory.mktemp(request.param)
+    return request.param, reference, folder, hf_comparison.saved_and_imported(reference, folder)
 
 
-def test_import_matches_transformers_logits(imported):
+def test_import_matches_transformers_logits(imported, hf_comparison):
     case, reference, _, ours = imported
     config = ours.config
     assert config.norm_placement == "post" and config.qk_norm and config.qk_norm_scope == "projection"
@@ -98,27 +55,22 @@ def test_import_matches_transformers_logits(imported):
         assert config.sliding_rope_theta == 1e4
     else:
         assert config.qkv_bias and config.o_bias and config.head_dim == 16 and config.tie_word_embeddings
-    assert_same_logits(ours, hf_logits(reference))
+    hf_comparison.assert_same_logits(ours, reference, TOKENS)
 
 
-def test_greedy_decoding_matches_transformers_generate(imported):
+def test_greedy_decoding_matches_transformers_generate(imported, hf_comparison):
     _, reference, _, ours = imported
-    prompt = TOKENS[:, :5]
-    ids = np.asarray(sample(ours, prompt, max_new_tokens=32, temperature=0.0))
-    with torch.no_grad():
-        expected = reference.generate(torch.tensor(prompt, dtype=torch.long), max_new_tokens=32, do_sample=False,
-                                      min_new_tokens=32).numpy()
-    np.testing.assert_array_equal(ids, expected)
+    hf_comparison.assert_same_greedy_decoding(ours, reference, TOKENS[:, :5])
 
 
-def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path):
+def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path, hf_comparison):
     case, _, _, ours = imported
     export_to_hf(ours, tmp_path)
     model_type = case.split("-")[0]
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == model_type
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(again).__name__ == f"{model_type.capitalize()}ForCausalLM"
-    assert_same_logits(ours, hf_logits(again))
+    hf_comparison.assert_same_logits(ours, again, TOKENS)
     assert import_from_hf(tmp_path).config == ours.config
 
 
@@ -198,26 +150,12 @@ def test_layer_types_are_recorded_and_read_back():
         dataclasses.replace(config, norm_placement="middle")
 
 
-def test_training_starts_from_an_import(imported, tmp_path):
+def test_training_starts_from_an_import(imported, tmp_path, hf_comparison):
     case, _, folder, ours = imported
     if case == "olmo3-rope":
         pytest.skip("olmo3 covers the family; the run does not depend on the RoPE")
-    config = TrainLmConfig(
-        model=ours.config,
-        # Far below float32's resolution at every weight's magnitude: the exported weights are the initial ones.
-        optimizer=AdamConfig(learning_rate=1e-30, weight_decay=0.0),
-        trainer=TrainerConfig(num_train_steps=1, batch_size=8, minutes_per_checkpoint=None),
-        vocab_size=VOCAB,
-        output_path=str(tmp_path / "run"),
-        initialize_from=InitialWeights(str(folder), "hf"),
-    )
-    result = train_lm(config, InMemoryWindows(np.tile(np.arange(VOCAB), 8), seq_len=16, batch_size=8))
-    assert np.isfinite(result.final_train_loss)
+    hf_comparison.assert_training_starts_from(folder, ours.config, VOCAB, str(tmp_path / "run"))
     assert json.loads((tmp_path / "run" / "hf" / "config.json").read_text())["model_type"] == case
-    source, exported = load_file(str(folder / "model.safetensors")), load_file(f"{result.hf_path}/model.safetensors")
-    for name, tensor in source.items():
-        if name != "lm_head.weight":  # tied: transformers may store the shared table twice
-            np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
 
 
 def test_declared_sizes_match_their_names():

@@ -18,7 +18,6 @@ from safetensors.numpy import save_file  # noqa: E402
 
 from levanter.compat.hf_checkpoints import export_to_hf, import_from_hf  # noqa: E402
 from levanter.compat.hf_family import UnsupportedConfigError  # noqa: E402
-from levanter.inference import sample  # noqa: E402
 from levanter.models import next_token_loss  # noqa: E402
 from levanter.models.moe import MoeLMHeadModel  # noqa: E402
 
@@ -50,43 +49,14 @@ LOGITS_ATOL = 1e-4
 TOKENS = np.random.RandomState(0).randint(0, VOCAB, size=(2, 11)).astype(np.int32)
 
 
-def reference_model(case: str):
-    """A transformers Qwen3-MoE with every parameter random (norm scales and biases too, which
-    transformers initialises to constants that would hide a misplaced tensor)."""
-    config_class, kwargs = CASES[case]
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(0.5 + torch.rand(param.shape, generator=generator))
-            elif name.endswith("mlp.gate.weight"):  # the router: decisive, so routing mismatches show
-                param.copy_(2.0 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.15 * torch.randn(param.shape, generator=generator))
-    return model
-
-
-def their_logits(model) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(TOKENS, dtype=torch.long)).logits.numpy()
-
-
-@jax.jit
-def our_logits(model, tokens):
-    return model(tokens)
-
-
 @pytest.fixture(scope="module", params=list(CASES))
-def imported(request, tmp_path_factory):
-    """(case, transformers model, its save_pretrained folder, our import of that folder)."""
-    reference = reference_model(request.param)
-    folder = tmp_path_factory.mktemp(request.param) / "theirs"
-    reference.save_pretrained(folder)
-    return request.param, reference, folder, import_from_hf(folder, use_scan=request.param == "qwen3-renormalised")
+def imported(request, tmp_path_factory, hf_comparison):
+    """(case, transformers model with every parameter random, its save_pretrained folder, our import of that folder)."""
+    reference, folder = hf_comparison.random_model(*CASES[request.param]), tmp_path_factory.mktemp(request.param) / "theirs"
+    return request.param, reference, folder, hf_comparison.saved_and_imported(reference, folder, use_scan=request.param == "qwen3-renormalised")
 
 
-def test_import_gives_transformers_logits(imported):
+def test_import_gives_transformers_logits(imported, hf_comparison):
     case, reference, _, ours = imported
     assert isinstance(ours, MoeLMHeadModel)
     config, (config_class, kwargs) = ours.config, CASES[case]
@@ -97,10 +67,10 @@ def test_import_gives_transformers_logits(imported):
         assert config.qkv_bias == config.o_bias == kwargs.get("attention_bias", False)
     else:
         assert not config.qk_norm and config.qkv_bias and not config.o_bias and config.shared_expert_dim == 20
-    np.testing.assert_allclose(our_logits(ours, TOKENS), their_logits(reference), atol=LOGITS_ATOL)
+    np.testing.assert_allclose(hf_comparison.our_logits(ours, TOKENS), hf_comparison.their_logits(reference, TOKENS), atol=LOGITS_ATOL)
 
 
-def test_export_loads_back_in_transformers_with_the_same_logits(imported, tmp_path):
+def test_export_loads_back_in_transformers_with_the_same_logits(imported, tmp_path, hf_comparison):
     case, _, _, ours = imported
     export_to_hf(ours, tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())
@@ -108,19 +78,14 @@ def test_export_loads_back_in_transformers_with_the_same_logits(imported, tmp_pa
     assert written["num_experts"] == 4 and written["moe_intermediate_size"] == 24
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(again).__name__ == type(imported[1]).__name__
-    np.testing.assert_allclose(their_logits(again), our_logits(ours, TOKENS), atol=LOGITS_ATOL)
+    np.testing.assert_allclose(hf_comparison.their_logits(again, TOKENS), hf_comparison.our_logits(ours, TOKENS), atol=LOGITS_ATOL)
     back = import_from_hf(tmp_path)
     assert back.config == dataclasses.replace(ours.config, use_scan=False)
 
 
-def test_greedy_decoding_matches_transformers_generate(imported):
+def test_greedy_decoding_matches_transformers_generate(imported, hf_comparison):
     _, reference, _, ours = imported
-    prompt = torch.tensor(TOKENS[:, :5], dtype=torch.long)
-    with torch.no_grad():  # an explicit mask: without one, transformers takes tokens equal to pad_token_id for padding
-        theirs = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
-                                    pad_token_id=0, eos_token_id=None).numpy()
-    prompt = prompt.numpy().astype(np.int32)
-    np.testing.assert_array_equal(np.asarray(sample(ours, prompt, max_new_tokens=32, temperature=0.0)), theirs)
+    hf_comparison.assert_same_greedy_decoding(ours, reference, TOKENS[:, :5])
 
 
 def test_fused_expert_tensors_import_like_per_expert_ones(imported, tmp_path):
@@ -169,7 +134,7 @@ def test_mixtral_export_refuses_the_qwen_options(imported, tmp_path):
         export_moe_to_hf(ours, tmp_path)
 
 
-def test_training_starts_from_the_imported_weights(imported, tmp_path):
+def test_training_starts_from_the_imported_weights(imported, tmp_path, hf_comparison):
     from levanter.main.train_lm import InitialWeights, TrainLmConfig, train_lm
     from levanter.optim import AdamConfig
     from levanter.trainer import MeshConfig, TrainerConfig
@@ -185,7 +150,7 @@ def test_training_starts_from_the_imported_weights(imported, tmp_path):
     result = train_lm(config, source)
     # The first step's loss is the imported model's on the first batch: training started from its weights.
     first = jnp.asarray(source.batch_at(0).tokens)
-    sums = next_token_loss(our_logits(ours, first), first, jnp.ones(first.shape))
+    sums = next_token_loss(hf_comparison.our_logits(ours, first), first, jnp.ones(first.shape))
     first_loss = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
     assert first_loss == pytest.approx(float(sums.loss_sum / sums.weight_sum), rel=1e-5)
     exported = transformers.AutoModelForCausalLM.from_pretrained(result.hf_path)
@@ -223,10 +188,10 @@ def test_a_shared_expert_counts_and_trains_like_the_rest():
     ],
     ids=["a-billion-experts", "fewer-experts", "two-spellings", "more-layers"],
 )
-def test_a_config_the_tensors_contradict_is_refused_naming_both(tmp_path, edits, message):
+def test_a_config_the_tensors_contradict_is_refused_naming_both(tmp_path, edits, message, hf_comparison):
     from levanter.compat.hf_format import CorruptCheckpointError
 
-    reference_model("qwen3-renormalised").save_pretrained(tmp_path)
+    hf_comparison.random_model(*CASES["qwen3-renormalised"]).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **edits}))
     with pytest.raises(CorruptCheckpointError, match=message):

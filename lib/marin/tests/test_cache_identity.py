@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 from marin.execution.artifact import load_artifact
-from marin.execution.executor_files import INFO_FILE, STATUS_FILE, read_status
-from marin.execution.identity import identity_hash, identity_record, short_hash
+from marin.execution.records.executor_files import INFO_FILE, STATUS_FILE, read_status
+from marin.execution.hashing.identity import identity_hash, identity_record, short_hash
 from marin.execution.lazy import lazy_step, lower
 from marin.execution.step_runner import OutputPathConflict, StepRunner
 from marin.execution.step_spec import StepSpec

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from iris import JobStore
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes in /proc")]
 
@@ -77,7 +77,7 @@ def _alive(pid: int) -> bool:
 
 
 def _replicas(prefix: Path) -> list[int]:
-    """The processes running a step's replica (``marin.execution.step_job``) for this prefix."""
+    """The processes running a step's replica (``marin.execution.running.step_job``) for this prefix."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -85,7 +85,7 @@ def _replicas(prefix: Path) -> list[int]:
                 command = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"marin.execution.step_job" in command and any(str(prefix).encode() in part for part in command):
+            if b"marin.execution.running.step_job" in command and any(str(prefix).encode() in part for part in command):
                 if _alive(int(entry.name)):
                     found.append(int(entry.name))
     return found

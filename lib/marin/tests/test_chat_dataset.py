@@ -39,7 +39,7 @@ from levanter.trainer.step import build_step_functions
 from levanter.trainer.tracker import read_metrics
 from marin.datasets.sources import SourceUnavailableError
 from marin.execution.artifact import load_artifact
-from marin.execution.run_report import StepRunFailed
+from marin.execution.records.run_report import StepRunFailed
 from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
 from marin.experiment.sft import chat_dataset, sft

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FIFOs and /dev/zero are Linux (POSIX) files")
 

@@ -15,7 +15,7 @@ from marin.curation.quality import quality_filtered
 from marin.curation.steps import CuratedDataset, read_curated
 from marin.execution.artifact import load_artifact
 from marin.execution.lazy import lower
-from marin.execution.run_report import StepRunFailed
+from marin.execution.records.run_report import StepRunFailed
 from marin.execution.step_runner import StepRunner
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter

@@ -17,7 +17,7 @@ from marin.curation import reference_tasks
 from marin.curation.decontaminate import decontaminated
 from marin.curation.steps import CuratedDataset, CurationError, read_curated
 from marin.execution.artifact import load_artifact
-from marin.execution.run_report import StepRunFailed
+from marin.execution.records.run_report import StepRunFailed
 from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
 from storygen import generate_stories

@@ -7,8 +7,8 @@ import pytest
 
 from marin import cli
 from marin.execution.artifact import ArtifactError, load_artifact
-from marin.execution.executor_files import INFO_FILE
-from marin.execution.identity import InvalidStepError
+from marin.execution.records.executor_files import INFO_FILE
+from marin.execution.hashing.identity import InvalidStepError
 from marin.execution.lazy import StepGraphError, lazy_step, lower
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
@@ -119,7 +119,7 @@ def test_marin_status_shows_steps_and_flags_changed_code(tmp_path, capsys):
 
 def test_the_same_function_in_two_files_is_fingerprinted_from_its_own_file(tmp_path):
     # Code objects compare equal whatever file they came from: the fingerprint must still name each one's file.
-    from marin.execution.code_fingerprint import fingerprint_function
+    from marin.execution.hashing.code_fingerprint import fingerprint_function
 
     functions = []
     for name in ("first.py", "second.py"):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from marin.execution.ending_executions import end_replicas
-from marin.execution.resumable_state import carry_over, declare_resumable, keep_only_resumable, resumable_entries
-from marin.execution.step_ownership import heartbeat_url
+from marin.execution.ownership.ending_executions import end_replicas
+from marin.execution.ownership.resumable_state import carry_over, declare_resumable, keep_only_resumable, resumable_entries
+from marin.execution.ownership.step_ownership import heartbeat_url
 from rigging.lease import ProcessIdentity
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process start times in /proc")

@@ -3,7 +3,7 @@
 import threading
 import time
 
-from marin.execution.engine_slots import EngineSlots
+from marin.execution.scheduling.engine_slots import EngineSlots
 
 
 def _peak_inside(slots: EngineSlots, threads: int, body) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from marin import cli
-from marin.execution import run_defaults
-from marin.execution.executor_files import read_status
+from marin.execution.planning import run_defaults
+from marin.execution.records.executor_files import read_status
 
 DESIGN_PROGRAM = textwrap.dedent(
     """

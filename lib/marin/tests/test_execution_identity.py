@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from fray.cluster import ResourceConfig
-from marin.execution.identity import InvalidStepError
+from marin.execution.hashing.identity import InvalidStepError
 from marin.execution.lazy import lazy_step, lower
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
@@ -192,7 +192,7 @@ def test_identities_are_stable_across_releases():
 def test_a_step_hashes_exactly_the_record_it_stores(version, hash_attrs):
     """The identity is spelled out without building the record; it must be the record's hash, which
     ``.executor_info`` keeps and ``marin explain`` shows, for any version text and attributes."""
-    from marin.execution.identity import identity_hash
+    from marin.execution.hashing.identity import identity_hash
 
     dep = StepSpec("data/raw", _noop, hash_attrs={"n": 1})
     for deps in ([], [dep], [dep, StepSpec("data/other", _noop)]):

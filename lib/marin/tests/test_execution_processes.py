@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 

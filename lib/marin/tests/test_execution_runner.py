@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pytest
 
 from marin.execution.artifact import load_artifact
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 from marin.execution.lazy import StepGraphError, lazy_step, lower
-from marin.execution.step_context import StepContext
+from marin.execution.running.step_context import StepContext
 from marin.execution.step_runner import Outcome, OutputPathConflict, StepRunFailed, StepRunner
 from marin.execution.step_spec import StepSpec
 

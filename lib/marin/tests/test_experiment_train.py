@@ -13,7 +13,7 @@ from levanter.models.llama import LlamaConfig
 from levanter.optim import AdamConfig
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 from marin.execution.artifact import load_artifact
-from marin.execution.executor_files import read_info
+from marin.execution.records.executor_files import read_info
 from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
 from marin.experiment.train import MeshUsed, TrainConfigError, TrainedModel, train_lm

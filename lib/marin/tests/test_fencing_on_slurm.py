@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from iris import JobStore
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the local Slurm is Linux only")]
 
@@ -145,7 +145,7 @@ def test_a_replica_queued_when_its_supervisor_dies_is_cancelled_not_left_holding
 
 @pytest.mark.timeout(300)
 def test_a_job_that_cannot_start_is_stopped_after_the_start_timeout_naming_where_it_waits(full, tmp_path, monkeypatch):
-    import marin.execution.iris_steps as iris_steps
+    import marin.execution.running.iris_steps as iris_steps
     from fray.cluster import ResourceConfig
     from marin.execution.step_runner import StepRunner
     from marin.execution.step_spec import StepSpec

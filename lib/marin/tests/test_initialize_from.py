@@ -20,8 +20,8 @@ from levanter.optim import AdamConfig, LionConfig
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 from marin.datasets.hub import HubRevision, HubUnreachableError
 from marin.execution.artifact import load_artifact
-from marin.execution.executor_files import STATUS_FAILED, write_status
-from marin.execution.run_report import StepRunFailed
+from marin.execution.records.executor_files import STATUS_FAILED, write_status
+from marin.execution.records.run_report import StepRunFailed
 from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
 from marin.experiment.initial_weights import InitializeFromError, resolve_initial_weights

@@ -22,7 +22,7 @@ from fray.cluster import ResourceConfig, ship_by_value
 from iris import JobStore, PREEMPTED_EXIT_CODE
 from iris.attempt_log import list_attempts, read_log
 from marin import cli
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 
@@ -168,7 +168,7 @@ def _replica_pids(tmp_path: Path) -> list[int]:
             words = cmdline.read_bytes().split(b"\0")
         except OSError:  # it ended while we looked
             continue
-        if b"marin.execution.step_job" in words and any(str(tmp_path).encode() in word for word in words):
+        if b"marin.execution.running.step_job" in words and any(str(tmp_path).encode() in word for word in words):
             pids.append(int(cmdline.parent.name))
     return pids
 
@@ -238,7 +238,7 @@ def trains_for_a_while(output_path):
 
 
 def test_a_cluster_steps_progress_reaches_the_runners_console_at_a_bounded_rate(tmp_path, monkeypatch, caplog):
-    import marin.execution.progress_relay as progress_relay
+    import marin.execution.running.progress_relay as progress_relay
 
     monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
     monkeypatch.setattr(progress_relay, "PROGRESS_EVERY_S", 0.5)

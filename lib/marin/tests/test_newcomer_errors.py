@@ -17,7 +17,7 @@ from levanter.tokenization.loading import TokenizerNotFoundError
 from levanter.trainer import MeshConfig
 from marin import cli
 from marin.datasets.sources import SourceUnavailableError
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 from marin.execution.step_runner import PrefixNotWritableError, StepRunFailed, StepRunner
 from marin.execution.step_spec import StepSpec
 from marin.experiment.data import tokenized
@@ -155,7 +155,7 @@ def test_prefix_in_a_read_only_folder(tmp_path):
 
 def test_prefix_the_file_system_refuses_names_the_error(tmp_path, monkeypatch):
     # Root ignores folder permissions, so the refusal is simulated where the runner first writes.
-    from marin.execution import prefix_check
+    from marin.execution.planning import prefix_check
 
     def refuse(*args, dir=None, **kwargs):
         raise PermissionError(13, "Permission denied", dir)

@@ -182,7 +182,7 @@ def test_moved_prefix_keeps_reading_its_checked_outputs(tmp_path):
 
 def test_the_engine_leaves_checkpoints_and_token_cache_shards_to_their_own_checksums(tmp_path):
     from levanter.trainer.checkpoint_manifest import MANIFEST_NAME as CHECKPOINT_MANIFEST
-    from marin.execution.step_ownership import SELF_CHECKED_MARKERS
+    from marin.execution.ownership.step_ownership import SELF_CHECKED_MARKERS
     from marin.execution.step_spec import StepSpec
     from zephyr.token_cache.layout import SHARD_SUMMARY_NAME
 

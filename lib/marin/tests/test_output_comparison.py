@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from marin.execution.output_comparison import Placement, compare_outputs
-from marin.execution.record_diff import byte_difference, jsonl_difference
-from marin.execution.run_defaults import RunOptionError
+from marin.execution.reproducibility.output_comparison import Placement, compare_outputs
+from marin.execution.reproducibility.record_diff import byte_difference, jsonl_difference
+from marin.execution.planning.run_defaults import RunOptionError
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
-from marin.execution.tensor_diff import array_difference
+from marin.execution.reproducibility.tensor_diff import array_difference
 
 
 def _folders(tmp_path: Path) -> tuple[Path, Path, Placement]:

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 from marin.execution.step_runner import CodeChangedError, Outcome, StepRunner
 from marin.execution.step_spec import StepSpec
 

@@ -104,7 +104,7 @@ def _as_if_the_step_wrote_it(folder: Path | str) -> None:
     from levanter.trainer.checkpoint_manifest import MANIFEST_NAME as CHECKPOINT_MANIFEST
     from levanter.trainer.checkpoint_manifest import write_manifest
     from levanter.trainer.checkpoint_staging import COMMIT_MARKER
-    from marin.execution.step_ownership import SELF_CHECKED_MARKERS
+    from marin.execution.ownership.step_ownership import SELF_CHECKED_MARKERS
     from zephyr.token_cache.layout import CHECKSUM_ALGORITHM, LEDGER_NAME, SHARD_SUMMARY_NAME, new_hasher
 
     def digest(url: str) -> str:

@@ -28,7 +28,7 @@ from levanter.tokenization import load_tokenizer, save_tokenizer, train_bpe_toke
 from levanter.trainer.checkpoint_reading import committed_steps
 from levanter.trainer.tracker import read_metrics
 from marin.execution.artifact import load_artifact
-from marin.execution.step_ownership import latest_work_path
+from marin.execution.ownership.step_ownership import latest_work_path
 from marin.execution.step_runner import StepRunner
 from marin.rl import ArithmeticEnvironment, RlTrainedModel, RolloutSampling, grpo, rl_train
 

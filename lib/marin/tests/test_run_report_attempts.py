@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from iris.attempt_log import RECORD_FILE, AttemptRecord, attempt_url
-from marin.execution.run_report import Outcome, RunReport, StepOutcome, StepRunFailed
+from marin.execution.records.run_report import Outcome, RunReport, StepOutcome, StepRunFailed
 
 
 def _attempt(folder: Path, number: int, outcome: str, *, started: float, job: str | None = None) -> None:

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray", reason="the Ray backend needs `pip install 'mar
 from fray.cluster.ray_client import RayClient  # noqa: E402
 
 from marin.execution.artifact import load_artifact  # noqa: E402
-from marin.execution.step_executor import ClientStepExecutor, executor_for  # noqa: E402
+from marin.execution.running.step_executor import ClientStepExecutor, executor_for  # noqa: E402
 from marin.execution.step_runner import StepRunner  # noqa: E402
 from marin.execution.step_spec import StepSpec  # noqa: E402
 
@@ -167,7 +167,7 @@ def test_lost_lease_cancels_the_remote_step(ray_client, tmp_path):
 
     from rigging.lease import LeaseLostError
 
-    from marin.execution.step_executor import StepCall
+    from marin.execution.running.step_executor import StepCall
 
     def forever():
         time.sleep(600)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from marin import cli
-from marin.execution.executor_files import STATUS_RUNNING, write_info, write_status
+from marin.execution.records.executor_files import STATUS_RUNNING, write_info, write_status
 from marin.scaling.runs import TRAINED_MODEL_TYPE, collect_runs
 
 REPO = Path(__file__).resolve().parents[3]

@@ -49,7 +49,7 @@ def test_step_folders_reached_through_a_link_out_of_the_prefix_are_not_listed(pr
         (parent / "step-0123abcd").mkdir(parents=True)
         (parent / "step-0123abcd" / ".executor_status").write_text(json.dumps({"status": "SUCCESS", "time": 1.0e9}))
     os.symlink(outside / "theirs", root / "linked")
-    # The walk (marin.execution.catalog) descends only into real folders: fsspec lists a link as "other".
+    # The walk (marin.execution.records.catalog) descends only into real folders: fsspec lists a link as "other".
     client = TestClient(create_app(str(root)), raise_server_exceptions=False)
     assert [row["path"] for row in client.get("/api/steps").json()["steps"]] == ["mine/step-0123abcd"]
 

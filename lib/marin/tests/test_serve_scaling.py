@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient
-from marin.execution.executor_files import STATUS_FAILED, STATUS_SUCCESS, write_status
+from marin.execution.records.executor_files import STATUS_FAILED, STATUS_SUCCESS, write_status
 from marin.serve.app import create_app
 
 # Chinchilla's law, with a floor raised to suit small models; N_opt is about 6e6 params at 3e15 FLOPs,

@@ -3,8 +3,8 @@
 import logging
 
 import pytest
-from marin.execution import shard_backend
-from marin.execution.shard_backend import default_backend
+from marin.execution.running import shard_backend
+from marin.execution.running.shard_backend import default_backend
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import logging
 import threading
 
 from iris.attempt_log import list_attempts, read_log
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 
@@ -83,7 +83,7 @@ def test_marin_status_shows_the_job_and_attempt_of_a_running_step(tmp_path, caps
     import json
 
     from marin.cli import main
-    from marin.execution.executor_files import write_info, write_status
+    from marin.execution.records.executor_files import write_info, write_status
 
     folder = tmp_path / "checkpoints" / "big-0123abcd"
     folder.mkdir(parents=True)

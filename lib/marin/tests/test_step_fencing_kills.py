@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from iris import JobStore
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 
 RUNNER = textwrap.dedent(
     """
@@ -230,7 +230,7 @@ def test_killing_runner_and_supervisor_together_leaves_a_replica_the_rerun_waits
 def test_staging_folders_of_stopped_executions_go_at_the_next_commit_and_a_live_ones_stays(tmp_path):
     import json as json_module
 
-    from marin.execution.step_ownership import discard_stale_staging, heartbeat_url
+    from marin.execution.ownership.step_ownership import discard_stale_staging, heartbeat_url
     from rigging.lease import ProcessIdentity
 
     step = tmp_path / "step"

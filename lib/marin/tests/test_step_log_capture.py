@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from iris.attempt_log import AttemptLog, list_attempts, read_log
-from marin.execution import step_output
+from marin.execution.running import step_output
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 

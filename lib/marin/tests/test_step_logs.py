@@ -9,7 +9,7 @@ import time
 import pytest
 from iris.attempt_log import AttemptLog, AttemptOutcome
 from marin.cli import main
-from marin.execution import step_logs
+from marin.execution.command_line import step_logs
 from rigging import filesystem as fsx
 
 WAIT_S = 30

@@ -12,7 +12,7 @@ import textwrap
 from rigging import filesystem as fsx
 from zephyr import Dataset
 
-from marin.execution.executor_files import LOCK_FILE, STATUS_FILE
+from marin.execution.records.executor_files import LOCK_FILE, STATUS_FILE
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 

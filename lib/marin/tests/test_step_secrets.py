@@ -120,7 +120,7 @@ def fails_quoting_its_credential():
 
 
 def test_an_error_that_quotes_a_credential_is_kept_without_it(tmp_path, secret_environment):
-    from marin.execution.executor_files import read_status
+    from marin.execution.records.executor_files import read_status
 
     report = StepRunner(prefix=str(tmp_path / "prefix")).run([StepSpec("quotes", fails_quoting_its_credential)],
                                                             raise_on_failure=False)

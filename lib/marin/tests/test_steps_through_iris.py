@@ -29,8 +29,8 @@ import pytest
 
 from iris import JobStore
 from iris.attempt_log import list_attempts, read_log
-from marin.execution.executor_files import read_status
-from marin.execution.step_ownership import latest_work_path
+from marin.execution.records.executor_files import read_status
+from marin.execution.ownership.step_ownership import latest_work_path
 
 pytestmark = [
     pytest.mark.slow,
@@ -187,7 +187,7 @@ def _assert_preempted_twice_and_logged(outputs: dict, iris_home: Path, preempted
     assert (record.state.value, record.preemptions, record.failures, record.attempts) == ("SUCCEEDED", 2, 0, 3)
     assert all(len(a.record.engine_jobs) == 1 and a.record.engine_jobs[0] for a in attempts)  # one replica each
     logs = [read_log(a.logs[0]).decode(errors="replace") for a in attempts]
-    assert all("marin.execution.step_job" in text for text in logs)
+    assert all("marin.execution.running.step_job" in text for text in logs)
     assert "Resumed from checkpoint step" not in logs[0]
     assert all("Resumed from checkpoint step" in text for text in logs[1:])
     saved = set(re.findall(r"Checkpoint of step (\d+) handed to the writer", "".join(logs)))
@@ -213,7 +213,7 @@ def _assert_attempts_on_the_serve_step_page(train: str, job_attempts: list[int])
         assert page.status_code == 200 and page.text.count("PREEMPTED") >= 2
         for attempt in (1, 2, 3):
             log = client.get("/api/log", params={"path": relative, "attempt": attempt}).json()
-            assert "marin.execution.step_job" in log["text"]
+            assert "marin.execution.running.step_job" in log["text"]
 
 
 def _through_iris(inputs, tmp_path, engine_env: dict[str, str], preempt: Callable[[Path], None], uninterrupted: dict) -> None:
@@ -270,7 +270,7 @@ def _replica_processes(call_part: str) -> list[int]:
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "marin.execution.step_job" in command and call_part in command:
+            if "marin.execution.running.step_job" in command and call_part in command:
                 pids.append(int(entry.name))
     return pids
 

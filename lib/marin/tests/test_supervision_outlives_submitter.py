@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from iris import JobStore
-from marin.execution.executor_files import read_status
+from marin.execution.records.executor_files import read_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 

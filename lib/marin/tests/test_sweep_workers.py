@@ -8,7 +8,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from marin.execution.executor_files import STATUS_SUCCESS, read_status
+from marin.execution.records.executor_files import STATUS_SUCCESS, read_status
 
 # Six points of a grid, each a step that notes when it starts and when it finishes, by whom.
 SWEEP_SCRIPT = textwrap.dedent(

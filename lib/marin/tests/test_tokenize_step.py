@@ -18,7 +18,7 @@ import tokenizers
 from levanter.tokenization import TokenizerNotFoundError, load_tokenizer, save_tokenizer, train_bpe_tokenizer
 from marin.execution.artifact import load_artifact
 from marin.execution.lazy import lazy_step, lower
-from marin.execution.step_ownership import latest_work_path
+from marin.execution.ownership.step_ownership import latest_work_path
 from marin.execution.step_runner import StepRunner
 from marin.experiment.data import tokenized
 from marin.processing.tokenize import TokenizedDataset

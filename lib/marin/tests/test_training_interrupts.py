@@ -16,8 +16,8 @@ import pytest
 
 from iris import PREEMPTED_EXIT_CODE
 from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
-from marin.execution.executor_files import LOCK_FILE, read_status
-from marin.execution.step_ownership import latest_work_path
+from marin.execution.records.executor_files import LOCK_FILE, read_status
+from marin.execution.ownership.step_ownership import latest_work_path
 
 STEPS = 150  # far more than run before the test interrupts (it signals once step 1 is logged)
 
@@ -195,8 +195,8 @@ def test_sigterm_stops_any_cooperative_step_and_exits_75_so_schedulers_retry(tmp
 def test_stop_reason_says_why_and_a_lost_lease_comes_first():
     import threading
 
-    from marin.execution.interrupts import Interrupt, RunInterruption
-    from marin.execution.step_context import RunCancelled, StepContext, StopReason
+    from marin.execution.ownership.interrupts import Interrupt, RunInterruption
+    from marin.execution.running.step_context import RunCancelled, StepContext, StopReason
     from marin.execution.step_spec import StepSpec
 
     def context(cancelled: threading.Event, lease_lost: threading.Event | None = None) -> StepContext:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from rigging import filesystem as fsx
+from zephyr import output_checksums
 from zephyr.output_checksums import (
     MANIFEST_NAME,
     OutputChangedError,
@@ -120,3 +122,57 @@ def test_folders_that_carry_their_own_checksums_are_left_out_of_the_manifest(tmp
     assert sorted(write_checksums(str(tmp_path))) == [
         "cache/train/shard-00000/shard.json", "cache/train/shard-00000/tokens.bin", "checkpoints/metrics.jsonl",
         "checkpoints/step-10/checksums.json", "checkpoints/step-10/state/params", "data/part-0.jsonl"]
+
+
+def _counting_manifest_looks(monkeypatch, url: str) -> list[str]:
+    """The manifest paths the store at ``url`` is asked about from now on, in order."""
+    fs, _ = fsx.filesystem(url)
+    asked: list[str] = []
+    real_info = type(fs).info
+
+    def info(self, path, **kwargs):
+        if str(path).endswith(MANIFEST_NAME):
+            asked.append(str(path))
+        return real_info(self, path, **kwargs)
+
+    monkeypatch.setattr(type(fs), "info", info)
+    return asked
+
+
+def test_on_an_object_store_each_folder_without_a_manifest_is_asked_about_once(monkeypatch):
+    root = "memory://checksum-misses/raw/a/b"
+    for i in range(3):
+        write_jsonl_file(f"{root}/part-{i}.jsonl", [{"text": f"shard {i}"}])
+    monkeypatch.setattr(output_checksums, "_absent", {})
+    asked = _counting_manifest_looks(monkeypatch, root)
+    assert list(read_jsonl(f"{root}/part-0.jsonl")) == [{"text": "shard 0"}]
+    # Every folder above the shard, up to the store's top: each once.
+    assert len(asked) == len(set(asked)) and asked[0].endswith(f"raw/a/b/{MANIFEST_NAME}") and len(asked) >= 4
+    for i in (1, 2):
+        assert list(read_jsonl(f"{root}/part-{i}.jsonl")) == [{"text": f"shard {i}"}]
+    assert len(asked) == len(set(asked))  # not asked again for the other shards
+
+
+def test_a_manifest_written_after_a_folder_was_seen_without_one_is_found(monkeypatch):
+    monkeypatch.setattr(output_checksums, "_absent", {})
+    root = "memory://checksum-late/step"
+    write_jsonl_file(f"{root}/data/part-0.jsonl", [{"text": "a cat sat"}])
+    assert list(read_jsonl(f"{root}/data/part-0.jsonl"))  # the folders are seen without a manifest
+    write_checksums(root)  # a commit in this process
+    fs, path = fsx.filesystem(f"{root}/data/part-0.jsonl")
+    fs.pipe_file(path, b'{"text": "a cat sat!"}\n')
+    with pytest.raises(OutputChangedError):
+        list(read_jsonl(f"{root}/data/part-0.jsonl"))
+
+    # A manifest another process writes is found once the remembered absence is ABSENT_KEPT_S old.
+    other = "memory://checksum-other/step"
+    write_jsonl_file(f"{other}/part-0.jsonl", [{"text": "a mat"}])
+    now = [1000.0]
+    monkeypatch.setattr(output_checksums, "_clock", lambda: now[0])
+    assert list(read_jsonl(f"{other}/part-0.jsonl"))
+    manifest = {"algorithm": "sha256", "files": {"part-0.jsonl": {"size": 1, "sha256": "0" * 64}}}
+    fs.pipe_file(fsx.filesystem(f"{other}/{MANIFEST_NAME}")[1], json.dumps(manifest).encode())
+    assert list(read_jsonl(f"{other}/part-0.jsonl"))  # still believed absent
+    now[0] += output_checksums.ABSENT_KEPT_S
+    with pytest.raises(OutputChangedError, match="it holds .* bytes but the step recorded 1 when it committed"):
+        list(read_jsonl(f"{other}/part-0.jsonl"))

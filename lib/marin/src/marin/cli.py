@@ -17,9 +17,9 @@ from rigging.config.discovery import ConfigError
 from rigging.log import setup_logging
 
 COMMAND_MODULES: list[str] = [
-    "marin.execution.commands",  # run, status, explain
-    "marin.execution.reproduce_command",  # reproduce
-    "marin.execution.step_logs",  # logs
+    "marin.execution.command_line.commands",  # run, status, explain
+    "marin.execution.command_line.reproduce_command",  # reproduce
+    "marin.execution.command_line.step_logs",  # logs
     "marin.generate",  # generate
     "marin.reports.cli",  # report
     "marin.serve.cli",  # serve

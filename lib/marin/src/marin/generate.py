@@ -23,8 +23,8 @@ from rigging.log import get_logger
 
 from marin.errors import MarinError
 from marin.execution.artifact import ArtifactError, load_artifact
-from marin.execution.catalog import find_step_folders
-from marin.execution.executor_files import STATUS_SUCCESS, read_status
+from marin.execution.records.catalog import find_step_folders
+from marin.execution.records.executor_files import STATUS_SUCCESS, read_status
 
 logger = get_logger(__name__)
 

@@ -23,7 +23,10 @@ alike. Only the files a step opens are hashed: an evaluation that reads one chec
 step does not hash the others. ``bench/output_checksums.py`` measures the cost.
 
 Folders without a manifest (outputs of steps committed before manifests were written, and every
-input that is no step's output) read as before, unchecked and silently. A file the manifest does not
+input that is no step's output) read as before, unchecked and silently. On an object store, where
+each look for a manifest is a request, a folder found without one is remembered as such (see
+:data:`ABSENT_KEPT_S`), so opening the shards of a folder asks once per folder above them, not
+once per shard. A file the manifest does not
 list is not checked either; nor are folders whose files carry checksums of their own (checkpoints,
 token-cache shards), which the engine names when it commits (``self_checked``).
 """
@@ -34,6 +37,7 @@ import hashlib
 import json
 import posixpath
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -130,6 +134,7 @@ def write_checksums(folder: str, *, self_checked: Collection[str] = ()) -> dict[
     record = {"algorithm": ALGORITHM,
               "files": {name: {"size": entry.size, "sha256": entry.sha256} for name, entry in files.items()}}
     fsx.atomic_write(fsx.join(folder, MANIFEST_NAME), json.dumps(record, indent=1, sort_keys=True))
+    _forget_absences()  # the folder this manifest lands in may have been seen without one
     return files
 
 
@@ -162,6 +167,36 @@ _parsed_lock = threading.Lock()
 _PARSED_KEPT = 64
 
 
+# Folders of an object store found without a manifest, by URL, with when. A manifest is written only
+# into a step's folder, by the commit that brings in the files it records, so a folder seen without
+# one normally stays so for the files read from it. Two things can add one later: a commit in this
+# process (write_checksums forgets every absence at once) and a commit by another process (seen once
+# the absence is ABSENT_KEPT_S old). Local disks are asked each time: a stat costs microseconds.
+ABSENT_KEPT_S = 60.0
+_absent: dict[str, float] = {}
+_absent_lock = threading.Lock()
+_ABSENT_KEPT = 4096
+_clock = time.monotonic
+
+
+def _known_absent(folder_url: str) -> bool:
+    with _absent_lock:
+        seen = _absent.get(folder_url)
+    return seen is not None and _clock() - seen < ABSENT_KEPT_S
+
+
+def _remember_absent(folder_url: str) -> None:
+    with _absent_lock:
+        if len(_absent) >= _ABSENT_KEPT:
+            _absent.clear()
+        _absent[folder_url] = _clock()
+
+
+def _forget_absences() -> None:
+    with _absent_lock:
+        _absent.clear()
+
+
 def _version(info: dict) -> str:
     stamp = next((info[key] for key in ("mtime", "ETag", "etag", "md5Hash", "generation", "LastModified", "updated")
                   if info.get(key) is not None), None)
@@ -178,12 +213,15 @@ def recorded_checksum(url: str) -> tuple[str, RecordedFile] | None:
     folder = posixpath.dirname(path.rstrip("/"))
     while relative and is_recorded_name(relative):
         manifest = f"{folder.rstrip('/')}/{MANIFEST_NAME}"
-        try:
-            info = fs.info(manifest)
-        except FileNotFoundError:
-            info = None
-        except PermissionError:  # a store that lets this reader see only a part of it: nothing above is ours
-            return None
+        info = None
+        if not (protocol and _known_absent(protocol + folder)):
+            try:
+                info = fs.info(manifest)
+            except FileNotFoundError:
+                if protocol:
+                    _remember_absent(protocol + folder)
+            except PermissionError:  # a store that lets this reader see only a part of it: nothing above is ours
+                return None
         if info is not None:
             key = (protocol + manifest, _version(info))
             with _parsed_lock:
@@ -251,6 +289,7 @@ def changed_files(folder: str) -> list[OutputChangedError] | None:
 
 
 __all__ = [
+    "ABSENT_KEPT_S",
     "ALGORITHM",
     "MANIFEST_NAME",
     "OutputChangedError",

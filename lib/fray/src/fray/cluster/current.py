@@ -17,7 +17,7 @@ A setting, wherever it is given (``backend=`` of a zephyr run or a tokenize step
   its default partition; ``slurm:PARTITION``: that partition;
 * ``iris:ENGINE`` (``iris:slurm``, ``iris:slurm:PARTITION``, ``iris:ray``, ``iris:ray:autoscaling``,
   ``iris:ray:local``, ``iris:ray://HOST:PORT``, ``iris:local``): steps run as iris jobs on ENGINE, with retries on
-  preemption and failure (see ``marin.execution.iris_steps``); any other work (a remote call, a
+  preemption and failure (see ``marin.execution.running.iris_steps``); any other work (a remote call, a
   pipeline's shards) gets ENGINE's client, as if the setting were ENGINE alone.
 
 The current client, first match wins:

@@ -12,6 +12,7 @@ rotary tables), and so are the layer loop, remat, scan and cached decoding.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import InitVar, dataclass
 
 import equinox as eqx
@@ -24,7 +25,7 @@ from haliax.module import NamedModule
 from haliax.nn import Embedding, Linear
 from haliax.partitioning import constrain
 from levanter.models.lm import LmOutput
-from levanter.models.transformer import ACTIVATIONS, Attention, Bias, ConfigError, DecoderShape, build_layers, run_layers
+from levanter.models.transformer import ACTIVATIONS, Attention, Bias, ConfigError, DecoderLM, DecoderShape, build_layers, run_layers
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class Gpt2Block(eqx.Module):
         return x + self.mlp(self.post_attention_norm(x)), k_cache, v_cache
 
 
-class Gpt2LMHeadModel(eqx.Module):
+class Gpt2LMHeadModel(DecoderLM):
     """Tokens -> next-token logits, with the same contract as ``LlamaLMHeadModel``."""
 
     config: Gpt2Config = eqx.field(static=True)
@@ -175,22 +176,11 @@ class Gpt2LMHeadModel(eqx.Module):
     lm_head: Linear | None
 
     def __init__(self, config: Gpt2Config, vocab_size: int, *, key: jax.Array):
-        if vocab_size <= 0:
-            raise ConfigError(f"vocab_size must be positive, got {vocab_size}.")
         k_embed, k_pos, k_layers, k_head = jax.random.split(key, 4)
-        std = config.initializer_range
-        self.config = config
-        self.embed = Embedding(vocab_size, config.hidden_dim, key=k_embed, init_std=std)
-        self.position_embed = PositionEmbedding(config.max_seq_len, config.hidden_dim, key=k_pos, init_std=std)
-        self.layers = build_layers(lambda k: Gpt2Block(config, key=k), config.num_layers, use_scan=config.use_scan, key=k_layers)
-        self.final_norm = LayerNorm(config.hidden_dim, eps=config.norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(
-            (config.hidden_dim,), (vocab_size,), in_axes=(EMBED,), out_axes=(VOCAB,), key=k_head, init_std=std
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embed.vocab_size
+        make_layers = functools.partial(build_layers, lambda k: Gpt2Block(config, key=k), config.num_layers, use_scan=config.use_scan)
+        self._build(config, vocab_size, keys=(k_embed, k_layers, k_head), make_layers=make_layers,
+                    final_norm=LayerNorm(config.hidden_dim, eps=config.norm_eps))
+        self.position_embed = PositionEmbedding(config.max_seq_len, config.hidden_dim, key=k_pos, init_std=config.initializer_range)
 
     def hidden_states(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """The final-normed hidden states [B, T, embed] and the aux loss (zero)."""
@@ -203,13 +193,6 @@ class Gpt2LMHeadModel(eqx.Module):
         x, aux = run_layers(self.layers, x, cos=None, sin=None, segment_ids=segment_ids, remat=self.config.remat)
         return self.final_norm(x), aux
 
-    def unembedding(self) -> jax.Array:
-        return self.embed.weight.T if self.lm_head is None else self.lm_head.weight
-
     def forward(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> LmOutput:
         x, aux = self.hidden_states(tokens, segment_ids=segment_ids)
-        logits = self.embed.unembed(x) if self.lm_head is None else self.lm_head(x)
-        return LmOutput(constrain(logits, (BATCH, SEQ, VOCAB)), aux)
-
-    def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> jax.Array:
-        return self.forward(tokens, segment_ids=segment_ids).logits
+        return LmOutput(constrain(self._logits(x), (BATCH, SEQ, VOCAB)), aux)

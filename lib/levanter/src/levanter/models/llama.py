@@ -14,6 +14,7 @@ is made of, so the same layer, its cached decoding and the checkpoint conversion
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import InitVar, dataclass, field
 
@@ -31,16 +32,17 @@ from levanter.models.lm import LmOutput, soft_cap
 from levanter.models.transformer import (
     ACTIVATIONS,
     LAYER_TYPES,
-    OMIT_WHEN_DEFAULT,
     QK_NORM_SCOPES,
     Attention,
     ConfigError,
+    DecoderLM,
     DecoderShape,
     GatedMlp,
     ScaledEmbedding,
     build_layers,
     run_layers,
 )
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT
 
 
 # Where LlamaDecoderLayer puts its RMSNorms (LlamaConfig.norm_placement).
@@ -246,7 +248,7 @@ def _normed(norm: RMSNorm | None, x: jax.Array) -> jax.Array:
     return x if norm is None else norm(x)
 
 
-class LlamaLMHeadModel(eqx.Module):
+class LlamaLMHeadModel(DecoderLM):
     """Tokens -> next-token logits. Parameters are plain arrays; dtype of the embedding table is
     the compute dtype (cast the tree to bfloat16 for mixed precision)."""
 
@@ -257,45 +259,26 @@ class LlamaLMHeadModel(eqx.Module):
     lm_head: Linear | None
 
     def __init__(self, config: LlamaConfig, vocab_size: int, *, key: jax.Array):
-        if vocab_size <= 0:
-            raise ConfigError(f"vocab_size must be positive, got {vocab_size}.")
-        k_embed, k_layers, k_head = jax.random.split(key, 3)
-        std = config.initializer_range
-        self.config = config
-        if config.scale_embeddings:
-            self.embed = ScaledEmbedding(vocab_size, config.hidden_dim, scale=math.sqrt(config.hidden_dim), key=k_embed, init_std=std)
-        else:
-            self.embed = Embedding(vocab_size, config.hidden_dim, key=k_embed, init_std=std)
-        if config.layer_types is None or config.use_scan:  # (scanned layers are all of one kind)
-            self.layers = build_layers(lambda k: LlamaDecoderLayer(config, key=k), config.num_layers, use_scan=config.use_scan, key=k_layers)
-        else:  # each layer its own window; drawn from the same keys as build_layers would draw
-            keys = jax.random.split(k_layers, config.num_layers)
-            self.layers = tuple(LlamaDecoderLayer(config, key=k, layer_index=i) for i, k in enumerate(keys))
-        self.final_norm = RMSNorm(config.hidden_dim, eps=config.norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(
-            (config.hidden_dim,), (vocab_size,), in_axes=(EMBED,), out_axes=(VOCAB,), key=k_head, init_std=std
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embed.vocab_size
+        embedding = functools.partial(ScaledEmbedding, scale=math.sqrt(config.hidden_dim)) if config.scale_embeddings else Embedding
+        self._build(config, vocab_size, keys=jax.random.split(key, 3), make_layers=functools.partial(_decoder_layers, config),
+                    final_norm=RMSNorm(config.hidden_dim, eps=config.norm_eps), embedding=embedding)
 
     def hidden_states(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """The final-normed hidden states [B, T, embed] and the aux loss, before the output projection."""
         return _trunk(self, tokens, segment_ids)
 
-    def unembedding(self) -> jax.Array:
-        """The output projection as an [embed, vocab] matrix (the embedding table transposed if tied)."""
-        return self.embed.weight.T if self.lm_head is None else self.lm_head.weight
-
     def forward(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> LmOutput:
         x, aux = self.hidden_states(tokens, segment_ids=segment_ids)
-        logits = self.embed.unembed(x) if self.lm_head is None else self.lm_head(x)
-        logits = constrain(soft_cap(logits, self.config.final_logit_softcap), (BATCH, SEQ, VOCAB))
+        logits = constrain(soft_cap(self._logits(x), self.config.final_logit_softcap), (BATCH, SEQ, VOCAB))
         return LmOutput(logits, aux)
 
-    def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> jax.Array:
-        return self.forward(tokens, segment_ids=segment_ids).logits
+
+def _decoder_layers(config: LlamaConfig, *, key: jax.Array) -> tuple[LlamaDecoderLayer, ...] | Stacked:
+    if config.layer_types is None or config.use_scan:  # (scanned layers are all of one kind)
+        return build_layers(lambda k: LlamaDecoderLayer(config, key=k), config.num_layers, use_scan=config.use_scan, key=key)
+    # Each layer its own window; drawn from the same keys as build_layers would draw.
+    keys = jax.random.split(key, config.num_layers)
+    return tuple(LlamaDecoderLayer(config, key=k, layer_index=i) for i, k in enumerate(keys))
 
 
 def _trunk(model, tokens: jax.Array, segment_ids: jax.Array | None) -> tuple[jax.Array, jax.Array]:

@@ -17,6 +17,7 @@ every token passes through (Qwen2-MoE).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import InitVar, dataclass, field
 from typing import NamedTuple
@@ -32,7 +33,8 @@ from haliax.partitioning import constrain
 from levanter.models.expert_parallel import expert_placement, grouped_experts
 from levanter.models.llama import _trunk
 from levanter.models.lm import LmOutput
-from levanter.models.transformer import OMIT_WHEN_DEFAULT, Attention, ConfigError, DecoderShape, GatedMlp, build_layers
+from levanter.models.transformer import Attention, ConfigError, DecoderLM, DecoderShape, GatedMlp, build_layers
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ class MoeDecoderLayer(eqx.Module):
         return x + y, k_cache, v_cache
 
 
-class MoeLMHeadModel(eqx.Module):
+class MoeLMHeadModel(DecoderLM):
     """Tokens -> logits; ``forward`` also returns the weighted mean balance loss over layers and the
     routing metrics (``moe/dropped_fraction``; ``moe/expert_capacity`` when experts are split)."""
 
@@ -257,20 +259,9 @@ class MoeLMHeadModel(eqx.Module):
     lm_head: Linear | None
 
     def __init__(self, config: MoeConfig, vocab_size: int, *, key: jax.Array):
-        if vocab_size <= 0:
-            raise ConfigError(f"vocab_size must be positive, got {vocab_size}.")
-        k_embed, k_layers, k_head = jax.random.split(key, 3)
-        self.config = config
-        self.embed = Embedding(vocab_size, config.hidden_dim, key=k_embed, init_std=config.initializer_range)
-        self.layers = build_layers(lambda k: MoeDecoderLayer(config, key=k), config.num_layers, use_scan=config.use_scan, key=k_layers)
-        self.final_norm = RMSNorm(config.hidden_dim, eps=config.norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(
-            (config.hidden_dim,), (vocab_size,), in_axes=(EMBED,), out_axes=(VOCAB,), key=k_head, init_std=config.initializer_range
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embed.vocab_size
+        make_layers = functools.partial(build_layers, lambda k: MoeDecoderLayer(config, key=k), config.num_layers, use_scan=config.use_scan)
+        self._build(config, vocab_size, keys=jax.random.split(key, 3), make_layers=make_layers,
+                    final_norm=RMSNorm(config.hidden_dim, eps=config.norm_eps))
 
     def hidden_states_and_metrics(
         self, tokens: jax.Array, *, segment_ids: jax.Array | None = None
@@ -291,13 +282,6 @@ class MoeLMHeadModel(eqx.Module):
         x, aux, _ = self.hidden_states_and_metrics(tokens, segment_ids=segment_ids)
         return x, aux
 
-    def unembedding(self) -> jax.Array:
-        return self.embed.weight.T if self.lm_head is None else self.lm_head.weight
-
     def forward(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> LmOutput:
         x, aux, metrics = self.hidden_states_and_metrics(tokens, segment_ids=segment_ids)
-        logits = self.embed.unembed(x) if self.lm_head is None else self.lm_head(x)
-        return LmOutput(constrain(logits, (BATCH, SEQ, VOCAB)), aux, metrics)
-
-    def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> jax.Array:
-        return self.forward(tokens, segment_ids=segment_ids).logits
+        return LmOutput(constrain(self._logits(x), (BATCH, SEQ, VOCAB)), aux, metrics)

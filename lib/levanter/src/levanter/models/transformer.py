@@ -1,5 +1,6 @@
 """Pieces shared by the decoder-only models: grouped-query attention with RoPE, the gated (SwiGLU)
-MLP, and the loop over layers (unrolled or scanned, optionally rematerialised).
+MLP, the loop over layers (unrolled or scanned, optionally rematerialised), and the frame of a
+whole model (:class:`DecoderLM`: embedding, layers, final norm, output projection).
 
 Attention and MLP also carry the options other Llama-like families need (biases, a per-head
 query/key norm, a head size of its own, a sliding window, a GELU gate); each is off by default,
@@ -8,6 +9,7 @@ and off it adds no parameter and no operation.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import math
@@ -20,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from haliax import Stacked
-from haliax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP, SEQ
+from haliax.axes import BATCH, EMBED, HEAD_DIM, HEADS, KV_HEADS, MLP, SEQ, VOCAB
 from haliax.module import NamedModule
 from haliax.nn import Embedding, Linear, RMSNorm, apply_rotary, attend, attention_mask, dot_product_attention, rotary_cos_sin
 from haliax.nn.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
@@ -28,6 +30,8 @@ from haliax.nn.attention_kernels import SPLASH_RESIDUALS_NAME
 from haliax.partitioning import constrain
 
 from levanter.errors import LevanterError
+from levanter.models.lm import LmOutput
+from levanter.recorded_fields import fields_to_record
 
 
 class ConfigError(LevanterError, ValueError):
@@ -87,21 +91,6 @@ QK_NORM_SCOPES = ("head", "projection")
 
 # The attention kinds a layer can have, by the names of transformers' ``layer_types``.
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-# Field metadata for options added to a config after configs of its class were already in use
-# (hashed into step identities, written to records). Such a field is left out of ``to_dict`` while
-# it holds its default, and marin.execution.identity leaves it out of a step's identity the same
-# way, so adding an option changes neither the record nor the hash of any existing config.
-OMIT_WHEN_DEFAULT = {"omit_when_default": True}
-
-
-def fields_to_record(config: Any) -> list[dataclasses.Field]:
-    """The dataclass fields of ``config`` that its record and identity include (see OMIT_WHEN_DEFAULT)."""
-    return [
-        f for f in dataclasses.fields(config)
-        if not (f.metadata.get("omit_when_default") and getattr(config, f.name) == f.default)
-    ]
-
 
 class DecoderShape:
     """What every decoder config (Llama, MoE) derives from its shape fields.
@@ -462,3 +451,63 @@ def run_layers(
         x, aux = apply(layer, x, tables)
         aux_total = aux if aux_total is None else jax.tree.map(jnp.add, aux_total, aux)
     return x, aux_total
+
+
+class DecoderLM(eqx.Module):
+    """Tokens -> embedding -> layers -> final norm -> output projection: the frame of every
+    decoder-only model here, built the same way for each.
+
+    A family declares the fields ``config``, ``embed``, ``layers``, ``final_norm`` and ``lm_head``
+    itself, with any of its own, in the order its checkpoints keep (declared here, they would come
+    first in every family's tree), builds them with :meth:`_build` and says how its trunk runs
+    (``hidden_states``, ``forward``). The output projection is the family's own matrix, or the
+    embedding table transposed when they are tied.
+    """
+
+    def _build(
+        self,
+        config: Any,
+        vocab_size: int,
+        *,
+        keys: Sequence[jax.Array],
+        make_layers: Callable[..., Any],
+        final_norm: eqx.Module,
+        embedding: Callable[..., Embedding] = Embedding,
+    ) -> None:
+        """Set the fields every family has. ``keys``: one each for the embedding, the layers
+        (``make_layers(key=...)``) and the output projection; every weight is drawn with the
+        config's ``initializer_range``."""
+        if vocab_size <= 0:
+            raise ConfigError(f"vocab_size must be positive, got {vocab_size}.")
+        k_embed, k_layers, k_head = keys
+        std = config.initializer_range
+        self.config = config
+        self.embed = embedding(vocab_size, config.hidden_dim, key=k_embed, init_std=std)
+        self.layers = make_layers(key=k_layers)
+        self.final_norm = final_norm
+        self.lm_head = None if config.tie_word_embeddings else Linear(
+            (config.hidden_dim,), (vocab_size,), in_axes=(EMBED,), out_axes=(VOCAB,), key=k_head, init_std=std
+        )
+
+    @abc.abstractmethod
+    def hidden_states(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """The final-normed hidden states [B, T, embed] and the aux loss, before the output projection."""
+
+    @abc.abstractmethod
+    def forward(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> LmOutput:
+        """Logits [B, T, vocab], the aux loss and the family's own metrics."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.vocab_size
+
+    def unembedding(self) -> jax.Array:
+        """The output projection as an [embed, vocab] matrix (the embedding table transposed if tied)."""
+        return self.embed.weight.T if self.lm_head is None else self.lm_head.weight
+
+    def _logits(self, x: jax.Array) -> jax.Array:
+        """Final hidden states [B, T, embed] -> logits [B, T, vocab], before any soft cap."""
+        return self.embed.unembed(x) if self.lm_head is None else self.lm_head(x)
+
+    def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None) -> jax.Array:
+        return self.forward(tokens, segment_ids=segment_ids).logits

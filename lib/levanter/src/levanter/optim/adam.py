@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import optax
 
-from levanter.models.transformer import OMIT_WHEN_DEFAULT
 from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
 from levanter.optim.cautious import with_cautious_mask
 from levanter.optim.update_clipping import clip_update_rms
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT
 
 
 @OptimizerConfig.register("adam")

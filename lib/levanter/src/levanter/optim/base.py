@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from levanter.models.transformer import OMIT_WHEN_DEFAULT, fields_to_record
 from levanter.optim.errors import OptimizerConfigError, ScheduleError
 from levanter.optim.param_axes import DEFAULT_WEIGHT_DECAY_EXCLUDE, STACKING_AXES, DecayMask, ParamAxes
 from levanter.optim.weight_decay import check_patterns, weight_decay_mask
 from levanter.optim.schedule import SCHEDULE_NAMES, build_lr_schedule
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT, fields_to_record
 
 def default_weight_decay_mask(params) -> Any:
     """The default mask without axis names: 2-D arrays are decayed, anything else is not."""

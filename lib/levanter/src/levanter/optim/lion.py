@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import optax
 
-from levanter.models.transformer import OMIT_WHEN_DEFAULT
 from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
 from levanter.optim.cautious import with_cautious_mask
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT
 
 
 @OptimizerConfig.register("lion")

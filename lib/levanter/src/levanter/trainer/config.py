@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from levanter.errors import LevanterError
+from levanter.recorded_fields import OMIT_WHEN_DEFAULT, fields_to_record
 from levanter.trainer.mixed_precision import COMPUTE_DTYPE_POLICIES
 from levanter.trainer.tracker import TRACKER_NAMES
 
@@ -31,7 +32,7 @@ class MeshConfigError(TrainerConfigError):
 HASHED = {"hashed": True}
 # The same, for settings added after runs were identified by these hashes: left out of
 # hashed_settings() while they hold their default, so those runs keep their identities.
-HASHED_WHEN_SET = {"hashed": True, "omit_when_default": True}
+HASHED_WHEN_SET = {**HASHED, **OMIT_WHEN_DEFAULT}
 
 
 # The mesh axes that split a batch's rows: experts is a data axis for everything but the experts.
@@ -181,10 +182,7 @@ class TrainerConfig:
 
     def hashed_settings(self) -> dict[str, Any]:
         """The settings marked :data:`HASHED`, by name, as given: what a run's identity covers."""
-        return {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-            if f.metadata.get("hashed") and not (f.metadata.get("omit_when_default") and getattr(self, f.name) == f.default)
-        }
+        return {f.name: getattr(self, f.name) for f in fields_to_record(self) if f.metadata.get("hashed")}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -49,7 +49,7 @@ from marin.curation.steps import (
     resolve_input,
 )
 from marin.execution.lazy import LazyStep, lazy_step
-from marin.execution.shard_backend import default_backend
+from marin.execution.running.shard_backend import default_backend
 
 # 2: outputs laid out as every curation step's (data/, removed/, stats/), reasons without ids.
 # 3: output shard i holds input file i (the streaming passes), where 2 placed files by a hash of their

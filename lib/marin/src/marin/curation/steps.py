@@ -44,7 +44,7 @@ from marin.datasets.sources import _file_identity
 from marin.errors import MarinError
 from marin.execution.artifact import register_result_type
 from marin.execution.lazy import LazyStep, lazy_step
-from marin.execution.shard_backend import default_backend
+from marin.execution.running.shard_backend import default_backend
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -20,7 +20,7 @@ from rigging import filesystem as fsx
 
 from storygen import GENERATOR_NAME, GENERATOR_VERSION, iter_stories
 from marin.execution.lazy import LazyStep, lazy_step
-from marin.execution.step_context import StepContext
+from marin.execution.running.step_context import StepContext
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from rigging import filesystem as fsx
 
 from marin.datasets.builtin_corpus import SPLIT_FILES, BuiltinCorpusConfig, builtin_tinystories
 from marin.execution.lazy import LazyStep, lazy_step
-from marin.execution.step_context import StepContext
+from marin.execution.running.step_context import StepContext
 
 logger = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from rigging import filesystem as fsx
 from rigging.secrets import redact_argv
 
 from marin.errors import MarinError
-from marin.execution.executor_files import ARTIFACT_FILE
+from marin.execution.records.executor_files import ARTIFACT_FILE
 
 ARTIFACT_FORMAT = 1
 T = TypeVar("T")
@@ -253,7 +253,7 @@ def save_artifact(
 
     Paths inside ``output_path`` (and, given ``prefix``, inside the prefix) are stored relative;
     see the module docstring. ``staged_in`` is the folder the step's execution wrote its output
-    into, to be moved into ``output_path`` when it is committed (:mod:`marin.execution.step_ownership`):
+    into, to be moved into ``output_path`` when it is committed (:mod:`marin.execution.ownership.step_ownership`):
     the file goes there, and the result's paths into it are stored relative to it.
     """
     encoded = encode_result(result)

@@ -2,7 +2,7 @@
 
 A handle describes a step without running anything: it *is* a :class:`StepSpec` (``LazyStep``
 is another name for that class), built by :func:`lazy_step`, whose function always receives a
-:class:`~marin.execution.step_context.StepContext`, whatever its signature (the function is
+:class:`~marin.execution.running.step_context.StepContext`, whatever its signature (the function is
 marked :class:`~marin.execution.step_spec.takes_context`). So a handle's identity is the identity
 of the step that runs, handles compose (a handle's ``deps`` are handles), can be dictionary keys,
 and a step can look up a dependency by its handle: ``ctx.load_artifact(handle)``.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from marin.execution.step_graph import (
+from marin.execution.planning.step_graph import (
     StepGraphError,
     collect_steps,
     flatten_steps,

@@ -3,27 +3,27 @@
 ``StepRunner().run(steps)``:
 
 1. collects every transitive dependency of the steps and lazy handles it is given, refusing
-   cycles, two different steps with one identity (:mod:`~marin.execution.step_graph`), and two
+   cycles, two different steps with one identity (:mod:`~marin.execution.planning.step_graph`), and two
    identities sharing one output folder;
-2. plans (:mod:`~marin.execution.step_plan`): a step whose ``.executor_status`` is SUCCESS *for its identity* is *cached* and skipped;
+2. plans (:mod:`~marin.execution.planning.step_plan`): a step whose ``.executor_status`` is SUCCESS *for its identity* is *cached* and skipped;
    a FAILED one is rerun when ``force_run_failed`` (the default) and otherwise reported failed. A
    folder whose records name another identity is never reused, and cached outputs made by other
-   code are reported or, with ``strict``, refused (:mod:`~marin.execution.output_reuse`);
+   code are reported or, with ``strict``, refused (:mod:`~marin.execution.planning.output_reuse`);
 3. runs the rest in topological order, at most ``max_concurrent`` at a time (default
    :data:`DEFAULT_MAX_CONCURRENT`; each step waits in a thread of this process), each as one
-   :mod:`~marin.execution.step_attempt` under a lease, so that two runners on one prefix never
-   run a step twice (:mod:`~marin.execution.step_scheduler`);
+   :mod:`~marin.execution.scheduling.step_attempt` under a lease, so that two runners on one prefix never
+   run a step twice (:mod:`~marin.execution.scheduling.step_scheduler`);
 4. marks every dependent of a failed step DEP_FAILED without running it; independent branches
    still finish;
 5. returns a :class:`RunReport`, or raises :class:`StepRunFailed` (carrying the report) once all
    runnable work is done, if any step failed. ``raise_on_failure=False`` returns the report instead.
 
-Step functions run where :mod:`marin.execution.step_executor` sends them: in the runner's threads
+Step functions run where :mod:`marin.execution.running.step_executor` sends them: in the runner's threads
 by default, or through a fray client (``StepRunner(client=RayClient())`` or ``MARIN_CLUSTER``) with
-each step's ``resources``. Ctrl-C and SIGTERM stop a run as :mod:`~marin.execution.interrupts`
-says; ``marin run``'s options reach the runner as :mod:`~marin.execution.run_defaults` says. A
+each step's ``resources``. Ctrl-C and SIGTERM stop a run as :mod:`~marin.execution.ownership.interrupts`
+says; ``marin run``'s options reach the runner as :mod:`~marin.execution.planning.run_defaults` says. A
 prefix that can never hold outputs is refused before anything runs
-(:mod:`~marin.execution.prefix_check`).
+(:mod:`~marin.execution.planning.prefix_check`).
 """
 
 from __future__ import annotations
@@ -44,17 +44,17 @@ from rigging.log import get_logger, is_configured, setup_logging
 
 from marin.errors import MarinError
 from marin.execution.artifact import result_summary
-from marin.execution.engine_slots import EngineSlots, local_slots
-from marin.execution.executor_files import STATUS_FAILED
-from marin.execution.interrupts import Interrupt, RunInterruption, RunInterrupts
-from marin.execution.output_reuse import (
+from marin.execution.scheduling.engine_slots import EngineSlots, local_slots
+from marin.execution.records.executor_files import STATUS_FAILED
+from marin.execution.ownership.interrupts import Interrupt, RunInterruption, RunInterrupts
+from marin.execution.planning.output_reuse import (
     CodeChangedError,
     OutputPathConflict,
     UnverifiedOutputError,
     report_changed_code,
 )
-from marin.execution.prefix_check import PrefixNotWritableError, check_prefix
-from marin.execution.run_defaults import (
+from marin.execution.planning.prefix_check import PrefixNotWritableError, check_prefix
+from marin.execution.planning.run_defaults import (
     DEFAULT_MAX_CONCURRENT,
     RunOptionError,
     RunOptions,
@@ -62,13 +62,13 @@ from marin.execution.run_defaults import (
     current_launch,
     resolve_options,
 )
-from marin.execution.run_report import Outcome, RunReport, StepOutcome, StepRunFailed
-from marin.execution.step_attempt import RunSession
-from marin.execution.step_context import LeaseLostError
-from marin.execution.step_executor import StepExecutor, executor_for
-from marin.execution.step_graph import StepGraphError, flatten_steps
-from marin.execution.step_plan import Plan, PlannedStep, plan_steps, print_dry_run
-from marin.execution.step_scheduler import schedule_steps
+from marin.execution.records.run_report import Outcome, RunReport, StepOutcome, StepRunFailed
+from marin.execution.scheduling.step_attempt import RunSession
+from marin.execution.running.step_context import LeaseLostError
+from marin.execution.running.step_executor import StepExecutor, executor_for
+from marin.execution.planning.step_graph import StepGraphError, flatten_steps
+from marin.execution.planning.step_plan import Plan, PlannedStep, plan_steps, print_dry_run
+from marin.execution.scheduling.step_scheduler import schedule_steps
 from marin.execution.step_spec import StepSpec
 
 logger = get_logger(__name__)
@@ -86,11 +86,11 @@ class StepRunner:
     on (default: :func:`fray.cluster.current_client`: threads of this process unless configured
     otherwise, e.g. ``MARIN_CLUSTER=ray:auto``). ``cluster`` is a cluster setting for this runner
     instead of the configured one: ``"iris:slurm"`` (any ``iris:ENGINE``) runs each step as an iris
-    job with retries (:mod:`~marin.execution.iris_steps`), any other setting names the client steps
+    job with retries (:mod:`~marin.execution.running.iris_steps`), any other setting names the client steps
     run on. ``strict`` refuses to reuse cached outputs made
     by other code than the steps' functions now (see :meth:`run`). ``overrides`` beat every other
     option (default: those of the ``marin run`` in progress, if any; see
-    :mod:`marin.execution.run_defaults`).
+    :mod:`marin.execution.planning.run_defaults`).
 
     ``existing_outputs`` maps step identities to finished outputs elsewhere (another prefix): such a
     step is never run and nothing is written to its folder; its dependents read it there, and its
@@ -231,7 +231,7 @@ class StepRunner:
         if orchestrator == "iris":
             from iris.spec import InvalidJobSpec
 
-            from marin.execution.iris_steps import IrisStepExecutor
+            from marin.execution.running.iris_steps import IrisStepExecutor
 
             try:
                 return IrisStepExecutor(engine, prefix=self.prefix)

@@ -2,7 +2,7 @@
 
 A :class:`StepSpec` is frozen. Its :attr:`~StepSpec.identity` (a SHA-256 hex digest) is the hash
 of its name, version, hash attributes and its dependencies' identities; see
-:mod:`marin.execution.identity`. Where the output goes (``output_path``) and what hardware it
+:mod:`marin.execution.hashing.identity`. Where the output goes (``output_path``) and what hardware it
 needs (``resources``) are placement and never change the identity; neither do ``annotations``.
 
 It is the engine's only step type: the lazy handles that library helpers return
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from marin.execution.code_fingerprint import CodeFingerprint, fingerprint_function
-from marin.execution.identity import (
+from marin.execution.hashing.code_fingerprint import CodeFingerprint, fingerprint_function
+from marin.execution.hashing.identity import (
     InvalidStepError,
     canonical_hash_attrs,
     canonicalize,
@@ -63,7 +63,7 @@ class _computed_once:
 
 
 class takes_context:
-    """Mark ``fn`` as taking a :class:`~marin.execution.step_context.StepContext` whatever its signature.
+    """Mark ``fn`` as taking a :class:`~marin.execution.running.step_context.StepContext` whatever its signature.
 
     Lazy handles use it so a helper's ``def run(c): ...`` still receives the context.
     """

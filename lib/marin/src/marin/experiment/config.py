@@ -31,7 +31,7 @@ are refused before anything is parsed; an integer too long to print and a value 
 
 :func:`script_config` is what a script calls for its settings: the defaults, then the YAML files
 and then the ``--set`` overrides given to ``marin run`` for that name (see
-:mod:`marin.execution.run_defaults`). Under plain ``python`` there is no launch and the defaults are
+:mod:`marin.execution.planning.run_defaults`). Under plain ``python`` there is no launch and the defaults are
 returned; the script's own ``sys.argv`` is left to the script.
 """
 
@@ -50,7 +50,7 @@ import yaml
 from rigging.config import settings_file
 from rigging.config.errors import ConfigError as SettingsFileError
 
-from marin.execution.run_defaults import ConfigError, current_launch
+from marin.execution.planning.run_defaults import ConfigError, current_launch
 
 T = TypeVar("T")
 

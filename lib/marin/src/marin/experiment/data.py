@@ -20,7 +20,7 @@ from levanter.tokenization import load_tokenizer
 from marin.datasets.sources import ResolvedSource, resolve_source
 from marin.datasets.tokenizer_ref import ResolvedTokenizer, TokenizerRef, resolve_tokenizer_ref
 from marin.errors import MarinError
-from marin.execution.explain import PROVIDED_BY_DEPENDENCY
+from marin.execution.reproducibility.explain import PROVIDED_BY_DEPENDENCY
 from marin.execution.lazy import LazyStep, lazy_step
 from marin.processing.tokenize import (
     MissingSplitError,

@@ -25,9 +25,9 @@ from typing import Any
 
 from rigging.config.discovery import discover_config
 
-from marin.execution.commands import script_settings
-from marin.execution.run_defaults import RunOverrides
-from marin.execution.script_launch import declared_steps
+from marin.execution.command_line.commands import script_settings
+from marin.execution.planning.run_defaults import RunOverrides
+from marin.execution.running.script_launch import declared_steps
 
 # JAX, levanter and the planner are imported when a plan is asked for, not whenever `marin` starts.
 
@@ -131,7 +131,7 @@ def _plan_one(runner: Any, spec: Any, request: Any, vocab_size: int | None) -> d
 def _vocab_of_datasets(runner: Any, spec: Any, request: Any) -> int:
     """The vocabulary of the datasets' tokenizer, read from their finished tokenize steps (read only)."""
     from marin.execution.artifact import load_artifact
-    from marin.execution.executor_files import STATUS_SUCCESS, read_status
+    from marin.execution.records.executor_files import STATUS_SUCCESS, read_status
     from marin.experiment.plan import PlanError
     from marin.processing.tokenize import TokenizedDataset
 

@@ -35,7 +35,7 @@ from marin.errors import MarinError
 from marin.evaluation.during_training import HarnessDuringTraining
 from marin.evaluation.harness import HarnessResults, HarnessSettings
 from marin.execution.lazy import LazyStep
-from marin.execution.step_context import StopReason
+from marin.execution.running.step_context import StopReason
 from marin.experiment.data import cache_source
 from marin.experiment.initial_weights import InitializeFrom
 from marin.processing.tokenize import TokenizedDataset

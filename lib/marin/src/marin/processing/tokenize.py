@@ -41,7 +41,7 @@ from zephyr.worker_context import count
 from zephyr.writers import write_token_cache
 
 from marin.errors import MarinError
-from marin.execution.shard_backend import default_backend
+from marin.execution.running.shard_backend import default_backend
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def run_tokenize(
 
     ``backend``: where shards run: ``"inline"``, ``"threads"``, ``"processes"``, ``"ray"`` or a fray
     client (see :func:`fray.cluster.client_for`). By default the local process pool, one shard per
-    worker, when a split has several shards and at least ``marin.execution.shard_backend.PROCESS_POOL_MIN_BYTES`` of input; else
+    worker, when a split has several shards and at least ``marin.execution.running.shard_backend.PROCESS_POOL_MIN_BYTES`` of input; else
     in-process, where encode_batch still uses every core and no worker start-up is paid.
     """
     tokenizer = load_tokenizer(inputs.tokenizer, revision=inputs.tokenizer_revision)
@@ -334,7 +334,7 @@ def encoding_pipeline(files: list[str], num_shards: int | None, sample_count: in
 
 
 def shard_files_backend(shards: list[tuple[str, ...]]) -> str:
-    """The default backend for these shards (see :mod:`marin.execution.shard_backend`)."""
+    """The default backend for these shards (see :mod:`marin.execution.running.shard_backend`)."""
     return default_backend(len(shards), (url for group in shards for url in group), "tokenize shards")
 
 

@@ -20,8 +20,8 @@ def resolve_training_output(step_or_path: str, prefix: str | None = None) -> str
     from rigging import filesystem as fsx
     from rigging.config.discovery import discover_config
 
-    from marin.execution.catalog import find_step_folders
-    from marin.execution.executor_files import STATUS_SUCCESS, read_status
+    from marin.execution.records.catalog import find_step_folders
+    from marin.execution.records.executor_files import STATUS_SUCCESS, read_status
     from marin.reports.model_card import ReportSourceError
 
     what = os.path.expanduser(step_or_path)

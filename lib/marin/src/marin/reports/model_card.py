@@ -14,8 +14,8 @@ from typing import Any
 
 from marin.errors import MarinError
 from marin.execution.artifact import ArtifactError, load_artifact, register_result_type
-from marin.execution.catalog import step_folders
-from marin.execution.executor_files import STATUS_SUCCESS, prefix_of, read_info, read_status, recorded_dependency_paths
+from marin.execution.records.catalog import step_folders
+from marin.execution.records.executor_files import STATUS_SUCCESS, prefix_of, read_info, read_status, recorded_dependency_paths
 from marin.experiment.describe import describe_optimizer, model_family
 from marin.reports.loss_plot import plot_loss_curves, read_loss_curves
 from rigging import filesystem as fsx

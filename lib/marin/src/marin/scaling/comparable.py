@@ -4,7 +4,7 @@ A scaling law says how loss moves with parameters N and tokens D when nothing el
 also differ in their optimizer or its learning rate, their data, their initial weights or the
 validation set their loss is read on measure something else, and fitting them together gives a
 confident curve through a mixture. So the runs are split by everything that went into their
-identity (:func:`marin.execution.explain.identity_settings`) except the model's size fields and
+identity (:func:`marin.execution.reproducibility.explain.identity_settings`) except the model's size fields and
 the number of steps, plus the validation set: the largest group is fitted, and every other run is
 refused with what sets it apart, by name.
 """

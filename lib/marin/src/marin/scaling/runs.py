@@ -28,10 +28,10 @@ from typing import Any
 from rigging import filesystem as fsx
 from rigging.regular_files import RefusedFileError, read_bounded_text, stays_within
 
-from marin.execution.catalog import describe_folder, step_folders
-from marin.execution.executor_files import ARTIFACT_FILE, STATUS_SUCCESS, CorruptRecordError, read_info
-from marin.execution.explain import identity_settings
-from marin.execution.identity import SHORT_HASH_LENGTH, short_hash
+from marin.execution.records.catalog import describe_folder, step_folders
+from marin.execution.records.executor_files import ARTIFACT_FILE, STATUS_SUCCESS, CorruptRecordError, read_info
+from marin.execution.reproducibility.explain import identity_settings
+from marin.execution.hashing.identity import SHORT_HASH_LENGTH, short_hash
 from marin.scaling.comparable import comparable_settings, split_comparable
 from marin.scaling.points import ScalingRun
 

@@ -21,7 +21,7 @@ from rigging import filesystem as fsx
 from rigging.regular_files import RefusedFileError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from marin.execution.executor_files import CorruptRecordError
+from marin.execution.records.executor_files import CorruptRecordError
 from marin.scaling.analysis import analyse
 from marin.serve import pages
 from marin.serve.attempts import LOG_WINDOW_BYTES, log_url, read_window, step_attempts

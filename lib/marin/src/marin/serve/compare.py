@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from marin.execution.executor_files import CorruptRecordError, read_info
-from marin.execution.explain import identity_settings
+from marin.execution.records.executor_files import CorruptRecordError, read_info
+from marin.execution.reproducibility.explain import identity_settings
 from marin.experiment.describe import peak_rates, rates_text
 from marin.serve.paths import resolve
 from marin.serve.runs import final_metrics

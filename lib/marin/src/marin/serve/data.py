@@ -28,7 +28,7 @@ from rigging import filesystem as fsx
 from rigging.regular_files import RefusedFileError, check_regular, open_regular
 
 from marin.execution.artifact import ArtifactError, load_artifact
-from marin.execution.executor_files import ARTIFACT_FILE
+from marin.execution.records.executor_files import ARTIFACT_FILE
 from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import relative_to
 

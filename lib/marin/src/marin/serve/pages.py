@@ -9,7 +9,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from marin.execution.explain import flatten_attributes
+from marin.execution.reproducibility.explain import flatten_attributes
 from marin.serve.attempts import AttemptRow, LogWindow
 from marin.serve.charts import CHART_SCRIPT, Axes, line_chart, lineage_graph, value_text
 from marin.serve.compare import Comparison

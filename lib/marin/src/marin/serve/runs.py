@@ -18,8 +18,8 @@ from typing import Any
 from rigging import filesystem as fsx
 from rigging.regular_files import RefusedFileError, open_regular
 
-from marin.execution.executor_files import ARTIFACT_FILE, STATUS_FILE
-from marin.execution.step_ownership import STAGING_FOLDER
+from marin.execution.records.executor_files import ARTIFACT_FILE, STATUS_FILE
+from marin.execution.ownership.step_ownership import STAGING_FOLDER
 from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import resolve
 from marin.serve.steps import StepRow, read_json_file

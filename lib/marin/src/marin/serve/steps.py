@@ -1,6 +1,6 @@
 """The steps under a prefix as the view shows them: one row per output folder, and one step's details.
 
-Rows come from the files the runner keeps (see :mod:`marin.execution.executor_files`). A step's
+Rows come from the files the runner keeps (see :mod:`marin.execution.records.executor_files`). A step's
 duration is the time between its ``.executor_info`` being written (just before it starts) and its
 last status; while it runs, the time since then.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from rigging import filesystem as fsx
 from rigging.regular_files import RefusedFileError, read_bounded_text
 
-from marin.execution.catalog import step_folders
-from marin.execution.executor_files import (
+from marin.execution.records.catalog import step_folders
+from marin.execution.records.executor_files import (
     ARTIFACT_FILE,
     INFO_FILE,
     STATUS_RUNNING,
@@ -27,7 +27,7 @@ from marin.execution.executor_files import (
     read_status,
     recorded_dependency_paths,
 )
-from marin.execution.explain import identity_differences
+from marin.execution.reproducibility.explain import identity_differences
 from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import relative_to, resolve
 
