@@ -58,6 +58,9 @@ def test_grpo_raises_the_held_out_pass_rate_of_the_sft_model(tmp_path):
     rl, steps, start = re.search(r"RL model: +([0-9.]+) after (\d+) GRPO steps \(([0-9.]+) at the start", done.stdout).groups()
     # The RL run measured its starting weights (the SFT model's) the same way, greedily: the same figure.
     assert int(steps) == 40 and float(start) == sft
-    # Seeded and on-policy, the run gives the same figures every time on a machine (0.235 -> 0.640
-    # here): a margin of 0.2 is 40 more of the 200 held-out problems answered right.
-    assert float(rl) >= sft + 0.2, done.stdout
+    # Seeded and on-policy, the run gives the same figures every time on a machine, but any change to
+    # the float sums of training (a kernel, a reduction order) moves the SFT model it starts from, and
+    # so both figures. The margin is what 200 held-out problems can tell apart: a pass rate near 0.3
+    # has a binomial standard error of sqrt(0.3 * 0.7 / 200) = 0.032, the difference of two such
+    # rates 0.046, and a rise of 0.1 (20 more problems answered right) is over two of those.
+    assert float(rl) >= sft + 0.1, done.stdout
