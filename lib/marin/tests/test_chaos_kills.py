@@ -28,6 +28,7 @@ import pytest
 
 from iris import JobStore
 from marin.execution.records.executor_files import read_status
+from rigging.lease import process_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes in /proc")]
 
@@ -69,13 +70,6 @@ RUNNER = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _replicas(prefix: Path) -> list[int]:
     """The processes running a step's replica (``marin.execution.running.step_job``) for this prefix."""
     found = []
@@ -86,7 +80,7 @@ def _replicas(prefix: Path) -> list[int]:
             except OSError:
                 continue
             if b"marin.execution.running.step_job" in command and any(str(prefix).encode() in part for part in command):
-                if _alive(int(entry.name)):
+                if process_alive(int(entry.name)):
                     found.append(int(entry.name))
     return found
 
@@ -98,7 +92,7 @@ def _supervisors(iris_home: Path) -> list[int]:
         jobs = JobStore(iris_home, create=False).all()
     except Exception:  # noqa: BLE001 - the database is being created right now
         return []
-    return [job.supervisor_pid for job in jobs if not job.state.finished and job.supervisor_pid and _alive(job.supervisor_pid)]
+    return [job.supervisor_pid for job in jobs if not job.state.finished and job.supervisor_pid and process_alive(job.supervisor_pid)]
 
 
 def _queued_step_jobs(env: dict[str, str]) -> list[str]:
@@ -143,7 +137,7 @@ def _chaos_round(workdir: Path, engine: str, engine_env: dict[str, str], seed: i
                 time.sleep(0.1)
                 victims = find()
             time.sleep(rng.uniform(0.0, 1.5))
-            victims = [pid for pid in find() if _alive(pid)]
+            victims = [pid for pid in find() if process_alive(pid)]
             if victims and driver.poll() is None:
                 os.kill(rng.choice(victims), signal.SIGKILL)
                 kills.append(kind)
@@ -176,7 +170,7 @@ def _chaos_round(workdir: Path, engine: str, engine_env: dict[str, str], seed: i
         lines = (folder / "lines.txt").read_text().split()
         # One writer, and all of its lines: nothing of a fenced-off execution, nothing lost.
         assert len(pids) == 1 and len(lines) == LINES, (seed, name, len(lines), pids, kills)
-        assert not _alive(pids.pop()), (seed, name, kills)
+        assert not process_alive(pids.pop()), (seed, name, kills)
     # Nothing is left running: no replica of any execution, no job in the Slurm queue.
     _wait_until(lambda: not _replicas(prefix), f"seed {seed}: no replica process of the prefix ran (kills {kills})", 60)
     _wait_until(lambda: not _queued_step_jobs(engine_env), f"seed {seed}: no step's job was left in the Slurm queue "

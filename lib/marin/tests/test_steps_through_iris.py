@@ -31,6 +31,7 @@ from iris import JobStore
 from iris.attempt_log import list_attempts, read_log
 from marin.execution.records.executor_files import read_status
 from marin.execution.ownership.step_ownership import latest_work_path
+from rigging.lease import process_alive
 
 pytestmark = [
     pytest.mark.slow,
@@ -307,15 +308,7 @@ def _supervisors(iris_home: Path) -> list[int]:
         jobs = JobStore(iris_home, create=False).all()
     except Exception:  # noqa: BLE001 - the database is being created right now
         return []
-    return [job.supervisor_pid for job in jobs if not job.state.finished and job.supervisor_pid and _alive(job.supervisor_pid)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return [job.supervisor_pid for job in jobs if not job.state.finished and job.supervisor_pid and process_alive(job.supervisor_pid)]
 
 
 def _committed_generations(folder: str) -> set[str]:
@@ -352,7 +345,7 @@ def _chaos_round(inputs: Path, workdir: Path, engine_env: dict[str, str], seed: 
             if driver.poll() == 0:
                 break  # the graph finished before every kill was made
             time.sleep(rng.uniform(0.0, 5.0))
-            victims = [pid for pid in victims if _alive(pid)]
+            victims = [pid for pid in victims if process_alive(pid)]
             if victims and driver.poll() is None:
                 os.kill(rng.choice(victims), signal.SIGKILL)
                 kills.append(kind)

@@ -33,9 +33,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from fray.cluster import JobRequest, JobStatus, ResourceConfig
+from rigging.lease import process_alive
 from rigging.log import get_logger
 
 from iris.errors import IrisError
@@ -162,17 +162,4 @@ def _engine_supervisor_alive(job_id: str, locator_text: str) -> bool:
 
 
 def _process_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # A zombie (exited, not yet reaped by its parent) is as good as gone.
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return pid is not None and process_alive(pid)

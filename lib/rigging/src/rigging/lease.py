@@ -166,8 +166,9 @@ def _pid_namespace() -> str | None:
         return None
 
 
-def _process_alive(pid: int, started: str | None) -> bool:
-    """Whether ``pid`` is a running process (not a zombie) that started at ``started`` (if known)."""
+def process_alive(pid: int, started: str | None = None) -> bool:
+    """Whether ``pid`` is a running process (not a zombie) that started at ``started`` (if known): one
+    of this machine's, seen from its pid namespace."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -203,7 +204,7 @@ class ProcessIdentity:
             return None
         if self.namespace is not None and self.namespace != _pid_namespace():
             return None
-        return _process_alive(self.pid, self.started)
+        return process_alive(self.pid, self.started)
 
     def send_signal(self, signum: int) -> bool:
         """Send ``signum`` to the process, and to the process group it leads if it leads one (a job's
@@ -302,7 +303,7 @@ class Lease:
             return None  # same name, but another container or boot: its pids are not ours to check
         if record.pid == os.getpid() and record.pid_started in (None, self._pid_started):
             return None  # another lease object of this process: its heartbeat thread speaks for it
-        return _process_alive(record.pid, record.pid_started)
+        return process_alive(record.pid, record.pid_started)
 
     def _unchanged_for(self, record: LeaseRecord) -> float:
         now = time.monotonic()
