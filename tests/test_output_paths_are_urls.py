@@ -126,7 +126,6 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("fray.cluster.slurm_local", "LocalSlurmCluster._spawn", "a daemon's output file in the cluster's local folder"),
     Allowed("fray.cluster.slurm_local", "LocalSlurmCluster.stop", "removes the cluster's own local folder (temporary, or its state folder)"),
     Allowed("iris.placement", "start_supervisor", _IRIS_HOME + "; the job's working directory is a local folder"),
-    Allowed("iris.placement", "_process_alive", "reads /proc/<pid>/stat of a local supervisor process"),
     Allowed("iris.jobs", "follow_logs", _IRIS_HOME),
     Allowed("fray.cluster.ray_autoscaler", "_read_config", "the autoscaler's config file on the Ray head's own disk"),
     Allowed("fray.cluster.ray_autoscaler", "_monitor_arguments", "reads /proc of the Ray head to find its autoscaler's config"),
