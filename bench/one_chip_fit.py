@@ -13,7 +13,7 @@ for; then, for each setting that fits, whether it still compiles for a chip of e
 GiB (``memory_limit``): its headroom. With the state offloaded that is the only measure, as the
 analysis then overstates the chip's share (see ``StepMemory``).
 
-One JSON object per compile, then a table. A 1.4B step that fits takes 2 to 5 minutes to compile on
+One JSON object per compile, then a table. A 1.4B step that fits takes 2 to 6 minutes to compile on
 two CPU cores; a refusal a few seconds.
 """
 
