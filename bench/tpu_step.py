@@ -3,6 +3,7 @@
     python bench/tpu_step.py --model llama_600m --batch 8                  # tokens/s, MFU, memory
     python bench/tpu_step.py --model llama_600m --batch 8 --remat save_matmuls
     python bench/tpu_step.py --model llama_600m --batch 8 --profile /tmp/trace --top 40
+    python bench/tpu_step.py --model llama_1_4b --batch 8 --remat full --offload --moment-dtype bfloat16
 
 The step is the trainer's own (``levanter.trainer.ahead_of_time.train_step_function``: the same
 program :class:`levanter.trainer.Trainer` compiles, parameters f32, compute bf16 on accelerators,
@@ -45,6 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--remat", default=None, help="the model's remat policy (default: the config's)")
     p.add_argument("--microbatch", type=int, default=None)
+    p.add_argument("--offload", action="store_true",
+                   help="keep the optimizer's state in the host's memory between steps (TrainerConfig.offload_optimizer_state)")
+    p.add_argument("--moment-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="what Adam's moments are stored in (AdamConfig.moment_dtype)")
     p.add_argument("--attention", default=None)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a field of the model config (JSON value), e.g. --set use_scan=false")
@@ -167,8 +172,8 @@ def run(args) -> dict:
 
     config, vocab = model_config(args)
     trainer = TrainerConfig(num_train_steps=args.warmup_steps + args.steps + args.profile_steps, batch_size=args.batch,
-                            microbatch_size=args.microbatch)
-    optimizer = AdamConfig(learning_rate=3e-4, weight_decay=0.1, max_grad_norm=1.0)
+                            microbatch_size=args.microbatch, offload_optimizer_state=args.offload)
+    optimizer = AdamConfig(learning_rate=3e-4, weight_decay=0.1, max_grad_norm=1.0, moment_dtype=args.moment_dtype)
     mesh = mesh_of(jax.devices(), trainer.mesh)
     check_batch_splits(trainer, mesh)
     dtype = resolve_compute_dtype("auto")
@@ -195,9 +200,11 @@ def run(args) -> dict:
     peak = peak_flops_per_device()
     stats = jax.devices()[0].memory_stats() or {}
     result = {
-        "label": args.label or f"{args.model} b{args.batch} remat={config.remat}",
+        "label": args.label or f"{args.model} b{args.batch} remat={config.remat}"
+                 + (" offload" if args.offload else "") + (f" moments={args.moment_dtype}" if args.moment_dtype != "float32" else ""),
         "model": args.model, "parameters": config.num_parameters(vocab), "batch": args.batch, "seq_len": args.seq_len,
-        "remat": config.remat, "microbatch": args.microbatch, "steps": args.steps, "loss": round(loss, 4),
+        "remat": config.remat, "microbatch": args.microbatch, "offload": args.offload, "moment_dtype": args.moment_dtype,
+        "steps": args.steps, "loss": round(loss, 4),
         "step_ms": round(1000 * seconds / args.steps, 2), "tokens_per_s": round(tokens_per_second, 1),
         "mfu": None if peak is None else round(flops_per_token * tokens_per_second / peak, 4),
         "device_kind": jax.devices()[0].device_kind, "compile_s": round(compile_seconds, 1),

@@ -225,3 +225,18 @@ def test_a_step_too_large_for_its_chips_does_not_fit_with_the_bytes_xla_asked_fo
     # The FLOPs are known without the compiled program: they come from the lowered one.
     assert step.step_flops.per_chip == pytest.approx(
         expected_matmul_flops_per_token(config, "none", B * T, 4) * B * T / 4, rel=2e-3)
+
+
+def test_a_step_compiled_for_a_chip_with_less_memory_than_it_needs_does_not_fit():
+    """``memory_limit`` compiles as for a smaller chip: the headroom of a step is the limit it still fits."""
+    devices = tpu_topology_devices(TOPOLOGIES["v5e"])[:1]
+    trainer = TrainerConfig(num_train_steps=10, batch_size=B // 4, mesh=MeshConfig(data=1))
+    state_bytes = expected_state_bytes_per_chip(LLAMA, 1)  # 31 MB: parameters and AdamW's moments
+    small, large = 8 * 2**20, 2**30
+    steps = {limit: compile_train_step(lambda key: LLAMA.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1), seq_len=T,
+                                       devices=devices, memory_limit=limit) for limit in (small, large)}
+    too_small = steps[small]
+    assert isinstance(too_small, DoesNotFit)
+    assert too_small.available_bytes == small
+    assert too_small.needed_bytes > state_bytes
+    assert steps[large].fits

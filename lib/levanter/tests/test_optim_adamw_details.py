@@ -253,10 +253,11 @@ def test_new_options_at_their_defaults_leave_the_records_as_they_were():
 
 def test_new_options_are_recorded_and_read_back_when_set():
     config = AdamConfig(1e-3, 0.1, nesterov=True, update_rms_clip=1.0, update_norm_clip=2.0, restarts=(10, 20), rewarmup=5,
-                        weight_decay_exclude=("vector", "*.lm_head.*"), weight_decay_include=("embedding",))
+                        weight_decay_exclude=("vector", "*.lm_head.*"), weight_decay_include=("embedding",),
+                        moment_dtype="bfloat16")
     record = json.loads(json.dumps(config.to_dict()))
     assert set(record) - ADAM_RECORD == {"nesterov", "update_rms_clip", "update_norm_clip", "restarts", "rewarmup",
-                                        "weight_decay_exclude", "weight_decay_include"}
+                                        "weight_decay_exclude", "weight_decay_include", "moment_dtype"}
     assert OptimizerConfig.from_dict(record) == config
     trainer = TrainerConfig(num_train_steps=10, batch_size=2, skip_bad_steps=True, skip_loss_spike_factor=2.0, ema_decay=0.99)
     assert {"skip_bad_steps", "skip_loss_spike_factor", "ema_decay"} <= set(trainer.hashed_settings())

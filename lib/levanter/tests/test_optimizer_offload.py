@@ -57,11 +57,17 @@ def test_compiled_for_a_tpu_the_offloaded_state_is_in_the_hosts_memory():
 
     devices = tpu_topology_devices("v5e:2x2")[:1]
     memory = {}
-    for offload in (False, True):
+    for offload, moment_dtype in ((False, "float32"), (True, "float32"), (True, "bfloat16")):
         config = TrainerConfig(num_train_steps=10, batch_size=8, mesh=MeshConfig(data=1), offload_optimizer_state=offload)
-        memory[offload] = compile_train_step(lambda key: TINY.build(VOCAB, key=key), config, AdamConfig(3e-3, 0.1),
-                                             seq_len=SEQ, devices=devices).memory
+        memory[offload, moment_dtype] = compile_train_step(
+            lambda key: TINY.build(VOCAB, key=key), config, AdamConfig(3e-3, 0.1, moment_dtype=moment_dtype),
+            seq_len=SEQ, devices=devices).memory
     moments = 2 * 4 * TINY.num_parameters(VOCAB)  # AdamW's two float32 moments
-    assert memory[False].host == 0
-    assert memory[True].host >= moments
-    assert memory[False].arguments - memory[True].arguments >= moments
+    assert memory[False, "float32"].host == 0
+    assert memory[True, "float32"].host >= moments
+    assert memory[False, "float32"].arguments - memory[True, "float32"].arguments >= moments
+    # In bfloat16 the moments take half the host's memory (the chip's tiled layout pads both alike),
+    # beside the rounding's key: a few bytes, padded to a tile.
+    half = memory[True, "float32"].host // 2
+    assert half <= memory[True, "bfloat16"].host < half + 4096
+    assert memory[True, "bfloat16"].arguments == memory[True, "float32"].arguments

@@ -9,8 +9,14 @@ import optax
 
 from levanter.optim.base import DecayMask, OptimizerConfig, ParamAxes, require
 from levanter.optim.cautious import with_cautious_mask
+from levanter.optim.errors import OptimizerConfigError
+from levanter.optim.narrow_state import stored_in_bfloat16
 from levanter.optim.update_clipping import clip_update_rms
 from levanter.recorded_fields import OMIT_WHEN_DEFAULT
+
+
+# What AdamConfig.moment_dtype may be.
+MOMENT_DTYPES = ("float32", "bfloat16")
 
 
 @OptimizerConfig.register("adam")
@@ -36,6 +42,9 @@ class AdamConfig(OptimizerConfig):
     update_rms_clip: float | None = field(default=None, metadata=OMIT_WHEN_DEFAULT)
     # Scale the whole Adam step (every parameter together) down to a global L2 norm of at most this.
     update_norm_clip: float | None = field(default=None, metadata=OMIT_WHEN_DEFAULT)
+    # What the two moments are stored in between steps: "float32", or "bfloat16" for half the bytes
+    # (the update still computes in float32; stored rounded stochastically: levanter.optim.narrow_state).
+    moment_dtype: str = field(default="float32", metadata=OMIT_WHEN_DEFAULT)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,11 +53,17 @@ class AdamConfig(OptimizerConfig):
         require(self, "epsilon", lambda v: v > 0, "a finite number > 0, e.g. 1e-8 (with 0, a zero gradient gives 0/0)")
         for bound in ("update_rms_clip", "update_norm_clip"):
             require(self, bound, lambda v: v > 0, "a finite number > 0, e.g. 1.0, or None for no clipping", optional=True)
+        if self.moment_dtype not in MOMENT_DTYPES:
+            raise OptimizerConfigError(
+                f"AdamConfig.moment_dtype must be one of {', '.join(MOMENT_DTYPES)}; got {self.moment_dtype!r}."
+            )
 
     def build(
         self, num_train_steps: int, *, weight_decay_mask: DecayMask | None = None, param_axes: ParamAxes | None = None
     ) -> optax.GradientTransformation:
         scale = optax.scale_by_adam(b1=self.beta1, b2=self.beta2, eps=self.epsilon, nesterov=self.nesterov)
+        if self.moment_dtype == "bfloat16":
+            scale = stored_in_bfloat16(scale)
         return optax.chain(
             self._clipping(),
             with_cautious_mask(scale, param_axes) if self.cautious else scale,
