@@ -125,10 +125,16 @@ class AttemptLog:
 
     ``append(replica, data)`` takes bytes as they arrive; ``finish(...)`` flushes every log and
     writes the final record. Thread-safe, so a step's output can arrive from several threads.
+
+    ``durable`` (the default) puts each ``attempt.json`` on disk before it replaces the last one
+    (``fsync``), so that what a retry budget is counted from survives a machine crash. A writer
+    whose records only inform (a runner's own steps, whose reruns count nothing from them) passes
+    ``False``: after a machine crash an attempt may then be listed without a readable record.
     """
 
-    def __init__(self, folder: str, record: AttemptRecord, *, create_logs: bool = True) -> None:
+    def __init__(self, folder: str, record: AttemptRecord, *, create_logs: bool = True, durable: bool = True) -> None:
         self.folder = folder
+        self.durable = durable
         self.url = attempt_url(folder, record.attempt)
         self.record = record
         self._local = fsx.is_local(folder)
@@ -154,7 +160,7 @@ class AttemptLog:
 
     @classmethod
     def begin(cls, folder: str, *, replicas: int = 1, engine: str = "local", job_id: str | None = None,
-              job_attempt: int | None = None) -> AttemptLog:
+              job_attempt: int | None = None, durable: bool = True) -> AttemptLog:
         """Number a new attempt after the folder's existing ones and write its opening record."""
         numbers = _attempt_numbers(folder)
         record = AttemptRecord(
@@ -167,8 +173,8 @@ class AttemptLog:
         )
         fsx.makedirs(attempt_url(folder, record.attempt))
         # The record first, so a reader finds the folder without it only for the moment between the two.
-        fsx.atomic_write(fsx.join(attempt_url(folder, record.attempt), RECORD_FILE), record.to_json())
-        return cls(folder, record)
+        fsx.atomic_write(fsx.join(attempt_url(folder, record.attempt), RECORD_FILE), record.to_json(), durable=durable)
+        return cls(folder, record, durable=durable)
 
     @property
     def attempt(self) -> int:
@@ -229,7 +235,7 @@ class AttemptLog:
     def placed(self, engine_jobs: list[str] | tuple[str, ...]) -> None:
         """Record where the replicas were placed (their engine job ids), while the attempt runs."""
         self.record = AttemptRecord(**{**asdict(self.record), "engine_jobs": tuple(str(job) for job in engine_jobs)})
-        fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json())
+        fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json(), durable=self.durable)
 
     def finish(self, outcome: AttemptOutcome, reason: str = "", exit_codes: tuple[int | None, ...] | list = ()) -> AttemptRecord:
         self.flush()
@@ -237,7 +243,7 @@ class AttemptLog:
             **{**asdict(self.record), "ended_at": time.time(), "outcome": outcome.value, "reason": reason,
                "exit_codes": tuple(exit_codes)}
         )
-        fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json())
+        fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json(), durable=self.durable)
         if self._spool is not None:
             _spool_remove(self._spool)
         return self.record

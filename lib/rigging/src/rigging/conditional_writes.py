@@ -48,7 +48,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from rigging.errors import RiggingError
-from rigging.filesystem import atomic_write, filesystem, is_s3_filesystem, temporary_name_for
+from rigging.filesystem import atomic_write, filesystem, fsync, is_s3_filesystem, temporary_name_for
 
 
 def _is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
@@ -140,7 +140,7 @@ class _LocalDisk:
             handle.write(payload)
             handle.truncate()
             handle.flush()
-            os.fsync(handle.fileno())
+            fsync(handle.fileno())
         return True
 
     @staticmethod

@@ -10,12 +10,13 @@ store checks (create if absent, replace or delete if unchanged), on which leases
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import os
 import re
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import fsspec
@@ -257,28 +258,64 @@ def remove_empty_folder(url: str) -> bool:
     return True
 
 
-def atomic_write(url: str, data: str | bytes) -> None:
+# What a thread wraps each wait for the disk in (:func:`flushing_with`); none: the plain call.
+_around_fsync: contextvars.ContextVar[Callable[[], contextlib.AbstractContextManager] | None] = contextvars.ContextVar(
+    "rigging_around_fsync", default=None
+)
+
+
+@contextlib.contextmanager
+def flushing_with(around: Callable[[], contextlib.AbstractContextManager]) -> Iterator[None]:
+    """Wrap each ``fsync`` this thread's durable writes make, inside the block, in ``around()``.
+
+    An ``fsync`` waits for the disk, often milliseconds, without Python's global lock. A caller that
+    limits how many of its threads work at once can let others work meanwhile, and several threads
+    waiting at once share one journal commit of the filesystem instead of queueing for one each.
+    """
+    token = _around_fsync.set(around)
+    try:
+        yield
+    finally:
+        _around_fsync.reset(token)
+
+
+def fsync(descriptor: int) -> None:
+    """``os.fsync``, inside what :func:`flushing_with` set for this thread."""
+    around = _around_fsync.get()
+    if around is None:
+        os.fsync(descriptor)
+        return
+    with around():
+        os.fsync(descriptor)
+
+
+def atomic_write(url: str, data: str | bytes, *, durable: bool = True) -> None:
     """Replace ``url`` with ``data`` so that readers never observe a partial file.
 
     Local disk: a temporary sibling renamed over the target. Elsewhere: one upload of the whole
-    content, which an object store publishes only once it is complete.
+    content, which an object store publishes only once it is complete. ``durable`` as for
+    :func:`atomic_open`.
     """
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fs, path = filesystem(url)
     if isinstance(fs, LocalFileSystem):
-        with atomic_open(url, "wb") as handle:
+        with atomic_open(url, "wb", durable=durable) as handle:
             handle.write(payload)
         return
     fs.pipe_file(path, payload)
 
 
 @contextlib.contextmanager
-def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
+def atomic_open(url: str, mode: str = "wb", *, durable: bool = True) -> Iterator[IO]:
     """Open ``url`` for writing; the file appears (or is replaced) only when the block succeeds.
 
     Writes stream, so memory stays bounded whatever the size. If the block raises, nothing changes.
 
-    * Local disk: a temporary sibling, ``os.replace``d over the target (atomic on POSIX).
+    * Local disk: a temporary sibling, ``os.replace``d over the target (atomic on POSIX). With
+      ``durable`` (the default) the content is on disk (``fsync``) before the rename, so even a
+      machine crash leaves the old file or the new one, whole. ``durable=False`` skips that wait:
+      still atomic for readers and against a killed writer, but a machine crash soon after may
+      leave the old file, none, or an empty one; only for records whose loss a reader tolerates.
     * S3: straight to the target. S3 publishes an object only when its upload completes (one PUT,
       or the completion of a multipart upload), so a writer killed mid-way leaves nothing visible;
       if the block raises, a multipart upload in progress is aborted.
@@ -295,7 +332,8 @@ def atomic_open(url: str, mode: str = "wb") -> Iterator[IO]:
             with _create_with_parents(temp_path, mode) as handle:
                 yield handle
                 handle.flush()
-                os.fsync(handle.fileno())
+                if durable:
+                    fsync(handle.fileno())
             os.replace(temp_path, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

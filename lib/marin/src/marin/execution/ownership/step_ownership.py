@@ -142,6 +142,9 @@ class Execution:
 
         Raises :class:`FencedOff`, having moved nothing, when another execution owns the step now.
         """
+        # Durability (docs/engine.md, "What survives a machine crash"): the artifact, the checksums
+        # and each status write below are fsynced before their rename, so after a machine crash a
+        # record that says committing or SUCCESS never stands beside a lost artifact or manifest.
         check_regular_output(self.work_path)
         save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix, staged_in=self.work_path)
         self.check()

@@ -51,13 +51,15 @@ class _Capture:
         self._size = 0
         self._lock = threading.Lock()
         self._ended = threading.Event()
-        self._ticker = threading.Thread(target=self._hand_over_every_interval, name="step-output-flush", daemon=True)
-
-    def start(self) -> None:
-        self._ticker.start()
+        # Started with the first output: a step that prints nothing (most small steps of a large
+        # graph) costs no thread.
+        self._ticker: threading.Thread | None = None
 
     def add(self, text: str) -> None:
         with self._lock:
+            if self._ticker is None and not self._ended.is_set():
+                self._ticker = threading.Thread(target=self._hand_over_every_interval, name="step-output-flush", daemon=True)
+                self._ticker.start()
             self._pending.append(text)
             self._size += len(text)
             if self._size >= CHUNK_CHARS:
@@ -68,8 +70,11 @@ class _Capture:
             self._hand_over()
 
     def end(self) -> None:
-        self._ended.set()
-        self._ticker.join()
+        with self._lock:
+            self._ended.set()
+            ticker = self._ticker
+        if ticker is not None:
+            ticker.join()
         self.hand_over()
 
     def _hand_over(self) -> None:
@@ -191,7 +196,6 @@ def captured_into(log: AttemptLog | None) -> Iterator[None]:
     with _lock:
         _install()
         _routes[ident] = capture
-    capture.start()
     try:
         yield
     except BaseException:

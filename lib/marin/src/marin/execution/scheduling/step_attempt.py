@@ -127,7 +127,9 @@ def attempt_step(session: RunSession, spec: StepSpec, output_path: str, dep_path
     the answer is :class:`HeldElsewhere` at once, so the caller can take other work and come back to
     it (how several runners share one sweep).
     """
-    with session.slots.held():
+    # Each fsync of a record waits for the disk with the slot given up: the wait needs no CPU, and
+    # the attempts waiting at once share the filesystem's journal commits instead of queueing for one each.
+    with session.slots.held(), fsx.flushing_with(session.slots.given_up):
         return _attempt(session, spec, output_path, dep_paths, wait_for_others)
 
 
@@ -423,7 +425,9 @@ def step_info(spec: StepSpec, output_path: str, dep_paths: Mapping[str, str], pr
 def _begin_attempt_log(spec: StepSpec, output_path: str) -> AttemptLog | None:
     """A new attempt folder for a step the runner runs itself; a step runs without one if it cannot be made."""
     try:
-        return AttemptLog.begin(output_path, engine="local")
+        # Not fsynced: the records of the runner's own attempts only inform (no rerun counts from
+        # them), so losing one to a machine crash costs a line of `marin logs`, not a decision.
+        return AttemptLog.begin(output_path, engine="local", durable=False)
     except Exception as exc:  # noqa: BLE001 - a copy of the output is never a reason to fail the step
         logger.warning("Step %s: cannot keep this attempt's output in %s: %s", spec.name, output_path, exc)
         return None
