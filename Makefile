@@ -13,6 +13,8 @@ STAMP := $(VENV)/.marin-installed
 # Most of the suite waits on subprocesses, servers and clusters, so it runs on more workers than
 # cores; each test file stays on one worker (see conftest.py).
 TEST_WORKERS ?= 4
+# The slowest tests are listed at the end of each run: where the suite's time goes, run by run.
+TEST_DURATIONS ?= 30
 TEST_STAMP := $(VENV)/.marin-test-installed
 
 # The TPU lane: tests that need the chip (marked tpu, in files named test_tpu_*.py so that nothing
@@ -46,7 +48,7 @@ test: $(TEST_STAMP)
 	bash scripts/install_browser.sh
 	bash scripts/install_slurm.sh
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=$(TEST_DURATIONS) $(PYTEST_ARGS)
 
 test-tpu:
 	$(TPU_PYTEST)
