@@ -130,7 +130,7 @@ def split_secrets(env: Mapping[str, str], names: SecretNames | None = None) -> t
 
 def secret_values(environ: Mapping[str, str] | None = None, *, strict: bool = False) -> tuple[str, ...]:
     """Every known secret value of ``environ`` (default ``os.environ``) long enough to redact, longest first."""
-    if environ is not None:
+    if environ is not None and environ is not os.environ:
         return _secret_values(environ, strict)
     # Asked at every record a run writes and every log line: the process's own environment is read
     # again only when it has changed (one comparison of two dicts, in C, instead of a Python loop
