@@ -207,7 +207,7 @@ def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: M
             result = session.executor.run(call)
         lease.check()
         if not session.executor.commits_itself:
-            # Confirm with the lock file itself, not only the heartbeat thread's last look.
+            # Confirm with the lock file itself, not only the last heartbeat's look.
             lease.confirm()
             lease.check()
             result = execution.commit(result, step=spec.name, identity=spec.identity, prefix=session.prefix)
