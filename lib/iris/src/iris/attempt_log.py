@@ -162,8 +162,11 @@ class AttemptLog:
 
     @classmethod
     def begin(cls, folder: str, *, replicas: int = 1, engine: str = "local", job_id: str | None = None,
-              job_attempt: int | None = None, durable: bool = True) -> AttemptLog:
-        """Number a new attempt after the folder's existing ones and write its opening record."""
+              job_attempt: int | None = None, durable: bool = True, create_logs: bool = True) -> AttemptLog:
+        """Number a new attempt after the folder's existing ones and write its opening record.
+
+        ``create_logs=False`` makes each replica's log with its first output instead of at once
+        (a writer of many short, mostly silent attempts then makes no empty file for each)."""
         numbers = _attempt_numbers(folder)
         record = AttemptRecord(
             attempt=(numbers[-1] + 1) if numbers else 1,
@@ -176,7 +179,7 @@ class AttemptLog:
         fsx.makedirs(attempt_url(folder, record.attempt))
         # The record first, so a reader finds the folder without it only for the moment between the two.
         fsx.atomic_write(fsx.join(attempt_url(folder, record.attempt), RECORD_FILE), record.to_json(), durable=durable)
-        return cls(folder, record, durable=durable)
+        return cls(folder, record, durable=durable, create_logs=create_logs)
 
     @property
     def attempt(self) -> int:
