@@ -81,6 +81,25 @@ def test_the_keys_of_a_credentials_file_are_known_values(tmp_path):
     assert secret_values({"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "missing.json")}) == ()
 
 
+def test_the_process_environments_values_follow_its_changes(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    assert KEY not in secret_values()
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    assert KEY in secret_values()
+    monkeypatch.setenv("MARIN_SECRET_NAMES", "MYORG_*")
+    monkeypatch.setenv("MYORG_LOGIN", "myorg-login-value")
+    assert "myorg-login-value" in secret_values()
+    path = tmp_path / "sa.json"
+    path.write_text(json.dumps({"private_key_id": "first-key-id-0123"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    assert "first-key-id-0123" in secret_values()
+    path.write_text(json.dumps({"private_key_id": "second-key-id-456789"}))  # a rotated key: read again
+    assert "second-key-id-456789" in secret_values() and "first-key-id-0123" not in secret_values()
+    monkeypatch.delenv("WANDB_API_KEY")
+    assert KEY not in secret_values()
+
+
 def test_a_stream_redacts_a_secret_split_across_pieces_and_holds_back_no_more_than_it_must():
     stream = RedactingStream([KEY])
     text = f"start {KEY} middle {KEY[:5]}x end {KEY[:7]}".encode()

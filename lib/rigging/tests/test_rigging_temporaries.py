@@ -50,3 +50,25 @@ def test_find_files_and_remove_files_use_one_listing_relative_to_the_folder():
     assert fsx.find_files("memory://rigging-temporaries-missing") == []
     fsx.remove_files("memory://rigging-temporaries", ["sub/.part.tmp-0123456789ab"])
     assert fsx.find_files("memory://rigging-temporaries") == ["keep.txt"]
+
+
+def test_find_files_on_local_disk_lists_what_fsspec_lists(tmp_path):
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "keep.txt").write_text("k")
+    (tmp_path / "sub" / "deeper" / "x.bin").write_bytes(b"x")
+    (tmp_path / "empty").mkdir()
+    os.symlink("/tmp", tmp_path / "outside")  # a link to a folder: listed, never followed
+    os.symlink("loop", tmp_path / "loop")  # a link to itself
+    expected = sorted(name[len(str(tmp_path)) + 1:] for name in fsspec.filesystem("file").find(str(tmp_path)))
+    assert fsx.find_files(str(tmp_path)) == expected == ["keep.txt", "loop", "outside", "sub/deeper/x.bin"]
+    assert fsx.find_files(str(tmp_path / "missing")) == [] and fsx.find_files(str(tmp_path / "keep.txt")) == []
+
+
+def test_local_atomic_writes_make_missing_folders_and_leave_no_temporary(tmp_path):
+    target = tmp_path / "a" / "b" / "record.json"
+    fsx.atomic_write(str(target), "first")
+    fsx.atomic_write(str(target), b"second", durable=False)
+    assert target.read_bytes() == b"second" and os.listdir(target.parent) == ["record.json"]
+    big = os.urandom(3 * (1 << 16) + 5)  # more than one read's worth
+    fsx.atomic_write(str(target), big)
+    assert fsx.read_local_bytes(str(target)) == big

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, BinaryIO
 
 from rigging import filesystem as fsx
@@ -81,10 +81,12 @@ class AttemptRecord:
         return self.outcome is not None
 
     def to_json(self) -> str:
-        data = asdict(self)
+        # Plain values only: a shallow copy (asdict deep-copies every value), dumped on one line by
+        # the C encoder (an indented dump takes the pure-Python one); written twice per attempt.
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["exit_codes"] = list(self.exit_codes)
         data["engine_jobs"] = list(self.engine_jobs)
-        return json.dumps(data, indent=1)
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> AttemptRecord:
@@ -160,8 +162,11 @@ class AttemptLog:
 
     @classmethod
     def begin(cls, folder: str, *, replicas: int = 1, engine: str = "local", job_id: str | None = None,
-              job_attempt: int | None = None, durable: bool = True) -> AttemptLog:
-        """Number a new attempt after the folder's existing ones and write its opening record."""
+              job_attempt: int | None = None, durable: bool = True, create_logs: bool = True) -> AttemptLog:
+        """Number a new attempt after the folder's existing ones and write its opening record.
+
+        ``create_logs=False`` makes each replica's log with its first output instead of at once
+        (a writer of many short, mostly silent attempts then makes no empty file for each)."""
         numbers = _attempt_numbers(folder)
         record = AttemptRecord(
             attempt=(numbers[-1] + 1) if numbers else 1,
@@ -174,7 +179,7 @@ class AttemptLog:
         fsx.makedirs(attempt_url(folder, record.attempt))
         # The record first, so a reader finds the folder without it only for the moment between the two.
         fsx.atomic_write(fsx.join(attempt_url(folder, record.attempt), RECORD_FILE), record.to_json(), durable=durable)
-        return cls(folder, record, durable=durable)
+        return cls(folder, record, durable=durable, create_logs=create_logs)
 
     @property
     def attempt(self) -> int:
@@ -234,15 +239,13 @@ class AttemptLog:
 
     def placed(self, engine_jobs: list[str] | tuple[str, ...]) -> None:
         """Record where the replicas were placed (their engine job ids), while the attempt runs."""
-        self.record = AttemptRecord(**{**asdict(self.record), "engine_jobs": tuple(str(job) for job in engine_jobs)})
+        self.record = replace(self.record, engine_jobs=tuple(str(job) for job in engine_jobs))
         fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json(), durable=self.durable)
 
     def finish(self, outcome: AttemptOutcome, reason: str = "", exit_codes: tuple[int | None, ...] | list = ()) -> AttemptRecord:
         self.flush()
-        self.record = AttemptRecord(
-            **{**asdict(self.record), "ended_at": time.time(), "outcome": outcome.value, "reason": reason,
-               "exit_codes": tuple(exit_codes)}
-        )
+        self.record = replace(self.record, ended_at=time.time(), outcome=outcome.value, reason=reason,
+                              exit_codes=tuple(exit_codes))
         fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json(), durable=self.durable)
         if self._spool is not None:
             _spool_remove(self._spool)

@@ -48,7 +48,17 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from rigging.errors import RiggingError
-from rigging.filesystem import atomic_write, filesystem, fsync, is_s3_filesystem, temporary_name_for
+from rigging.filesystem import (
+    atomic_write,
+    create_local_file,
+    filesystem,
+    fsync,
+    is_s3_filesystem,
+    read_all,
+    read_local_bytes,
+    temporary_name_for,
+    write_all,
+)
 
 
 def _is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
@@ -81,12 +91,14 @@ def _content_version(data: bytes) -> str:
 
 class _LocalDisk:
     def create(self, fs: Any, path: str, payload: bytes) -> bool:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         # Write a private file, then hard-link it into place: link() fails if the target exists,
         # and a reader never sees the file before its content is complete.
         temp_path = temporary_name_for(path)
-        with open(temp_path, "wb") as handle:
-            handle.write(payload)
+        descriptor = create_local_file(temp_path)
+        try:
+            write_all(descriptor, payload)
+        finally:
+            os.close(descriptor)
         try:
             os.link(temp_path, path)
         except FileExistsError:
@@ -97,16 +109,17 @@ class _LocalDisk:
                 descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(payload)
+            try:
+                write_all(descriptor, payload)
+            finally:
+                os.close(descriptor)
         finally:
             os.remove(temp_path)
         return True
 
     def read(self, fs: Any, path: str) -> Versioned | None:
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            data = read_local_bytes(path)
         except FileNotFoundError:
             return None
         return Versioned(data, _content_version(data))
@@ -154,25 +167,27 @@ class _LocalDisk:
         """
         while True:
             try:
-                handle = open(path, "rb")
+                descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 yield None
                 return
-            with handle:
+            try:
                 try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+                    fcntl.flock(descriptor, fcntl.LOCK_EX)
                 except OSError:  # no flock here: compare and write stay two steps (module docstring)
-                    yield handle.read()
+                    yield read_all(descriptor)
                     return
                 try:
                     now = os.stat(path)
                 except FileNotFoundError:
                     now = None
-                held = os.fstat(handle.fileno())
+                held = os.fstat(descriptor)
                 if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
-                    yield handle.read()
+                    yield read_all(descriptor)
                     return
-            # Replaced or removed while this waited (closing the handle released its lock): look again.
+            finally:
+                os.close(descriptor)
+            # Replaced or removed while this waited (closing the descriptor released its lock): look again.
 
     def remove(self, fs: Any, path: str, version: str) -> bool:
         with self._locked(path) as current:
@@ -184,8 +199,7 @@ class _LocalDisk:
                 os.rename(path, private)
             except FileNotFoundError:
                 return False
-            with open(private, "rb") as handle:
-                moved = handle.read()
+            moved = read_local_bytes(private)
             if _content_version(moved) != version:
                 # Moved a file someone had just replaced: put it back, unless it was replaced again.
                 with contextlib.suppress(FileExistsError):

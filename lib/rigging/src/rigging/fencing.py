@@ -69,7 +69,9 @@ def read_snapshot(url: str) -> Snapshot:
 
 
 def _encode(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=1, sort_keys=True)
+    # One line, by the C encoder: a record is rewritten several times per step, and an indented
+    # dump goes through the pure-Python encoder at several times the cost.
+    return json.dumps(data, sort_keys=True)
 
 
 def write_over(url: str, snapshot: Snapshot, data: dict[str, Any]) -> bool:

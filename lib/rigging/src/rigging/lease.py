@@ -6,7 +6,8 @@ several machines race for it. The lock file is JSON::
     {"holder": "<uuid>", "host": "...", "pid": 123, "pid_started": "8812345", "pid_namespace": "...",
      "acquired_at": 1.7e9, "heartbeat_at": 1.7e9, "ttl_s": 60.0, "heartbeat_s": 10.0}
 
-The holder rewrites ``heartbeat_at`` every ``heartbeat_s`` seconds from a background thread. A
+The holder rewrites ``heartbeat_at`` every ``heartbeat_s`` seconds in the background (one thread
+keeps the time of every lease of the process: :mod:`rigging.heartbeats`). A
 holder that finds the file gone or naming someone else sets :attr:`Lease.lost` and the
 :attr:`Lease.lost_event`; the work it guards should stop.
 
@@ -56,6 +57,7 @@ from dataclasses import asdict, dataclass
 from rigging import conditional_writes
 from rigging import filesystem as fsx
 from rigging.errors import RiggingError
+from rigging.heartbeats import HEARTBEATS
 from rigging.log import get_logger
 
 logger = get_logger(__name__)
@@ -249,7 +251,6 @@ class Lease:
         self.lost_event = threading.Event()
         self._held = False
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._host = socket.gethostname()
         self._pid_started, self._pid_namespace = _this_process(os.getpid())
         self._acquired_at = 0.0
@@ -302,7 +303,7 @@ class Lease:
         if record.pid_namespace is not None and record.pid_namespace != self._pid_namespace:
             return None  # same name, but another container or boot: its pids are not ours to check
         if record.pid == os.getpid() and record.pid_started in (None, self._pid_started):
-            return None  # another lease object of this process: its heartbeat thread speaks for it
+            return None  # another lease object of this process: its heartbeats speak for it
         return process_alive(record.pid, record.pid_started)
 
     def _unchanged_for(self, record: LeaseRecord) -> float:
@@ -402,12 +403,10 @@ class Lease:
         self._written_at = time.time()
         self._held = True
         self.lost_event.clear()
-        # Each heartbeat thread has its own stop signal: one that is still finishing after a release
-        # (release does not wait for it) never beats for a later holding of this object.
+        # Each holding has its own stop signal: a beat still finishing after a release (release does
+        # not wait for it) never schedules another for a later holding of this object.
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._heartbeat_loop, args=(self._stop,), name=f"lease-heartbeat:{self.url}",
-                                        daemon=True)
-        self._thread.start()
+        HEARTBEATS.every(self.heartbeat_s, self.heartbeat, self._stop, name=f"lease-heartbeat:{self.url}")
         return True
 
     def acquire(self, *, timeout_s: float | None = None, poll_s: float = 0.5) -> bool:
@@ -447,7 +446,7 @@ class Lease:
         set) if not. A read, not a write, unless the last heartbeat is more than half a heartbeat
         interval old: then it is one (so the lease has most of its time to live after this).
 
-        For the moment before an irrevocable act (a commit): the heartbeat thread's last look may be
+        For the moment before an irrevocable act (a commit): the last heartbeat may be
         up to a heartbeat interval old.
         """
         with self._writing:
@@ -469,14 +468,6 @@ class Lease:
             logger.warning("Lost lease %s: it now names %s", self.url, who)
             self.lost_event.set()
 
-    def _heartbeat_loop(self, stop: threading.Event) -> None:
-        while not stop.wait(self.heartbeat_s):
-            try:
-                if not self.heartbeat():
-                    return
-            except Exception as exc:  # a flaky filesystem must not kill the thread silently
-                logger.warning("Heartbeat for lease %s failed: %s", self.url, exc)
-
     def check(self) -> None:
         """Raise :class:`LeaseLostError` if the lease was lost; cheap enough to call in a loop."""
         if self.lost_event.is_set():
@@ -485,11 +476,10 @@ class Lease:
     def release(self) -> None:
         """Stop the heartbeat and delete the lock file if it still names this holder.
 
-        The heartbeat thread is told to stop, not waited for: a beat it has already begun is
-        finished first (both hold the write lock), and none begins after this one has.
+        The heartbeats are told to stop, not waited for: a beat already begun is finished first
+        (both hold the write lock), and none begins after this one has.
         """
         self._stop.set()
-        self._thread = None
         with self._writing:
             if not self._held:
                 return

@@ -102,7 +102,7 @@ def refused_entries(folder: str) -> list[RefusedFileError]:
     root = _local_path(folder)
     if root is None:
         return []
-    real_root = _real(root)
+    real_roots: list[str] = []  # resolved at the first link: most outputs hold none
     refused: list[RefusedFileError] = []
 
     def walk(path: str, url: str) -> None:
@@ -113,10 +113,13 @@ def refused_entries(folder: str) -> list[RefusedFileError]:
         for entry in entries:
             entry_url = f"{url.rstrip('/')}/{entry.name}"
             if entry.is_symlink():
-                reason = _link_problem(entry.path, real_root, folder)
+                real_roots[:] = real_roots or [_real(root)]
+                reason = _link_problem(entry.path, real_roots[0], folder)
                 if reason is not None:
                     refused.append(RefusedFileError(entry_url, reason))
                 continue
+            if entry.is_file(follow_symlinks=False):
+                continue  # the listing says so: no status call per file
             mode = entry.stat(follow_symlinks=False).st_mode
             if stat.S_ISDIR(mode):
                 walk(entry.path, entry_url)

@@ -130,13 +130,47 @@ def split_secrets(env: Mapping[str, str], names: SecretNames | None = None) -> t
 
 def secret_values(environ: Mapping[str, str] | None = None, *, strict: bool = False) -> tuple[str, ...]:
     """Every known secret value of ``environ`` (default ``os.environ``) long enough to redact, longest first."""
-    environ = os.environ if environ is None else environ
+    if environ is not None and environ is not os.environ:
+        return _secret_values(environ, strict)
+    # Asked at every record a run writes and every log line: the process's own environment is read
+    # again only when it has changed (one comparison of two dicts, in C, instead of a Python loop
+    # over every variable), and a credentials file only when its size or time has.
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):
+        return _secret_values(os.environ, strict)
+    files = tuple(_credentials_file_version(os.environ.get(variable)) for variable in CREDENTIALS_FILE_VARIABLES)
+    last = _environ_values.get(strict)
+    if last is not None and last[1] == files and last[0] == data:
+        return last[2]
+    snapshot = dict(data)
+    values = _secret_values(os.environ, strict)
+    _environ_values[strict] = (snapshot, files, values)  # replaced whole: a thread reading it sees one or the other
+    return values
+
+
+# The process environment's secret values as last computed: strict -> (its variables then, the
+# credentials files' versions then, the values).
+_environ_values: dict[bool, tuple[dict, tuple, tuple[str, ...]]] = {}
+
+
+def _secret_values(environ: Mapping[str, str], strict: bool) -> tuple[str, ...]:
     names = SecretNames.from_environment(environ, strict=strict)
     values = {value for key, value in environ.items() if key in names}
     for variable in CREDENTIALS_FILE_VARIABLES:
         if environ.get(variable):
             values.update(_credentials_file_values(environ[variable]))
     return tuple(sorted((value for value in values if len(value) >= MIN_REDACTED_LENGTH), key=lambda v: (-len(v), v)))
+
+
+def _credentials_file_version(path: str | None) -> tuple[str, int, int] | None:
+    """What tells a credentials file's content apart from its last reading: its path, time and size."""
+    if not path:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (path, stat.st_mtime_ns, stat.st_size)
 
 
 # The credentials file last read, as ((path, mtime, size), its values): one file in practice, read
@@ -148,17 +182,15 @@ def _credentials_file_values(path: str) -> tuple[str, ...]:
     """The secret keys of a JSON credentials file, and each line of multi-line ones (a PEM key is
     printed line by line as often as whole). Unreadable, or not such a file: none."""
     global _credentials_read
-    try:
-        stat = os.stat(path)
-    except OSError:
+    version = _credentials_file_version(path)
+    if version is None:
         return ()
-    version = (path, stat.st_mtime_ns, stat.st_size)
     last = _credentials_read
     if last is not None and last[0] == version:
         return last[1]
     found: list[str] = []
     try:
-        if stat.st_size <= MAX_CREDENTIALS_FILE_BYTES:
+        if version[2] <= MAX_CREDENTIALS_FILE_BYTES:
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)
             for name in CREDENTIALS_FILE_KEYS:

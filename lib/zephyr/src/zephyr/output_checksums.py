@@ -133,7 +133,7 @@ def write_checksums(folder: str, *, self_checked: Collection[str] = ()) -> dict[
     files = dict(zip(names, _checksums(folder, names)))
     record = {"algorithm": ALGORITHM,
               "files": {name: {"size": entry.size, "sha256": entry.sha256} for name, entry in files.items()}}
-    fsx.atomic_write(fsx.join(folder, MANIFEST_NAME), json.dumps(record, indent=1, sort_keys=True))
+    fsx.atomic_write(fsx.join(folder, MANIFEST_NAME), json.dumps(record, sort_keys=True))  # the C encoder: one line
     _forget_absences()  # the folder this manifest lands in may have been seen without one
     return files
 

@@ -111,6 +111,12 @@ class LocalClient:
         self._jobs: list[ProcessJob] = []
         self._warned_sizes: set[str] = set()
 
+    @property
+    def calls_in_this_process(self) -> bool:
+        """Whether :meth:`remote` runs a function in a thread of this process (the default and
+        ``inline``), where a caller about to wait for it could as well call it in its own thread."""
+        return not self.processes
+
     def __repr__(self) -> str:
         return "LocalClient(processes=True)" if self.processes else "LocalClient(inline=True)" if self.inline else "LocalClient()"
 

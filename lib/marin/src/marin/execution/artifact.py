@@ -277,7 +277,9 @@ def save_artifact(
         "relative_paths": relative_paths,
         "output_path": output_path,
         "prefix": prefix,
-        "provenance": {**dataclasses.asdict(provenance), "argv": list(provenance.argv)},
+        # Plain values: a shallow copy (asdict deep-copies each one).
+        "provenance": {**{f.name: getattr(provenance, f.name) for f in dataclasses.fields(provenance)},
+                       "argv": list(provenance.argv)},
     }
     fsx.atomic_write(fsx.join(staged_in or output_path, ARTIFACT_FILE), json.dumps(record, indent=2, sort_keys=True, allow_nan=False))
     return Artifact(result=result, output_path=output_path, provenance=provenance, result_type=result_type)

@@ -194,7 +194,8 @@ class StepRunner:
         self._execute(planned, options, report, executor)
         finished = {outcome.identity for outcome in report.outcomes if outcome.outcome.succeeded}
         report.add_not_needed(plan.not_needed)
-        logger.info("Run finished: %s", report.summary())
+        if logger.isEnabledFor(logging.INFO):  # the summary reads every step's attempt records: not for a line not shown
+            logger.info("Run finished: %s", report.summary())
         self._print_final_summaries(planned, finished)
         if raise_on_failure and not report.ok:
             raise StepRunFailed(report)

@@ -35,8 +35,10 @@ elsewhere), and, on local disk, a write that lands within one local read of a ta
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -246,17 +248,13 @@ def _move_entries(output_path: str, source: str, target: str, only: list[str] | 
     source_path = f"{root}/{source}".rstrip("/")
     target_path = f"{root}/{target}".rstrip("/")
     if fsx.is_local(output_path):
-        if not fs.exists(source_path):
+        try:
+            names = sorted(os.listdir(source_path))
+        except FileNotFoundError:
             return
-        fs.makedirs(target_path, exist_ok=True)
-        for entry in fs.ls(source_path, detail=False):
-            name = entry.rstrip("/").rpartition("/")[2]
-            if fsx.is_temporary_name(name) or (only is not None and name not in only):
-                continue
-            destination = f"{target_path}/{name}"
-            if fs.exists(destination):  # a folder cannot be renamed over a folder
-                fs.rm(destination, recursive=True)
-            fs.mv(entry.rstrip("/"), destination, recursive=True)
+        for name in names:
+            if not fsx.is_temporary_name(name) and (only is None or name in only):
+                _rename_over(f"{source_path}/{name}", target_path, name)
         return
     fs.invalidate_cache(source_path)
     files = [name for name in fsx.find_files(fsx.join(output_path, source) if source else output_path)
@@ -265,6 +263,27 @@ def _move_entries(output_path: str, source: str, target: str, only: list[str] | 
     if files:
         fs.copy([f"{source_path}/{name}" for name in files], [f"{target_path}/{name}" for name in files])
         fs.rm([f"{source_path}/{name}" for name in files])
+
+
+def _rename_over(source: str, folder: str, name: str) -> None:
+    """Rename the local ``source`` to ``folder/name``, replacing what is there (a file or a folder,
+    which a rename cannot replace when it is not empty) and making ``folder`` if it is missing."""
+    destination = f"{folder}/{name}"
+    try:
+        os.replace(source, destination)
+        return
+    except FileNotFoundError:
+        if os.path.isdir(folder) or not os.path.lexists(source):
+            raise
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:  # a folder (not empty) where a file or folder goes, or a file where a folder goes
+        if exc.errno not in (errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        if os.path.isdir(destination) and not os.path.islink(destination):
+            shutil.rmtree(destination)
+        else:
+            os.remove(destination)
+    os.replace(source, destination)
 
 
 def discard_stale_staging(output_path: str, generation: int) -> list[str]:

@@ -207,7 +207,7 @@ def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: M
             result = session.executor.run(call)
         lease.check()
         if not session.executor.commits_itself:
-            # Confirm with the lock file itself, not only the heartbeat thread's last look.
+            # Confirm with the lock file itself, not only the last heartbeat's look.
             lease.confirm()
             lease.check()
             result = execution.commit(result, step=spec.name, identity=spec.identity, prefix=session.prefix)
@@ -426,8 +426,10 @@ def _begin_attempt_log(spec: StepSpec, output_path: str) -> AttemptLog | None:
     """A new attempt folder for a step the runner runs itself; a step runs without one if it cannot be made."""
     try:
         # Not fsynced: the records of the runner's own attempts only inform (no rerun counts from
-        # them), so losing one to a machine crash costs a line of `marin logs`, not a decision.
-        return AttemptLog.begin(output_path, engine="local", durable=False)
+        # them), so losing one to a machine crash costs a line of `marin logs`, not a decision. The
+        # log appears with the step's first output: a graph of thousands of silent steps makes no
+        # empty file for each.
+        return AttemptLog.begin(output_path, engine="local", durable=False, create_logs=False)
     except Exception as exc:  # noqa: BLE001 - a copy of the output is never a reason to fail the step
         logger.warning("Step %s: cannot keep this attempt's output in %s: %s", spec.name, output_path, exc)
         return None
