@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-# float32's bit pattern is bfloat16's followed by 16 more mantissa bits.
+# float32's bit pattern is bfloat16's followed by 16 more mantissa bits. (Plain ints: a jnp constant
+# here would start JAX's devices when the module is imported, before jax.distributed can join a run.)
 _DROPPED_BITS = 16
-_KEPT = jnp.uint32(0xFFFF0000)
+_KEPT = 0xFFFF0000
 
 
 class NarrowState(NamedTuple):
@@ -62,7 +63,7 @@ def stochastic_round_to_bfloat16(x: jax.Array, key: jax.Array) -> jax.Array:
     noise = jax.random.bits(key, x.shape, jnp.uint32) >> (32 - _DROPPED_BITS)
     # Noise below the kept bits carries into them with the chance the dropped bits give. The sign
     # bit is apart from the magnitude, so negative values round as their magnitudes do.
-    rounded = jax.lax.bitcast_convert_type((bits + noise) & _KEPT, jnp.float32)
+    rounded = jax.lax.bitcast_convert_type((bits + noise) & jnp.uint32(_KEPT), jnp.float32)
     return rounded.astype(jnp.bfloat16)  # exact: no dropped bits remain
 
 
