@@ -68,7 +68,6 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("rigging.filesystem", "absolute", "makes only protocol-less and file:// paths absolute; URLs pass unchanged"),
     Allowed("rigging.filesystem", "atomic_open", "the LocalFileSystem branch: temporary sibling, fsync, os.replace"),
     Allowed("rigging.filesystem", "remove_empty_folder", "the LocalFileSystem branch: os.rmdir of an emptied folder"),
-    Allowed("rigging.filesystem", "_create_with_parents", "the LocalFileSystem branch of atomic_open: its temporary sibling"),
     Allowed("rigging.filesystem", "_local_files", "the LocalFileSystem branch of find_files: a local folder's listings, no status call per file"),
     Allowed("rigging.filesystem", "create_local_file", "a descriptor of a new local file, for the LocalFileSystem branches of small records"),
     Allowed("rigging.filesystem", "write_local_atomically", "the LocalFileSystem branch of atomic_write: temporary sibling, fsync, os.replace"),

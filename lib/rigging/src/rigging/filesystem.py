@@ -444,14 +444,10 @@ def atomic_open(url: str, mode: str = "wb", *, durable: bool = True) -> Iterator
 
 
 def _create_with_parents(path: str, mode: str) -> IO:
-    """``open(path, mode)`` for writing, making the parent folders first if they are missing
-    (tried after the open fails: most writes go to a folder that exists, and the open is one call)."""
+    """A new local file ``path`` open for writing in ``mode`` (``w`` or ``wb``), its folders made if
+    missing: :func:`create_local_file`'s descriptor as a file object."""
     encoding = "utf-8" if mode == "w" else None
-    try:
-        return open(path, mode, encoding=encoding)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        return open(path, mode, encoding=encoding)
+    return os.fdopen(create_local_file(path), mode, encoding=encoding)
 
 
 def is_s3_filesystem(fs: fsspec.AbstractFileSystem) -> bool:
