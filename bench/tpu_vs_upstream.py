@@ -4,9 +4,11 @@
     python bench/tpu_vs_upstream.py ... --shapes llama_150m:16,llama_600m:4:save_matmuls,llama_600m:16:full:8
     python bench/tpu_vs_upstream.py --upstream-python /tmp/up-venv/bin/python --tiny      # the plumbing, on a CPU
 
-A shape is ``MODEL:BATCH[:REMAT[:MICROBATCH]]``: a Llama size of ``experiments/llama.py`` (or
-``llama_nano``), the batch in sequences of ``--seq-len`` tokens, and for our side only a remat policy
-(default: the config's) and a microbatch. Work is counted in model FLOPs, so what a side recomputes is
+A shape is ``MODEL:BATCH[:REMAT[:MICROBATCH]][:offload][:bf16]``: a Llama size of ``experiments/llama.py``
+(or ``llama_nano``), the batch in sequences of ``--seq-len`` tokens, and for our side only a remat policy
+(default: the config's), a microbatch, and memory levers: ``offload`` keeps the optimizer state in host
+memory between steps, ``bf16`` stores Adam's moments in bfloat16 (``llama_1_4b:8:save_attention:offload:bf16``
+is how llama_1_4b fits one v5e chip; upstream, at its defaults, gets the same shape and may not fit). Work is counted in model FLOPs, so what a side recomputes is
 its own cost; upstream recomputes each layer, its default. For each shape our side
 (``bench/tpu_step.py``: the trainer's compiled step) runs, then upstream's
 (``bench/vs_upstream_sides/upstream_tpu_step.py``: its Llama through its own ``Trainer`` at its
@@ -60,6 +62,10 @@ from vs_upstream import SideFailed, run_side  # noqa: E402
 DEFAULT_SHAPES = "llama_150m:16,llama_600m:8:full,llama_600m:16:full"
 TINY_SHAPES = "llama_nano:2"
 # What a chip that has just been let go of can say to the next process that opens it: worth one retry.
+# Our side's memory levers, named after the positional fields: the optimizer state kept in host memory between
+# steps, and Adam's moments stored in bfloat16 (bench/tpu_step.py's --offload and --moment-dtype).
+SHAPE_FLAGS = ("offload", "bf16")
+SHAPE_FORM = "MODEL:BATCH[:REMAT[:MICROBATCH]][:offload][:bf16]"
 CHIP_BUSY = ("multi-process lockfile", "TPU is already in use", "Unable to initialize backend 'tpu'")
 
 
@@ -72,17 +78,26 @@ class Shape:
     batch: int
     remat: str | None
     microbatch: int | None
+    offload: bool = False
+    moment_dtype: str | None = None
 
     @classmethod
     def parse(cls, spec: str) -> "Shape":
+        usage = f"--shapes: {spec!r} is not {SHAPE_FORM}, e.g. llama_600m:8:full or llama_1_4b:8:full:offload:bf16"
         parts = spec.split(":")
-        if len(parts) < 2 or len(parts) > 4 or not parts[1].isdigit():
-            raise SystemExit(f"--shapes: {spec!r} is not MODEL:BATCH[:REMAT[:MICROBATCH]], e.g. llama_600m:8:full")
-        remat = parts[2] if len(parts) > 2 and parts[2] else None
-        microbatch = parts[3] if len(parts) > 3 and parts[3] else None
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise SystemExit(usage)
+        # Flags may follow the positional remat and microbatch; a flag is never a remat policy's name.
+        flags = [part for part in parts[2:] if part in SHAPE_FLAGS]
+        positional = [part for part in parts[2:] if part not in SHAPE_FLAGS]
+        if len(positional) > 2 or parts[2 + len(positional):] != flags:
+            raise SystemExit(usage)
+        remat = positional[0] if positional and positional[0] else None
+        microbatch = positional[1] if len(positional) > 1 and positional[1] else None
         if microbatch is not None and not microbatch.isdigit():
             raise SystemExit(f"--shapes: the microbatch of {spec!r} must be a whole number")
-        return cls(spec, parts[0], int(parts[1]), remat, None if microbatch is None else int(microbatch))
+        return cls(spec, parts[0], int(parts[1]), remat, None if microbatch is None else int(microbatch),
+                   offload="offload" in flags, moment_dtype="bfloat16" if "bf16" in flags else None)
 
 
 @dataclass(frozen=True)
@@ -171,10 +186,10 @@ def side_figures(record: dict, work: Work, peak_tflops: float, matmul_tflops: fl
     if "error" in record:
         return record
     model_flops = work.flops_per_token * record["tokens_per_s"]
-    keep = ("tokens_per_s", "step_ms", "step_ms_each", "loss", "parameters", "remat", "microbatch", "compile_s",
-            "init_s", "compile_and_first_step_s", "memory_gib", "memory_note", "memory_analysis_s",
-            "peak_bytes_in_use_gib", "device_kind", "attention", "scan_layers", "gradient_checkpointing", "version",
-            "jax", "packages", "wall_s")
+    keep = ("tokens_per_s", "step_ms", "step_ms_each", "loss", "parameters", "remat", "microbatch", "offload",
+            "moment_dtype", "compile_s", "init_s", "compile_and_first_step_s", "memory_gib", "memory_note",
+            "memory_analysis_s", "peak_bytes_in_use_gib", "device_kind", "attention", "scan_layers",
+            "gradient_checkpointing", "version", "jax", "packages", "wall_s")
     return {"mfu": round(model_flops / (peak_tflops * 1e12), 4),
             "mfu_of_matmul": None if not matmul_tflops else round(model_flops / (matmul_tflops * 1e12), 4),
             **{key: record[key] for key in keep if key in record}}
@@ -213,6 +228,8 @@ def our_argv(args: argparse.Namespace, shape: Shape) -> list[str]:
             "--doc-len", *map(str, args.doc_len), "--label", shape.spec]
     argv += ["--remat", shape.remat] if shape.remat else []
     argv += ["--microbatch", str(shape.microbatch)] if shape.microbatch else []
+    argv += ["--offload"] if shape.offload else []
+    argv += ["--moment-dtype", shape.moment_dtype] if shape.moment_dtype else []
     argv += [] if args.matmul else ["--no-matmul"]
     return argv + shlex.split(args.ours_args)
 
@@ -243,7 +260,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ours-site", default="/tmp/site", help="our third-party folders (os.pathsep-separated), kept off "
                    "upstream's path")
     p.add_argument("--ours-python", default=sys.executable)
-    p.add_argument("--shapes", default=None, help=f"MODEL:BATCH[:REMAT[:MICROBATCH]],... (default {DEFAULT_SHAPES})")
+    p.add_argument("--shapes", default=None, help=f"{SHAPE_FORM},... (default {DEFAULT_SHAPES})")
     p.add_argument("--seq-len", type=int, default=None, help="default 2048 (--tiny: 128)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 8; --tiny: 2)")
     p.add_argument("--warmup-steps", type=int, default=None, help="default 2 (--tiny: 1)")

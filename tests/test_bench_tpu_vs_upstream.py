@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "vs_upstream_sides"))
 import tpu_vs_upstream  # noqa: E402
-from tpu_vs_upstream import Runner, Shape, Work, compare, upstream_env  # noqa: E402
+from tpu_vs_upstream import Runner, Shape, Work, compare, our_argv, upstream_env  # noqa: E402
 from upstream_loop import steady_tokens_per_second, timed_steps  # noqa: E402
 
 
@@ -28,6 +28,21 @@ def test_a_shape_names_the_model_the_batch_and_our_remat_and_microbatch():
     assert Shape.parse("llama_600m:16::4") == Shape("llama_600m:16::4", "llama_600m", 16, None, 4)
     assert Shape.parse("llama_150m:8:save_matmuls") == Shape("llama_150m:8:save_matmuls", "llama_150m", 8, "save_matmuls", None)
     for bad in ("llama_600m", "llama_600m:x", "llama_600m:8:full:two", "a:1:b:2:c"):
+        with pytest.raises(SystemExit, match="--shapes"):
+            Shape.parse(bad)
+
+
+def test_a_shape_may_end_with_our_memory_levers_which_reach_our_side_only():
+    shape = Shape.parse("llama_1_4b:8:save_attention:offload:bf16")
+    assert (shape.remat, shape.microbatch, shape.offload, shape.moment_dtype) == ("save_attention", None, True, "bfloat16")
+    assert Shape.parse("llama_600m:8:offload") == Shape("llama_600m:8:offload", "llama_600m", 8, None, None, offload=True)
+    args = SimpleNamespace(ours_python="python", seq_len=2048, steps=8, warmup_steps=2, doc_len=[100, 600],
+                           matmul=False, ours_args="")
+    argv = our_argv(args, shape)
+    assert argv[argv.index("--moment-dtype") + 1] == "bfloat16" and "--offload" in argv
+    plain = our_argv(args, Shape.parse("llama_1_4b:8:save_attention"))
+    assert "--offload" not in plain and "--moment-dtype" not in plain
+    for bad in ("llama_1_4b:8:offload:full", "llama_1_4b:8:bf16:offload:full:2"):
         with pytest.raises(SystemExit, match="--shapes"):
             Shape.parse(bad)
 
