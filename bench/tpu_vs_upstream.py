@@ -139,6 +139,14 @@ def upstream_env(base: dict[str, str], upstream_path: str, ours_site: list[str])
     return {**base, "PYTHONPATH": os.pathsep.join(machine + upstream), "WANDB_MODE": "disabled"}
 
 
+def headline(error: str) -> str:
+    """The line of a failed side's output that says why: its last error line (a run's first lines are often
+    warnings, e.g. about the Python version), else its first line."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    said = [line for line in lines if "Error" in line or "error:" in line.lower()]
+    return (said[-1] if said else lines[0] if lines else "failed")[:200]
+
+
 class Runner:
     """Runs each side's process under the bench's budget; a failure becomes a record, never an exception."""
 
@@ -148,7 +156,7 @@ class Runner:
 
     def run(self, name: str, argv: list[str], env: dict[str, str]) -> dict:
         record = self._run(argv, env)
-        said = record["error"].splitlines()[0][:200] if "error" in record \
+        said = headline(record["error"]) if "error" in record \
             else f"{record['tokens_per_s']} tokens/s" if "tokens_per_s" in record else "done"
         print(f"{name}: {said} ({record.get('wall_s')} s)", file=sys.stderr, flush=True)
         return record

@@ -110,3 +110,11 @@ def test_upstream_steps_are_timed_around_the_loop_every_one_of_them():
 def test_a_loop_that_skips_or_reorders_steps_is_refused(seen):
     with pytest.raises(SystemExit, match="once each, in order"):
         timed_steps(steps(*seen), total=4)
+
+
+def test_a_failed_sides_headline_is_its_error_not_a_warning_printed_first():
+    output = ("UserWarning: You are using a Python version (3.11.7) which Google will stop supporting\n"
+              "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+              "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on HBM\n--------------------\n")
+    assert tpu_vs_upstream.headline(output).startswith("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED")
+    assert tpu_vs_upstream.headline("ran past its 22 s timeout and was killed") == "ran past its 22 s timeout and was killed"
