@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import jax
 import numpy as np
@@ -160,3 +162,31 @@ def test_sigterm_checkpoints_then_stops(tmp_path):
         trainer.train(init_model, source())
     assert trainer.checkpointer.all_steps() == [4]
     assert signal.getsignal(signal.SIGTERM) is previous  # handler restored
+
+
+def test_checkpointers_saving_at_once_in_one_process_each_commit_their_own_steps(tmp_path):
+    """A sweep's steps train in threads of one process, each saving through its own Checkpointer."""
+    states = {i: {"w": np.full((8,), float(i), np.float32)} for i in range(8)}
+    errors: list[str] = []
+
+    def save_three(i: int) -> None:
+        try:
+            checkpointer = Checkpointer(str(tmp_path / str(i)), keep_last=None)
+            for step in (1, 2, 3):
+                checkpointer.save(step, states[i])
+            checkpointer.close()
+        except Exception as e:  # reported below, with every other thread's
+            errors.append(f"{i}: {e!r}")
+
+    threads = [threading.Thread(target=save_three, args=(i,), daemon=True) for i in states]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 120
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), "a save still waits after 120 s"
+    assert not errors, errors
+    for i, state in states.items():
+        checkpointer = Checkpointer(str(tmp_path / str(i)))
+        assert checkpointer.all_steps() == [1, 2, 3]
+        np.testing.assert_array_equal(checkpointer.restore(3, state)["w"], state["w"])

@@ -17,6 +17,7 @@ XLA compiles for their devices the real TPU programs, Pallas kernels included
 import dataclasses
 import importlib.util
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -227,8 +228,20 @@ def test_a_step_too_large_for_its_chips_does_not_fit_with_the_bytes_xla_asked_fo
         expected_matmul_flops_per_token(config, "none", B * T, 4) * B * T / 4, rel=2e-3)
 
 
-def test_a_step_compiled_for_a_chip_with_less_memory_than_it_needs_does_not_fit():
-    """``memory_limit`` compiles as for a smaller chip: the headroom of a step is the limit it still fits."""
+def test_a_step_compiled_for_a_chip_with_less_memory_than_it_needs_does_not_fit(monkeypatch):
+    """``memory_limit`` compiles as for a smaller chip: the headroom of a step is the limit it still fits.
+
+    Neither compile is kept in JAX's persistent compilation cache, which could never load them (no chip)."""
+    from jax._src import compilation_cache
+
+    written = []
+    put = compilation_cache.put_executable_and_time
+    monkeypatch.setattr(compilation_cache, "put_executable_and_time",
+                        lambda key, name, *rest: (written.append(name), put(key, name, *rest)))
+    unique = float(time.time_ns() % 999_983)  # a program compiled for the first time: not already in the cache
+    jax.jit(lambda x: x * 3 + unique).lower(jnp.arange(7.0)).compile()  # on the CPU: kept, as the suite asks (conftest.py)
+    assert written, "JAX's persistent cache is not on in this process"
+    written.clear()
     devices = tpu_topology_devices(TOPOLOGIES["v5e"])[:1]
     trainer = TrainerConfig(num_train_steps=10, batch_size=B // 4, mesh=MeshConfig(data=1))
     state_bytes = expected_state_bytes_per_chip(LLAMA, 1)  # 31 MB: parameters and AdamW's moments
@@ -240,3 +253,4 @@ def test_a_step_compiled_for_a_chip_with_less_memory_than_it_needs_does_not_fit(
     assert too_small.available_bytes == small
     assert too_small.needed_bytes > state_bytes
     assert steps[large].fits
+    assert written == []

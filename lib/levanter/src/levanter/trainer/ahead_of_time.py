@@ -20,10 +20,11 @@ anyone pays for the chips.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -348,7 +349,8 @@ def compile_train_step(
     placement = {"mesh": {axis: int(size) for axis, size in mesh.shape.items()},
                  "device_kind": str(mesh.devices.flat[0].device_kind), "num_devices": int(mesh.devices.size)}
     try:
-        compiled = lowered.compile(compiler_options=options)
+        with _no_persistent_cache_entry(mesh):
+            compiled = lowered.compile(compiler_options=options)
     except Exception as e:  # XLA raises its own runtime error type; anything but running out of memory propagates
         refusal = DoesNotFit.read(e)
         if refusal is None:
@@ -364,6 +366,22 @@ def compile_train_step(
         compile_seconds=seconds,
         step_flops=step_flops,
     )
+
+
+@contextlib.contextmanager
+def _no_persistent_cache_entry(mesh: Mesh) -> Iterator[None]:
+    """Compile without writing to JAX's persistent compilation cache when ``mesh``'s devices are a
+    topology's, described without a chip: an executable compiled for them cannot be loaded, so the
+    cache would only store (megabytes a step, seconds of serializing) what it can never read back."""
+    if type(mesh.devices.flat[0].client).__name__ != "CompileOnlyPyClient":
+        yield
+        return
+    threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
 
 
 def _memory_limit_options(memory_limit: int | None, mesh: Mesh) -> dict[str, int] | None:

@@ -39,6 +39,7 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,6 +62,14 @@ from levanter.trainer.checkpoint_staging import COMMIT_MARKER, CheckpointStaging
 from rigging import filesystem as fsx
 
 logger = logging.getLogger(__name__)
+
+# Orbax numbers each save with a process-wide counter (its OperationIdGenerator) that a save reads
+# several times while it starts, and keys the signals its background commit waits for by that
+# number. Two Checkpointers starting saves at once in one process (a sweep's steps running in
+# threads) read each other's numbers: a commit then waits for a signal sent under another number,
+# until Orbax's 300 s timeout, or the two saves write into each other's folders. A save starts (the
+# synchronous part of Orbax's save) under this lock; the background writes still overlap.
+_ORBAX_SAVE_STARTING = threading.Lock()
 
 
 def _size(num_bytes: float) -> str:
@@ -172,7 +181,8 @@ class Checkpointer:
         flat, _ = flatten_state(state)
         started = time.monotonic()
         with self._writing():  # an asynchronous save's failure surfaces in the next save (or wait)
-            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat)), force=True)
+            with _ORBAX_SAVE_STARTING:
+                self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat)), force=True)
             if self._staging is not None:
                 self._staging.upload_when_committed(step, lambda: self._seal(step), asynchronous=self._asynchronous)
             elif self._asynchronous:
