@@ -183,8 +183,8 @@ def test_functions_are_called_by_signature(tmp_path):
     steps = [StepSpec("n", no_args), StepSpec("p", with_path), StepSpec("c", with_ctx), StepSpec("an", annotated)]
     runner.run(steps)
     # A function writes into its execution's staging folder, moved into the step's folder on success.
-    assert seen["none"] and seen["path"] == runner.output_path_for(steps[1]) + "/.staging/g1"
-    assert seen["ctx"] == runner.output_path_for(steps[2]) + "/.staging/g1" and seen["annotated"] == "an"
+    assert seen["none"] and seen["path"] == runner.output_path_for(steps[1]) + "/.staging-g1"
+    assert seen["ctx"] == runner.output_path_for(steps[2]) + "/.staging-g1" and seen["annotated"] == "an"
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ def test_runner_on_memory_filesystem():
 
 def test_lost_lease_never_writes_success(tmp_path):
     def hijacked(ctx):
-        step_folder = os.path.dirname(os.path.dirname(ctx.output_path))  # the function writes into <step>/.staging/gN
+        step_folder = os.path.dirname(ctx.output_path)  # the function writes into <step>/.staging-gN
         lock = os.path.join(step_folder, ".executor_lock")
         deadline = time.time() + 10
         # Keep rewriting the lock as another holder would: a heartbeat already in flight may

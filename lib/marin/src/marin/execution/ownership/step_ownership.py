@@ -7,8 +7,9 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
 
 * ``.executor_status`` is the fenced record. Starting an execution claims it: ``generation`` one
   higher than the record read, a new ``owner`` id, and ``staging``, the folder the execution
-  writes into (``.staging/g<generation>``, always a new one). Every later status write of the
-  execution is conditional on the record still naming it.
+  writes into (``.staging-g<generation>``, always a new one; versions before this one used
+  ``.staging/g<generation>``, which is still read, finished and removed). Every later status write
+  of the execution is conditional on the record still naming it.
 * The step's function writes only into the staging folder. Two executions never share one, so
   their bytes are never mixed.
 * :meth:`Execution.commit` makes the output the step's: it refuses an output holding a special file
@@ -60,8 +61,29 @@ from marin.execution.ownership.resumable_state import SELF_CHECKED_MARKERS
 
 logger = get_logger("marin.execution.step_runner")
 
-STAGING_FOLDER = ".staging"
+# An execution's staging folder sits beside the step's records, one level down: a step creates and
+# removes one folder per execution, not two (a graph of thousands of small steps spends much of its
+# time making and deleting inodes). Earlier versions nested it, ``.staging/g<N>``: still understood.
+STAGING_PREFIX = ".staging-g"
+LEGACY_STAGING_FOLDER = ".staging"
 EXECUTIONS_FOLDER = ".executions"
+
+
+def staging_generation(relative: str) -> int | None:
+    """The generation whose staging folder ``relative`` (to the step folder) names: ``.staging-g<N>``,
+    or ``.staging/g<N>`` as earlier versions named it; ``None`` for anything else."""
+    if relative.startswith(STAGING_PREFIX):
+        digits = relative[len(STAGING_PREFIX):]
+    elif relative.startswith(f"{LEGACY_STAGING_FOLDER}/g"):
+        digits = relative[len(LEGACY_STAGING_FOLDER) + 2:]
+    else:
+        return None
+    return int(digits) if digits.isdigit() else None
+
+
+def is_staging_entry(name: str) -> bool:
+    """Whether ``name``, an entry of the step folder, holds what executions stage (either layout)."""
+    return name == LEGACY_STAGING_FOLDER or staging_generation(name) is not None
 
 
 class IrregularOutputError(MarinError, ValueError):
@@ -164,7 +186,7 @@ class Execution:
 
 
 def _staging_for(generation: int) -> str:
-    return f"{STAGING_FOLDER}/g{generation}"
+    return f"{STAGING_PREFIX}{generation}"
 
 
 def claim_execution(output_path: str, over: Snapshot, fields: dict[str, Any]) -> Execution | None:
@@ -197,7 +219,8 @@ def promote(output_path: str, staging: str) -> None:
     Temporary files a killed writer left are not moved.
     """
     _move_entries(output_path, staging, "")
-    _remove_empty_folders(output_path, staging, STAGING_FOLDER)
+    legacy_parent = [LEGACY_STAGING_FOLDER] if staging.startswith(f"{LEGACY_STAGING_FOLDER}/") else []
+    _remove_empty_folders(output_path, staging, *legacy_parent)
 
 
 def _remove_empty_folders(output_path: str, *relatives: str) -> None:
@@ -227,7 +250,8 @@ def stage_unstaged_output(output_path: str, staging: str) -> list[str]:
     other_steps = [folder for folder, _, name in (f.rpartition("/") for f in files) if folder and name in records]
     names = sorted({
         f.split("/", 1)[0] for f in files
-        if f.split("/", 1)[0] not in records | {STAGING_FOLDER, EXECUTIONS_FOLDER, ATTEMPTS_FOLDER}
+        if f.split("/", 1)[0] not in records | {EXECUTIONS_FOLDER, ATTEMPTS_FOLDER}
+        and not is_staging_entry(f.split("/", 1)[0])
         and not fsx.is_temporary_name(f.split("/", 1)[0])
     })
     names = [name for name in names if not any(folder == name or folder.startswith(name + "/") for folder in other_steps)]
@@ -290,21 +314,46 @@ def discard_stale_staging(output_path: str, generation: int) -> list[str]:
     """Delete the staging folders that executions before ``generation`` left, once each of their
     replicas is known to have stopped (an execution in a runner has none: the runner that superseded
     it holds the lease its runner lost). A folder a replica may still write stays, as it must; the
-    next commit looks again. The folders removed are returned."""
+    next commit looks again. The folders removed (relative to the step folder) are returned."""
+    if generation <= 1:
+        return []  # the first execution of the step: none came before it
     fs, root = fsx.filesystem(output_path)
     removed = []
-    for name in sorted({relative.split("/", 1)[0] for relative in fsx.find_files(fsx.join(output_path, STAGING_FOLDER))}):
-        if not (name.startswith("g") and name[1:].isdigit() and int(name[1:]) < generation):
+    for staging in staging_folders(output_path):
+        earlier = staging_generation(staging)
+        if earlier is None or earlier >= generation:
             continue
-        beats = replica_heartbeats(output_path, int(name[1:]))
+        beats = replica_heartbeats(output_path, earlier)
         if all(beat.known_stopped() for beat in beats):
-            fs.rm(f"{root.rstrip('/')}/{STAGING_FOLDER}/{name}", recursive=True)
-            removed.append(f"{STAGING_FOLDER}/{name}")
+            fs.rm(f"{root.rstrip('/')}/{staging}", recursive=True)
+            removed.append(staging)
         else:
-            logger.info("Left %s/%s/%s: a replica of that execution may still write there", output_path, STAGING_FOLDER, name)
-    if removed:
-        _remove_empty_folders(output_path, STAGING_FOLDER)
+            logger.info("Left %s/%s: a replica of that execution may still write there", output_path, staging)
+    if any(staging.startswith(f"{LEGACY_STAGING_FOLDER}/") for staging in removed):
+        _remove_empty_folders(output_path, LEGACY_STAGING_FOLDER)
     return removed
+
+
+def staging_folders(output_path: str) -> list[str]:
+    """Every staging folder in the step folder, relative to it (either layout), sorted."""
+    names = _entry_names(output_path)
+    found = [name for name in names if staging_generation(name) is not None]
+    if LEGACY_STAGING_FOLDER in names:
+        nested = (f"{LEGACY_STAGING_FOLDER}/{name}" for name in _entry_names(fsx.join(output_path, LEGACY_STAGING_FOLDER)))
+        found += [name for name in nested if staging_generation(name) is not None]
+    return sorted(found)
+
+
+def _entry_names(url: str) -> list[str]:
+    """The names directly inside the folder ``url`` (none when it does not exist)."""
+    fs, path = fsx.filesystem(url)
+    try:
+        if fsx.is_local(url):
+            return os.listdir(path)
+        fs.invalidate_cache(path)
+        return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def roll_forward(output_path: str, over: Snapshot, record: StatusRecord) -> bool:

@@ -70,10 +70,10 @@ from marin.execution.running.step_executor import StepCall, StepExecutor
 from marin.execution.records.step_failures import log_step_failure
 from marin.execution.ownership.step_ownership import (
     EXECUTIONS_FOLDER,
-    STAGING_FOLDER,
     Execution,
     ReplicaHeartbeat,
     claim_execution,
+    is_staging_entry,
     read_ownership,
     replica_heartbeats,
     roll_forward,
@@ -474,7 +474,8 @@ def remove_orphan_temporaries(output_path: str) -> int:
     Deleting a temporary can never corrupt anything: at worst a writer that should not exist fails
     its final rename. One recursive listing and one batch delete keep it cheap on object stores.
     """
-    files = [f for f in fsx.find_files(output_path) if not f.startswith((f"{STAGING_FOLDER}/", f"{EXECUTIONS_FOLDER}/"))]
+    files = [f for f in fsx.find_files(output_path)
+             if not f.startswith(f"{EXECUTIONS_FOLDER}/") and not ("/" in f and is_staging_entry(f.split("/", 1)[0]))]
     control_files = (STATUS_FILE, INFO_FILE, LOCK_FILE)
     other_steps = tuple(
         folder + "/" for folder, _, name in (f.rpartition("/") for f in files) if folder and name in control_files
