@@ -186,7 +186,7 @@ def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: M
         logger.info("Step %s started: %s", spec.name, output_path)
         write_info(output_path, step_info(spec, output_path, dep_paths, session.prefix))
         if not session.executor.keeps_attempt_logs:
-            attempt_log = _begin_attempt_log(spec, output_path)
+            attempt_log = _begin_attempt_log(spec, output_path, getattr(session.executor, "calls_in_this_process", False))
         running = {"attempt": attempt_log.attempt if attempt_log else None, "job": live_job}
         if live_job is not None:
             execution = Execution.of_record(output_path, status)
@@ -422,14 +422,18 @@ def step_info(spec: StepSpec, output_path: str, dep_paths: Mapping[str, str], pr
     }
 
 
-def _begin_attempt_log(spec: StepSpec, output_path: str) -> AttemptLog | None:
-    """A new attempt folder for a step the runner runs itself; a step runs without one if it cannot be made."""
+def _begin_attempt_log(spec: StepSpec, output_path: str, in_this_process: bool) -> AttemptLog | None:
+    """A new attempt of a step the runner runs itself; a step runs without one if it cannot be made."""
     try:
         # Not fsynced: the records of the runner's own attempts only inform (no rerun counts from
         # them), so losing one to a machine crash costs a line of `marin logs`, not a decision. The
         # log appears with the step's first output: a graph of thousands of silent steps makes no
-        # empty file for each.
-        return AttemptLog.begin(output_path, engine="local", durable=False, create_logs=False)
+        # empty file for each. Where the function runs in this process, the attempt's folder and
+        # opening record wait for its first output too: a silent step writes its one record when it
+        # ends (its status record names the attempt meanwhile). A function sent to another process
+        # prints there, so its attempt is opened here at once.
+        return AttemptLog.begin(output_path, engine="local", durable=False, create_logs=False,
+                                opening_record=not in_this_process)
     except Exception as exc:  # noqa: BLE001 - a copy of the output is never a reason to fail the step
         logger.warning("Step %s: cannot keep this attempt's output in %s: %s", spec.name, output_path, exc)
         return None
