@@ -187,6 +187,40 @@ def test_functions_are_called_by_signature(tmp_path):
     assert seen["ctx"] == runner.output_path_for(steps[2]) + "/.staging-g1" and seen["annotated"] == "an"
 
 
+def test_a_step_that_writes_no_file_commits_its_result_alone(tmp_path, monkeypatch):
+    from rigging.fencing import Fence
+
+    made, updates = {}, []
+    real_update = Fence.update
+    monkeypatch.setattr(Fence, "update", lambda self, changes, **kw: updates.append(changes) or real_update(self, changes, **kw))
+
+    def no_args():
+        made["none"] = os.path.exists(runner.output_path_for(steps[0]) + "/.staging-g1")
+        return {"answer": 42}
+
+    def given_a_folder(ctx):
+        made["ctx"] = os.path.isdir(ctx.output_path)
+        return {"here": ctx.output_path}  # a path into its folder, though it wrote nothing there
+
+    runner = _runner(tmp_path)
+    steps = [StepSpec("quiet/none", no_args), StepSpec("quiet/ctx", given_a_folder)]
+    report = runner.run(steps)
+    # A function given no folder gets none made; one given a folder finds it made.
+    assert made == {"none": False, "ctx": True}
+    # Nothing to move, so no commit point: SUCCESS is written while the record is held.
+    assert not any(changes.get("committing") for changes in updates)
+    for step in steps:
+        folder = runner.output_path_for(step)
+        # No staging folder left, and no manifest: there is no output file to record.
+        assert sorted(os.listdir(folder)) == [".artifact.json", ".attempts", ".executor_info", ".executor_status"]
+        assert read_status(folder).status == "SUCCESS" and read_status(folder).staging is None
+    assert load_artifact(runner.output_path_for(steps[0])).result == {"answer": 42}
+    here = runner.output_path_for(steps[1])
+    assert report.outcome_of("quiet/ctx").result == {"here": here}  # the path moved with the output
+    record = json.loads(open(os.path.join(here, ".artifact.json")).read())
+    assert record["result"] == {"here": "."} and load_artifact(here).result == {"here": here}
+
+
 @dataclass(frozen=True)
 class Shard:
     path: str

@@ -18,7 +18,11 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
   folder, the record is marked ``committing`` (the commit point, refused unless the record names
   this execution and says RUNNING), every entry of the staging folder is moved into the step
   folder, and SUCCESS is written last. A commit cut short is finished by whoever finds the
-  record ``committing`` next (:func:`roll_forward`): moving is idempotent.
+  record ``committing`` next (:func:`roll_forward`): moving is idempotent. An execution that
+  staged no file at all, on local disk, has nothing to move: its artifact is written into the step
+  folder and SUCCESS recorded while it holds the record (:meth:`~rigging.fencing.Fence.held`), so
+  no other execution can claim the step between the two; cut short, it left no SUCCESS, and the
+  next execution's commit replaces the artifact.
 * Replicas of an execution run elsewhere (iris jobs) watch the record (:class:`ReplicaWatch`):
   each heartbeat writes ``.executions/g<generation>-replica-<i>.json`` and checks the fence; a
   replica whose execution was superseded, or ended by its runner, stops itself and commits nothing.
@@ -35,6 +39,7 @@ elsewhere), and, on local disk, a write that lands within one local read of a ta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -48,15 +53,25 @@ from typing import Any
 
 from iris.attempt_log import ATTEMPTS_FOLDER
 from rigging import filesystem as fsx
+from rigging.conditional_writes import CannotHoldError
 from rigging.fencing import Fence, FencedOff, Snapshot, claim, read_snapshot, write_over
 from rigging.lease import Lease, ProcessIdentity
 from rigging.log import get_logger
 from rigging.regular_files import refused_entries
-from zephyr.output_checksums import write_checksums
+from zephyr.output_checksums import MANIFEST_NAME, write_checksums
 
 from marin.errors import MarinError
 from marin.execution.artifact import save_artifact
-from marin.execution.records.executor_files import INFO_FILE, LOCK_FILE, STATUS_FILE, STATUS_RUNNING, STATUS_SUCCESS, StatusRecord, status_from_dict, status_url
+from marin.execution.records.executor_files import (
+    INFO_FILE,
+    LOCK_FILE,
+    STATUS_FILE,
+    STATUS_RUNNING,
+    STATUS_SUCCESS,
+    StatusRecord,
+    status_from_dict,
+    status_url,
+)
 from marin.execution.ownership.resumable_state import SELF_CHECKED_MARKERS
 
 logger = get_logger("marin.execution.step_runner")
@@ -169,20 +184,57 @@ class Execution:
         # Durability (docs/engine.md, "What survives a machine crash"): the artifact, the checksums
         # and each status write below are fsynced before their rename, so after a machine crash a
         # record that says committing or SUCCESS never stands beside a lost artifact or manifest.
+        if not _staged_anything(self.work_path):
+            try:
+                return self._commit_result(relocated(result, self.work_path, self.output_path), step=step,
+                                           identity=identity, prefix=prefix)
+            except CannotHoldError:
+                pass  # storage that cannot hold the record: the commit through a commit point below
         check_regular_output(self.work_path)
         save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix, staged_in=self.work_path)
         self.check()
-        # Moved in with the output, so a committed step always has its manifest.
+        # Moved in with the output, so a committed step with output files always has their manifest.
         write_checksums(self.work_path, self_checked=SELF_CHECKED_MARKERS)
         clear_stale_entries(self.output_path, self.staging)
         self.write(committing=True)  # the commit point: from here on anyone may finish the move
         promote(self.output_path, self.staging)
         self.fence.update({"status": STATUS_SUCCESS, "committing": False, "staging": None, "error": None, "time": time.time()})
+        self._tidy_up()
+        return relocated(result, self.work_path, self.output_path)
+
+    def _commit_result(self, result: Any, *, step: str, identity: str, prefix: str | None) -> Any:
+        """Commit an execution that staged no file: its artifact (``result``, its paths already moved
+        to the step folder), written into the step folder, and SUCCESS, both while the record is held
+        for this execution; ``result`` back. Raises :class:`CannotHoldError`, having written nothing,
+        where the record cannot be held. With nothing to move there is no move to finish after a
+        crash, so no commit point: cut short, the execution left no SUCCESS, and the artifact it may
+        have left is replaced by the next execution's commit."""
+        with self.fence.held(condition=self._still_running) as write:
+            # A manifest left in the step folder from before describes files this output lacks.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(fsx.filesystem(fsx.join(self.output_path, MANIFEST_NAME))[1])
+            save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix)
+            write({"status": STATUS_SUCCESS, "committing": False, "staging": None, "error": None, "time": time.time()})
+        fsx.remove_empty_folder(self.work_path)  # the folder a function given one left empty
+        self._tidy_up()
+        return result
+
+    def _tidy_up(self) -> None:
         try:
             discard_stale_staging(self.output_path, self.generation)
         except Exception as exc:  # noqa: BLE001 - tidying up never fails a committed step
             logger.warning("Could not remove the staging folders of earlier executions of %s: %s", self.output_path, exc)
-        return relocated(result, self.work_path, self.output_path)
+
+
+def _staged_anything(work_path: str) -> bool:
+    """Whether the execution's staging folder holds anything (always True off local disk, where
+    the commit through a commit point is the only one, so no listing is spent on the question)."""
+    if not fsx.is_local(work_path):
+        return True
+    try:
+        return bool(os.listdir(fsx.filesystem(work_path)[1]))
+    except FileNotFoundError:
+        return False  # never made: the step's function takes no folder
 
 
 def _staging_for(generation: int) -> str:

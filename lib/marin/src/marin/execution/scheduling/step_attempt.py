@@ -79,7 +79,7 @@ from marin.execution.ownership.step_ownership import (
     roll_forward,
     stage_unstaged_output,
 )
-from marin.execution.step_spec import StepSpec
+from marin.execution.step_spec import CALL_NO_ARGS, StepSpec
 
 # The runner's log lines keep one logger name however its code is split, so log filters keep working.
 logger = get_logger("marin.execution.step_runner")
@@ -193,7 +193,8 @@ def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: M
             execution.write(holder=session.runner_id, **running)
         else:
             execution = _start_execution(session, spec, output_path, snapshot, status, running)
-        fsx.makedirs(execution.work_path)
+        if spec.call_style != CALL_NO_ARGS:  # a function given no folder writes none: none is made for it
+            fsx.makedirs(execution.work_path)
 
         def placed(**fields: Any) -> None:
             running.update(fields)
