@@ -269,6 +269,8 @@ class AttemptLog:
 
     def _write_record(self) -> None:
         """Write ``attempt.json`` as the record stands (its folder is made if missing)."""
+        if self._record_pending and self._local:
+            _make_local_folder(fsx.filesystem(self.url)[1])  # a deferred attempt's folder: not there yet
         fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json(), durable=self.durable)
         self._record_pending = False
 
@@ -280,6 +282,21 @@ class AttemptLog:
         if self._spool is not None:
             _spool_remove(self._spool)
         return self.record
+
+
+def _make_local_folder(path: str) -> None:
+    """Make the attempt folder ``path`` if missing: usually two calls (``.attempts`` above it, then it)."""
+    try:
+        os.mkdir(os.path.dirname(path))
+    except FileExistsError:
+        pass
+    except FileNotFoundError:  # the work's own folder is missing too
+        os.makedirs(path, exist_ok=True)
+        return
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
 
 
 # The spool is a temporary folder of this machine holding a remote attempt's logs whole between uploads.

@@ -24,10 +24,10 @@ caller read. Which backends offer that, and how, is decided here and nowhere els
   any other   refused (ConditionalWritesUnsupportedError): a check-then-write would let two
               writers both believe they won.
 
-Local disk can also hold a file, while it is still the version read, across other work
-(held_if_unchanged): no conditional write or delete of it lands until the holder is done, so the
-holder may write other files that must appear only while the record still says what it read, then
-replace the record itself. No other backend can (CannotHoldError): use a commit point there.
+Local disk can also hold a file across other work (held): no conditional write or delete of it
+lands until the holder is done, so the holder may read it, write other files that must appear only
+while it still says what was read, then replace it. No other backend can (CannotHoldError): use a
+commit point there.
 
 Every function takes a path or any fsspec URL; plain reads and writes are in rigging.filesystem.
 """
@@ -488,10 +488,12 @@ def remove_if_unchanged(url: str, version: str) -> bool:
 
 
 class HeldFile:
-    """A file :func:`held_if_unchanged` holds: :meth:`replace` rewrites it once, before it is let go."""
+    """A file :func:`held` holds: its bytes and version as held, and :meth:`replace`, once, before it is let go."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, data: bytes) -> None:
         self._path = path
+        self.data = data
+        self.version = _content_version(data)
         self._replaced = False
 
     def replace(self, data: str | bytes) -> str:
@@ -506,11 +508,10 @@ class HeldFile:
 
 
 @contextlib.contextmanager
-def held_if_unchanged(url: str, version: str) -> Iterator[HeldFile | None]:
-    """Hold the file ``url`` for the block while it is still ``version``: no conditional write or
-    delete of it (by any process of this machine; on NFS, by any client) lands before the block
-    ends. Yields a :class:`HeldFile` to replace it with, or ``None`` when it is not ``version`` any
-    more (or is gone): nothing is held then.
+def held(url: str) -> Iterator[HeldFile | None]:
+    """Hold the file ``url`` for the block: no conditional write or delete of it (by any process of
+    this machine; on NFS, by any client) lands before the block ends. Yields it as it is while held
+    (a :class:`HeldFile`, to read and replace), or ``None`` when there is no file (nothing is held).
 
     Raises :class:`CannotHoldError` on storage that cannot hold a file across other work: every
     backend but local disk, and a local mount that refuses ``flock``.
@@ -519,4 +520,4 @@ def held_if_unchanged(url: str, version: str) -> Iterator[HeldFile | None]:
     if store is not _LOCAL_DISK:
         raise CannotHoldError(f"{url}: only a file on local disk can be held across other work, not on {type(fs).__name__}")
     with _LOCAL_DISK._locked(path, required=True) as current:
-        yield HeldFile(path) if current is not None and _content_version(current) == version else None
+        yield None if current is None else HeldFile(path, current)

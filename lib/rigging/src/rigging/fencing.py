@@ -63,13 +63,15 @@ class Snapshot:
 def read_snapshot(url: str) -> Snapshot:
     """The record at ``url`` with its version, read in one request."""
     current = conditional_writes.read_versioned(url)
-    if current is None:
-        return Snapshot(None, None)
+    return Snapshot(None, None) if current is None else _snapshot(current.data, current.version)
+
+
+def _snapshot(raw: bytes, version: str) -> Snapshot:
     try:
-        data = json.loads(current.data.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         data = None
-    return Snapshot(data if isinstance(data, dict) else None, current.version)
+    return Snapshot(data if isinstance(data, dict) else None, version)
 
 
 def _encode(data: dict[str, Any]) -> str:
@@ -141,27 +143,24 @@ class Fence:
         For work that must take effect only while this owner still holds the work: files written
         in the block are written under the fence, and the block ends with its one update of the
         record, ``write(changes)`` (merged as :meth:`update` merges; it returns the record written).
-        ``condition`` and :class:`FencedOff` as for :meth:`update`. Raises
-        :class:`~rigging.conditional_writes.CannotHoldError`, before the block runs, on storage that
-        cannot hold a record (see :func:`~rigging.conditional_writes.held_if_unchanged`).
+        ``condition`` and :class:`FencedOff` as for :meth:`update`, raised before the block runs, as
+        is :class:`~rigging.conditional_writes.CannotHoldError` on storage that cannot hold a record
+        (see :func:`~rigging.conditional_writes.held`).
         """
-        for _ in range(_UPDATE_RETRIES):
-            snapshot = self.check()
+        with conditional_writes.held(self.url) as record:
+            snapshot = Snapshot(None, None) if record is None else _snapshot(record.data, record.version)
+            if not self.owns(snapshot):
+                raise self._fenced_off(snapshot)
             refusal = condition(snapshot.data or {}) if condition is not None else None
             if refusal:
                 raise FencedOff(refusal)
-            with conditional_writes.held_if_unchanged(self.url, snapshot.version or "") as record:
-                if record is None:
-                    continue  # changed between the look and the hold: look again
 
-                def write(changes: dict[str, Any]) -> dict[str, Any]:
-                    data = {**(snapshot.data or {}), **changes, GENERATION: self.generation, OWNER: self.owner}
-                    record.replace(_encode(data))
-                    return data
+            def write(changes: dict[str, Any]) -> dict[str, Any]:
+                data = {**(snapshot.data or {}), **changes, GENERATION: self.generation, OWNER: self.owner}
+                record.replace(_encode(data))
+                return data
 
-                yield write
-                return
-        raise FencedOff(f"{self.url}: could not hold the record after {_UPDATE_RETRIES} tries; it keeps changing")
+            yield write
 
     def _fenced_off(self, snapshot: Snapshot) -> FencedOff:
         if snapshot.data is None:
