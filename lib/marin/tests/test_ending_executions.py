@@ -75,7 +75,7 @@ def test_a_process_that_only_reuses_the_pid_is_never_signalled(tmp_path):
 
 def test_only_resumable_state_is_carried_over_and_kept(tmp_path):
     step = tmp_path / "step"
-    old = step / ".staging" / "g1"
+    old = step / ".staging" / "g1"  # as earlier versions named it: still carried over
     for name, text in {
         "checkpoints/20/checksums.json": "{}", "checkpoints/20/arrays/0.bin": "a",  # a checkpoint with its manifest
         "checkpoints/30/arrays/0.bin": "half",  # one cut short: no manifest
@@ -89,8 +89,8 @@ def test_only_resumable_state_is_carried_over_and_kept(tmp_path):
     declare_resumable(str(old), ["metrics.jsonl"])
     assert resumable_entries(str(old)) == ["checkpoints/20", "metrics.jsonl", "train/shard-00000"]
 
-    assert carry_over(str(step), ".staging/g1", ".staging/g2") == ["checkpoints/20", "metrics.jsonl", "train/shard-00000"]
-    new = step / ".staging" / "g2"
+    assert carry_over(str(step), ".staging/g1", ".staging-g2") == ["checkpoints/20", "metrics.jsonl", "train/shard-00000"]
+    new = step / ".staging-g2"
     files = sorted(str(p.relative_to(new)) for p in new.rglob("*") if p.is_file())
     assert files == [".resumable.json", "checkpoints/20/arrays/0.bin", "checkpoints/20/checksums.json", "metrics.jsonl",
                      "train/shard-00000/shard.json", "train/shard-00000/tokens.bin"]

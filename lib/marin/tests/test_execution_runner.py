@@ -183,8 +183,42 @@ def test_functions_are_called_by_signature(tmp_path):
     steps = [StepSpec("n", no_args), StepSpec("p", with_path), StepSpec("c", with_ctx), StepSpec("an", annotated)]
     runner.run(steps)
     # A function writes into its execution's staging folder, moved into the step's folder on success.
-    assert seen["none"] and seen["path"] == runner.output_path_for(steps[1]) + "/.staging/g1"
-    assert seen["ctx"] == runner.output_path_for(steps[2]) + "/.staging/g1" and seen["annotated"] == "an"
+    assert seen["none"] and seen["path"] == runner.output_path_for(steps[1]) + "/.staging-g1"
+    assert seen["ctx"] == runner.output_path_for(steps[2]) + "/.staging-g1" and seen["annotated"] == "an"
+
+
+def test_a_step_that_writes_no_file_commits_its_result_alone(tmp_path, monkeypatch):
+    from rigging.fencing import Fence
+
+    made, updates = {}, []
+    real_update = Fence.update
+    monkeypatch.setattr(Fence, "update", lambda self, changes, **kw: updates.append(changes) or real_update(self, changes, **kw))
+
+    def no_args():
+        made["none"] = os.path.exists(runner.output_path_for(steps[0]) + "/.staging-g1")
+        return {"answer": 42}
+
+    def given_a_folder(ctx):
+        made["ctx"] = os.path.isdir(ctx.output_path)
+        return {"here": ctx.output_path}  # a path into its folder, though it wrote nothing there
+
+    runner = _runner(tmp_path)
+    steps = [StepSpec("quiet/none", no_args), StepSpec("quiet/ctx", given_a_folder)]
+    report = runner.run(steps)
+    # A function given no folder gets none made; one given a folder finds it made.
+    assert made == {"none": False, "ctx": True}
+    # Nothing to move, so no commit point: SUCCESS is written while the record is held.
+    assert not any(changes.get("committing") for changes in updates)
+    for step in steps:
+        folder = runner.output_path_for(step)
+        # No staging folder left, and no manifest: there is no output file to record.
+        assert sorted(os.listdir(folder)) == [".artifact.json", ".attempts", ".executor_info", ".executor_status"]
+        assert read_status(folder).status == "SUCCESS" and read_status(folder).staging is None
+    assert load_artifact(runner.output_path_for(steps[0])).result == {"answer": 42}
+    here = runner.output_path_for(steps[1])
+    assert report.outcome_of("quiet/ctx").result == {"here": here}  # the path moved with the output
+    record = json.loads(open(os.path.join(here, ".artifact.json")).read())
+    assert record["result"] == {"here": "."} and load_artifact(here).result == {"here": here}
 
 
 @dataclass(frozen=True)
@@ -247,7 +281,7 @@ def test_runner_on_memory_filesystem():
 
 def test_lost_lease_never_writes_success(tmp_path):
     def hijacked(ctx):
-        step_folder = os.path.dirname(os.path.dirname(ctx.output_path))  # the function writes into <step>/.staging/gN
+        step_folder = os.path.dirname(ctx.output_path)  # the function writes into <step>/.staging-gN
         lock = os.path.join(step_folder, ".executor_lock")
         deadline = time.time() + 10
         # Keep rewriting the lock as another holder would: a heartbeat already in flight may

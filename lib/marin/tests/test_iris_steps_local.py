@@ -71,7 +71,7 @@ def test_replica_0_commits_a_gangs_output_only_once_every_replica_wrote_its_shar
     report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])
     output = Path(report.outcome_of("shares").output_path)
     assert sorted(p.name for p in output.glob("share-*.txt")) == ["share-0.txt", "share-1.txt"]
-    assert not (output / ".staging").exists()
+    assert not list(output.glob(".staging*"))
     (job,) = JobStore(tmp_path / "iris-home").all()
     assert job.state.value == "SUCCEEDED" and job.attempts == 1
 
@@ -109,8 +109,8 @@ def _start(tmp_path: Path, seconds: float) -> subprocess.Popen:
 
 
 def _step_folder(work_path: Path) -> Path:
-    """The step's folder, from the staging folder its execution writes into (``<step>/.staging/gN``)."""
-    return work_path.parent.parent if work_path.parent.name == ".staging" else work_path
+    """The step's folder, from the staging folder its execution writes into (``<step>/.staging-gN``)."""
+    return work_path.parent if work_path.name.startswith(".staging-g") else work_path
 
 
 def _wait_for_start(tmp_path: Path, runner: subprocess.Popen, count: int = 1) -> Path:

@@ -232,7 +232,7 @@ def test_killing_one_of_four_processes_fails_the_attempt_and_iris_reruns_the_gan
         # Once the killed replica has logged step 3, the checkpoint of step 2 is on disk.
         def replica_logged_step_3():
             return any(len(path.read_text().splitlines()) >= 3
-                       for path in run.prefix.glob(f"checkpoints/*/.staging/*/metrics.process-{KILLED_REPLICA}.jsonl"))
+                       for path in run.prefix.glob(f"checkpoints/*/.staging-g*/metrics.process-{KILLED_REPLICA}.jsonl"))
 
         _wait_for(replica_logged_step_3, "step 3 of the first attempt", run)
         pid = _wait_for(lambda: _replica_pid(run.folder, KILLED_REPLICA, attempt=1), "the replica's process", run)

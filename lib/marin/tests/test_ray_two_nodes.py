@@ -361,7 +361,7 @@ def test_killed_driver_rerun_takes_the_lease_over_and_resumes_training_from_its_
     finally:
         _stop(driver)  # SIGKILL: the driver gets no chance to clean up
     train = next(r for r in _records(records, "step") if r["step"] == "train")
-    train_folder = train["output"].split("/.staging/")[0]  # the step wrote into <step>/.staging/g<N>
+    train_folder = train["output"].split("/.staging-g")[0]  # the step wrote into <step>/.staging-g<N>
     assert _status(fs, train_folder) == "RUNNING"  # the killed driver never wrote an end
     # Ray ends the tasks of a driver that died; the trainer's process goes with them.
     deadline = time.monotonic() + 60

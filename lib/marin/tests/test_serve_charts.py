@@ -174,9 +174,9 @@ def test_a_training_run_in_progress_shows_its_curve_from_its_staging_folder(tmp_
     from marin.serve.runs import run_metrics
 
     step = tmp_path / "checkpoints" / "live-ab12cd34"
-    staged = step / ".staging" / "g3"
+    staged = step / ".staging-g3"
     staged.mkdir(parents=True)
-    (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "generation": 3, "staging": ".staging/g3"}))
+    (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "generation": 3, "staging": ".staging-g3"}))
     (staged / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0 - i}) + "\n" for i in (1, 2, 3)))
     assert run_metrics(str(tmp_path), "checkpoints/live-ab12cd34")["loss"] == [(1, 4.0), (2, 3.0), (3, 2.0)]
     # A record naming a folder outside the step's staging area is not followed.
@@ -187,7 +187,7 @@ def test_a_training_run_in_progress_shows_its_curve_from_its_staging_folder(tmp_
 
 def test_a_running_training_steps_page_links_its_curves(tmp_path):
     step = tmp_path / "checkpoints" / "live-ab12cd34"
-    staged = step / ".staging" / "g3"
+    staged = step / ".staging" / "g3"  # as earlier versions named an execution's staging folder: still followed
     staged.mkdir(parents=True)
     (step / ".executor_info").write_text(json.dumps({"name": "checkpoints/live", "identity": "ab12cd34" + "0" * 56}))
     (step / ".executor_status").write_text(json.dumps({"status": "RUNNING", "time": 1.0, "generation": 3, "staging": ".staging/g3"}))

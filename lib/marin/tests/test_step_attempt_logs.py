@@ -47,6 +47,27 @@ def test_a_failed_attempt_keeps_its_output_and_traceback_and_a_rerun_adds_the_ne
     assert read_status(output).attempt == 2 and read_status(output).status == "SUCCESS"
 
 
+def test_a_silent_step_records_its_attempt_once_it_ends_and_a_talking_one_from_its_first_output(tmp_path):
+    seen: dict[str, object] = {}
+
+    def silent(ctx):
+        step_folder = ctx.output_path.rsplit("/", 1)[0]
+        seen["silent"] = (list_attempts(step_folder), read_status(step_folder).attempt)
+
+    def talking(ctx):
+        print("hello", flush=True)
+        step_folder = ctx.output_path.rsplit("/", 1)[0]
+        seen["talking"] = list_attempts(step_folder)
+
+    report = StepRunner(prefix=str(tmp_path)).run([StepSpec("silent", silent), StepSpec("talking", talking)])
+    assert seen["silent"] == ([], 1)  # while it ran: nothing in .attempts/, and the status named attempt 1
+    (running,) = seen["talking"]
+    assert running.record is not None and running.record.outcome is None  # opened with its first output
+    (done,) = list_attempts(report.outcome_of("silent").output_path)
+    assert (done.record.attempt, done.record.outcome, done.logs) == (1, "SUCCEEDED", ())
+    assert list_attempts(report.outcome_of("talking").output_path)[0].record.outcome == "SUCCEEDED"
+
+
 def test_steps_running_at_once_keep_only_their_own_output(tmp_path):
     both_running = threading.Barrier(2, timeout=30)
 

@@ -159,8 +159,8 @@ def test_a_fenced_off_replica_that_never_looks_at_the_fence_is_ended_and_nothing
     _wait_until(lambda: len(_starts(tmp_path)) == 1, "the step started", runner=first)
     orphan = _replica_pid(_starts(tmp_path)[0])
     folder = _step_folder(tmp_path)
-    _wait_until(lambda: len(list((folder / ".staging" / "g1").glob("lines.txt"))) == 1
-                and len((folder / ".staging" / "g1" / "lines.txt").read_text().split()) >= 4, "four lines were written")
+    _wait_until(lambda: len(list((folder / ".staging-g1").glob("lines.txt"))) == 1
+                and len((folder / ".staging-g1" / "lines.txt").read_text().split()) >= 4, "four lines were written")
     (job,) = JobStore(tmp_path / "iris-home").all()
     os.kill(job.supervisor_pid, signal.SIGKILL)
     stdout, stderr = first.communicate(timeout=120)
@@ -189,7 +189,7 @@ def test_a_job_that_finishes_after_its_runner_died_is_recorded_not_run_again(tmp
     assert "OUTCOME CACHED" in log
     assert len(_starts(tmp_path)) == 1 and len(JobStore(tmp_path / "iris-home").all()) == 1
     assert _writers(folder / "lines.txt") == [_replica_pid(_starts(tmp_path)[0])]
-    assert not (folder / ".staging").exists()
+    assert not list(folder.glob(".staging*"))
 
 
 def test_a_rerun_from_another_iris_home_adopts_the_live_job_the_step_folder_names(tmp_path):
@@ -234,14 +234,17 @@ def test_staging_folders_of_stopped_executions_go_at_the_next_commit_and_a_live_
     from rigging.lease import ProcessIdentity
 
     step = tmp_path / "step"
-    for generation in (1, 2):
-        (step / ".staging" / f"g{generation}").mkdir(parents=True)
-        (step / ".staging" / f"g{generation}" / "part.bin").write_bytes(b"x")
+    # g1 staged as earlier versions named the folder (.staging/g1); g2 and g3 as now (.staging-g2).
+    staged = {1: step / ".staging" / "g1", 2: step / ".staging-g2", 3: step / ".staging-g3"}
+    for folder in staged.values():
+        folder.mkdir(parents=True)
+        (folder / "part.bin").write_bytes(b"x")
     me = ProcessIdentity.of_this_process()  # a replica of g2 that still runs: this very process
     for generation, ended in ((1, True), (2, False)):
         Path(heartbeat_url(str(step), generation, 0)).parent.mkdir(parents=True, exist_ok=True)
         Path(heartbeat_url(str(step), generation, 0)).write_text(json_module.dumps({
             "generation": generation, "replica": 0, "host": me.host, "pid": me.pid, "pid_started": me.started,
             "pid_namespace": me.namespace, "heartbeat_at": time.time(), "ttl_s": 10, "ended": ended}))
-    assert discard_stale_staging(str(step), 3) == [".staging/g1"]
-    assert not (step / ".staging" / "g1").exists() and (step / ".staging" / "g2" / "part.bin").exists()
+    assert discard_stale_staging(str(step), 3) == [".staging/g1"]  # g3 is the committing execution's own
+    assert not (step / ".staging").exists() and (staged[2] / "part.bin").exists() and (staged[3] / "part.bin").exists()
+    assert discard_stale_staging(str(step), 1) == []  # a first execution: none came before it

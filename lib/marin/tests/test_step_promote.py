@@ -15,7 +15,7 @@ def _tree(folder: Path) -> dict[str, str]:
 
 def test_promote_replaces_same_named_entries_and_leaves_temporaries(tmp_path):
     step = tmp_path / "step"
-    staged = step / ".staging" / "g2"
+    staged = step / ".staging-g2"
     (staged / "model").mkdir(parents=True)
     (staged / "model" / "weights.bin").write_text("new weights")
     (staged / "metrics.json").write_text("new metrics")
@@ -30,12 +30,12 @@ def test_promote_replaces_same_named_entries_and_leaves_temporaries(tmp_path):
     (step / "was_a_folder" / "old.txt").write_text("old")
     (step / "was_a_file").write_text("old")
 
-    promote(str(step), ".staging/g2")
+    promote(str(step), ".staging-g2")
 
     assert _tree(step) == {"metrics.json": "new metrics", "model/weights.bin": "new weights",
                            "was_a_file/inside.txt": "now a folder", "was_a_folder": "now a file",
-                           ".staging/g2/.x.tmp-0123456789ab": "a killed writer's"}  # not moved: not output
-    promote(str(step), ".staging/g2")  # again, as anyone finishing a commit cut short would: nothing changes
+                           ".staging-g2/.x.tmp-0123456789ab": "a killed writer's"}  # not moved: not output
+    promote(str(step), ".staging-g2")  # again, as anyone finishing a commit cut short would: nothing changes
     assert _tree(step)["model/weights.bin"] == "new weights"
 
 
@@ -45,6 +45,17 @@ def test_output_left_in_the_step_folder_moves_into_a_staging_folder_that_is_made
     (step / "checkpoints" / "step-10").write_text("state")
     (step / ".executor_status").write_text("{}")
 
-    assert stage_unstaged_output(str(step), ".staging/g3") == ["checkpoints"]
-    assert _tree(step / ".staging" / "g3") == {"checkpoints/step-10": "state"}
+    assert stage_unstaged_output(str(step), ".staging-g3") == ["checkpoints"]
+    assert _tree(step / ".staging-g3") == {"checkpoints/step-10": "state"}
     assert (step / ".executor_status").exists() and not (step / "checkpoints").exists()
+
+
+def test_a_commit_staged_as_earlier_versions_named_it_is_finished_and_leaves_no_folder(tmp_path):
+    step = tmp_path / "step"
+    staged = step / ".staging" / "g4"  # a commit cut short by an earlier version: its nested staging folder
+    staged.mkdir(parents=True)
+    (staged / "rows.txt").write_text("rows")
+
+    promote(str(step), ".staging/g4")
+
+    assert _tree(step) == {"rows.txt": "rows"} and not (step / ".staging").exists()

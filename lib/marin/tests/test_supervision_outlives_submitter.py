@@ -101,7 +101,7 @@ def _kill_the_submitting_side_then_finish(tmp_path: Path, cluster: str, engine_e
             runner.kill()
     (job,) = JobStore(iris_home).all()
     (markers / "release").touch()
-    step_folder = Path(markers.joinpath("started").read_text()).parent.parent  # it wrote into <step>/.staging/g1
+    step_folder = Path(markers.joinpath("started").read_text()).parent  # it wrote into <step>/.staging-g1
     _wait_until(lambda: getattr(read_status(str(step_folder)), "status", None) == "SUCCESS",
                 "the job committed the step's output", 240)
     assert (step_folder / "made.txt").read_text() == "made once"

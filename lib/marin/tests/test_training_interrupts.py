@@ -79,10 +79,10 @@ def _start_until_training(root: Path, prefix: Path, seed: int) -> tuple[subproce
     process = subprocess.Popen(_command(root, prefix, seed), cwd=root, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
     while time.time() < deadline and process.poll() is None:
-        # A running step writes into its execution's staging folder, <step>/.staging/g<N>.
-        for metrics in (prefix / "checkpoints").glob("tiny-*/.staging/g*/metrics.jsonl"):
+        # A running step writes into its execution's staging folder, <step>/.staging-g<N>.
+        for metrics in (prefix / "checkpoints").glob("tiny-*/.staging-g*/metrics.jsonl"):
             if '"loss"' in metrics.read_text() and not (metrics.parent / "checkpoints" / str(STEPS)).exists():
-                output = metrics.parent.parent.parent
+                output = metrics.parent.parent
                 if json.loads((output / ".executor_info").read_text())["hash_attrs"]["seed"] == seed:
                     return process, output
         time.sleep(0.05)
@@ -188,7 +188,7 @@ def test_sigterm_stops_any_cooperative_step_and_exits_75_so_schedulers_retry(tmp
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
     assert "stopped by SIGTERM" in stderr
-    status = read_status(str(Path(marker.read_text()).parent.parent))  # the step wrote into <step>/.staging/g1
+    status = read_status(str(Path(marker.read_text()).parent))  # the step wrote into <step>/.staging-g1
     assert status.status == "FAILED" and "preempted (SIGTERM)" in status.error
 
 
@@ -246,10 +246,10 @@ def test_iris_retries_a_marin_run_preempted_by_sigterm_and_it_resumes_to_success
         output = None
         deadline = time.time() + 180
         while output is None and time.time() < deadline and job.poll() is None:
-            for metrics in (prefix / "checkpoints").glob("tiny-*/.staging/g*/metrics.jsonl"):
-                info = json.loads((metrics.parent.parent.parent / ".executor_info").read_text())
+            for metrics in (prefix / "checkpoints").glob("tiny-*/.staging-g*/metrics.jsonl"):
+                info = json.loads((metrics.parent.parent / ".executor_info").read_text())
                 if info["hash_attrs"]["seed"] == seed and '"loss"' in metrics.read_text():
-                    output = metrics.parent.parent.parent
+                    output = metrics.parent.parent
             time.sleep(0.05)
         assert output is not None, "training did not start within 180 s"
         replicas = [pid for pid in _pids_running(str(root / "run.py")) if pid != job.pid]

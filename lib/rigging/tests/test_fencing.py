@@ -1,4 +1,5 @@
-"""Fencing tokens: a generation handed out once, and a superseded owner that can no longer write."""
+"""Fencing tokens: a generation handed out once, and a superseded owner that can no longer write; a
+record held by its owner on local disk, so that nothing claims it until the owner has written."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import threading
 
 import pytest
 
+from rigging.conditional_writes import CannotHoldError
 from rigging.fencing import FencedOff, claim, read_snapshot
 
 
@@ -65,3 +67,50 @@ def test_of_many_racing_claimers_exactly_one_wins_each_generation(tmp_path):
         thread.join(timeout=30)
     # Every racer read generation 1 before any claim: one of them gets generation 2.
     assert [fence.generation for fence in winners] == [2]
+
+
+def test_a_claim_made_while_the_owner_holds_the_record_waits_and_then_finds_it_changed(tmp_path):
+    url = str(tmp_path / "record.json")
+    fence = claim(url, {"status": "RUNNING"}, read_snapshot(url))
+    decided = read_snapshot(url)  # a rival decided to take the work over on this version
+    claiming, claimed = threading.Event(), []
+
+    def rival():
+        claiming.set()
+        claimed.append(claim(url, {"status": "RUNNING"}, decided))
+
+    with fence.held() as write:
+        thread = threading.Thread(target=rival)
+        thread.start()
+        assert claiming.wait(timeout=30)
+        thread.join(timeout=0.5)
+        assert thread.is_alive(), "the rival's claim landed while the owner held the record"
+        (tmp_path / "result.txt").write_text("written while no one else could take the work")
+        assert write({"status": "SUCCESS"})["generation"] == 1
+    thread.join(timeout=30)
+    assert claimed == [None] and read_snapshot(url).data["status"] == "SUCCESS"
+
+
+def test_a_superseded_owner_cannot_hold_the_record_and_memory_cannot_hold_one_at_all(tmp_path):
+    url = str(tmp_path / "record.json")
+    old = claim(url, {"status": "RUNNING"}, read_snapshot(url))
+    claim(url, {"status": "RUNNING"}, read_snapshot(url))
+    with pytest.raises(FencedOff, match="generation 2"):
+        with old.held():
+            raise AssertionError("the block ran for a superseded owner")
+    memory = f"memory://fencing-held-{tmp_path.name}/record.json"
+    fence = claim(memory, {"status": "RUNNING"}, read_snapshot(memory))
+    with pytest.raises(CannotHoldError):
+        with fence.held():
+            raise AssertionError("the block ran where the record cannot be held")
+    assert read_snapshot(memory).data["status"] == "RUNNING"
+
+
+def test_a_held_record_is_written_once(tmp_path):
+    url = str(tmp_path / "record.json")
+    fence = claim(url, {"n": 0}, read_snapshot(url))
+    with fence.held() as write:
+        write({"n": 1})
+        with pytest.raises(RuntimeError, match="replaced already"):
+            write({"n": 2})
+    assert read_snapshot(url).data["n"] == 1

@@ -124,6 +124,18 @@ def test_folders_that_carry_their_own_checksums_are_left_out_of_the_manifest(tmp
         "checkpoints/step-10/checksums.json", "checkpoints/step-10/state/params", "data/part-0.jsonl"]
 
 
+def test_a_folder_with_no_file_to_record_gets_no_manifest(tmp_path):
+    shard = tmp_path / "train" / "shard-00000"
+    shard.mkdir(parents=True)
+    (shard / "shard.json").write_text("{}")  # a folder checked by its own reader: nothing left to record
+    (tmp_path / ".artifact.json").write_text("{}")  # hidden: never recorded
+
+    assert write_checksums(str(tmp_path), self_checked=("shard.json",)) == {}
+
+    assert not (tmp_path / MANIFEST_NAME).exists() and changed_files(str(tmp_path)) is None
+    assert recorded_checksum(str(shard / "shard.json")) is None
+
+
 def _counting_manifest_looks(monkeypatch, url: str) -> list[str]:
     """The manifest paths the store at ``url`` is asked about from now on, in order."""
     fs, _ = fsx.filesystem(url)

@@ -8,7 +8,9 @@ attempts started, across runs and across the engines that ran them::
     <folder>/.attempts/002/...
 
 ``attempt.json`` is written when the attempt starts (no ``outcome`` yet: it is running, or its
-writer died) and again when it ends. A log is appended to as output arrives on local disk; an
+writer died) and again when it ends. A writer of many short attempts in its own process (a runner's
+steps) may defer the first: the folder and the record then appear with the attempt's first output,
+or once it ends, so a step that prints nothing makes its attempt's folder and record once. A log is appended to as output arrives on local disk; an
 object store cannot append, so there the whole file is uploaded again at most every
 :data:`REMOTE_FLUSH_S` seconds and once at the end. A reader therefore sees a running attempt's
 output late by that much on a bucket, never a torn file.
@@ -134,9 +136,12 @@ class AttemptLog:
     ``False``: after a machine crash an attempt may then be listed without a readable record.
     """
 
-    def __init__(self, folder: str, record: AttemptRecord, *, create_logs: bool = True, durable: bool = True) -> None:
+    def __init__(self, folder: str, record: AttemptRecord, *, create_logs: bool = True, durable: bool = True,
+                 record_pending: bool = False) -> None:
         self.folder = folder
         self.durable = durable
+        # The opening record is not written yet: it goes with the first output (or the closing one).
+        self._record_pending = record_pending
         self.url = attempt_url(folder, record.attempt)
         self.record = record
         self._local = fsx.is_local(folder)
@@ -151,22 +156,34 @@ class AttemptLog:
         self._secrets = secret_values()  # this process's: each writer redacts what it knows
         self._redactors: dict[int, RedactingStream] = {}
         if create_logs:
-            for replica in range(record.replicas):
-                self.append(replica, b"")  # every replica has its log, even one that never writes
-            self.flush()
+            self._create_logs()
+
+    def _create_logs(self) -> None:
+        for replica in range(self.record.replicas):
+            self.append(replica, b"")  # every replica has its log, even one that never writes
+        self.flush()
 
     def __reduce__(self) -> tuple:
         # Sent to the process that runs the work: a writer of the same logs there (appending on
-        # local disk, its own whole-file uploads on a bucket), which leaves the record to this one.
+        # local disk, its own whole-file uploads on a bucket), which leaves the record to this one
+        # (a late write there could otherwise replace the closing record written here).
         return (_log_writer, (self.folder, self.record))
 
     @classmethod
     def begin(cls, folder: str, *, replicas: int = 1, engine: str = "local", job_id: str | None = None,
-              job_attempt: int | None = None, durable: bool = True, create_logs: bool = True) -> AttemptLog:
+              job_attempt: int | None = None, durable: bool = True, create_logs: bool = True,
+              opening_record: bool = True) -> AttemptLog:
         """Number a new attempt after the folder's existing ones and write its opening record.
 
         ``create_logs=False`` makes each replica's log with its first output instead of at once
-        (a writer of many short, mostly silent attempts then makes no empty file for each)."""
+        (a writer of many short, mostly silent attempts then makes no empty file for each).
+        ``opening_record=False`` (with ``create_logs=False``) defers the attempt's folder and
+        opening record to its first output, or to :meth:`finish`: for a writer whose attempts run
+        in its own process, where nothing else can write their records. The number is taken all
+        the same; the one writer per folder (see the module's comment) keeps it free meanwhile."""
+        if create_logs and not opening_record:
+            raise ValueError("an attempt whose opening record waits for its first output makes its logs then too: "
+                             "pass create_logs=False with opening_record=False")
         numbers = _attempt_numbers(folder)
         record = AttemptRecord(
             attempt=(numbers[-1] + 1) if numbers else 1,
@@ -176,10 +193,14 @@ class AttemptLog:
             job_id=job_id,
             job_attempt=job_attempt,
         )
-        fsx.makedirs(attempt_url(folder, record.attempt))
-        # The record first, so a reader finds the folder without it only for the moment between the two.
-        fsx.atomic_write(fsx.join(attempt_url(folder, record.attempt), RECORD_FILE), record.to_json(), durable=durable)
-        return cls(folder, record, durable=durable, create_logs=create_logs)
+        log = cls(folder, record, durable=durable, create_logs=False, record_pending=True)
+        if opening_record:
+            fsx.makedirs(attempt_url(folder, record.attempt))
+            # The record first, so a reader finds the folder without it only for the moment between the two.
+            log._write_record()
+            if create_logs:
+                log._create_logs()
+        return log
 
     @property
     def attempt(self) -> int:
@@ -198,6 +219,10 @@ class AttemptLog:
     def _write(self, replica: int, data: bytes) -> None:
         handle = self._handles.get(replica)
         if handle is None:
+            if self._record_pending:
+                if not data:
+                    return  # nothing to show yet: the attempt appears with its first output
+                self._write_record()
             path = self._file_of(replica)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             handle = self._handles[replica] = open(path, "ab")
@@ -240,16 +265,38 @@ class AttemptLog:
     def placed(self, engine_jobs: list[str] | tuple[str, ...]) -> None:
         """Record where the replicas were placed (their engine job ids), while the attempt runs."""
         self.record = replace(self.record, engine_jobs=tuple(str(job) for job in engine_jobs))
+        self._write_record()
+
+    def _write_record(self) -> None:
+        """Write ``attempt.json`` as the record stands (its folder is made if missing)."""
+        if self._record_pending and self._local:
+            _make_local_folder(fsx.filesystem(self.url)[1])  # a deferred attempt's folder: not there yet
         fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json(), durable=self.durable)
+        self._record_pending = False
 
     def finish(self, outcome: AttemptOutcome, reason: str = "", exit_codes: tuple[int | None, ...] | list = ()) -> AttemptRecord:
         self.flush()
         self.record = replace(self.record, ended_at=time.time(), outcome=outcome.value, reason=reason,
                               exit_codes=tuple(exit_codes))
-        fsx.atomic_write(fsx.join(self.url, RECORD_FILE), self.record.to_json(), durable=self.durable)
+        self._write_record()
         if self._spool is not None:
             _spool_remove(self._spool)
         return self.record
+
+
+def _make_local_folder(path: str) -> None:
+    """Make the attempt folder ``path`` if missing: usually two calls (``.attempts`` above it, then it)."""
+    try:
+        os.mkdir(os.path.dirname(path))
+    except FileExistsError:
+        pass
+    except FileNotFoundError:  # the work's own folder is missing too
+        os.makedirs(path, exist_ok=True)
+        return
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
 
 
 # The spool is a temporary folder of this machine holding a remote attempt's logs whole between uploads.

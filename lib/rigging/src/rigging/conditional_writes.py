@@ -24,6 +24,11 @@ caller read. Which backends offer that, and how, is decided here and nowhere els
   any other   refused (ConditionalWritesUnsupportedError): a check-then-write would let two
               writers both believe they won.
 
+Local disk can also hold a file across other work (held): no conditional write or delete of it
+lands until the holder is done, so the holder may read it, write other files that must appear only
+while it still says what was read, then replace it. No other backend can (CannotHoldError): use a
+commit point there.
+
 Every function takes a path or any fsspec URL; plain reads and writes are in rigging.filesystem.
 """
 
@@ -72,6 +77,10 @@ class Versioned:
 
     data: bytes
     version: str
+
+
+class CannotHoldError(RiggingError):
+    """The storage cannot hold a file's lock across other work: only local disk with ``flock`` can."""
 
 
 class ConditionalWritesUnsupportedError(RiggingError):
@@ -128,11 +137,15 @@ class _LocalDisk:
         with self._locked(path) as current:
             if current is None or _content_version(current) != version:
                 return None
-            try:
-                atomic_write(path, payload)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._overwrite_in_place(path, payload):
-                    raise
+            return self.write_locked(path, payload)
+
+    def write_locked(self, path: str, payload: bytes) -> str:
+        """Replace ``path`` with ``payload``, its lock held by the caller; the new version."""
+        try:
+            atomic_write(path, payload)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._overwrite_in_place(path, payload):
+                raise
         return _content_version(payload)
 
     @staticmethod
@@ -158,12 +171,13 @@ class _LocalDisk:
 
     @staticmethod
     @contextlib.contextmanager
-    def _locked(path: str) -> Iterator[bytes | None]:
+    def _locked(path: str, *, required: bool = False) -> Iterator[bytes | None]:
         """Hold an exclusive lock on the file now at ``path``; yields its bytes (``None``: no file).
 
         The lock belongs to the inode. A writer that waited while another replaced the file finds
         that the path names a new inode, and locks that one instead, so waiters never act on a
-        version that is gone.
+        version that is gone. Where ``flock`` is refused the bytes come unlocked, or, ``required``,
+        :class:`CannotHoldError` is raised.
         """
         while True:
             try:
@@ -174,7 +188,10 @@ class _LocalDisk:
             try:
                 try:
                     fcntl.flock(descriptor, fcntl.LOCK_EX)
-                except OSError:  # no flock here: compare and write stay two steps (module docstring)
+                except OSError as exc:  # no flock here: compare and write stay two steps (module docstring)
+                    if required:
+                        raise CannotHoldError(f"{path}: this filesystem refuses flock ({exc}), so the file cannot "
+                                              "be held across other work") from exc
                     yield read_all(descriptor)
                     return
                 try:
@@ -468,3 +485,39 @@ def remove_if_unchanged(url: str, version: str) -> bool:
     """Delete ``url`` only if it still is ``version``; True when this call deleted it."""
     store, fs, path = _conditional_store(url)
     return store.remove(fs, path, version)
+
+
+class HeldFile:
+    """A file :func:`held` holds: its bytes and version as held, and :meth:`replace`, once, before it is let go."""
+
+    def __init__(self, path: str, data: bytes) -> None:
+        self._path = path
+        self.data = data
+        self.version = _content_version(data)
+        self._replaced = False
+
+    def replace(self, data: str | bytes) -> str:
+        """Replace the file with ``data`` (atomically, as :func:`replace_if_unchanged` would); the new version.
+
+        Once only: the lock held belongs to the version replaced, so a second write would be unguarded.
+        """
+        if self._replaced:
+            raise RuntimeError(f"{self._path} was replaced already while held; hold it again to write it again")
+        self._replaced = True
+        return _LOCAL_DISK.write_locked(self._path, data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def held(url: str) -> Iterator[HeldFile | None]:
+    """Hold the file ``url`` for the block: no conditional write or delete of it (by any process of
+    this machine; on NFS, by any client) lands before the block ends. Yields it as it is while held
+    (a :class:`HeldFile`, to read and replace), or ``None`` when there is no file (nothing is held).
+
+    Raises :class:`CannotHoldError` on storage that cannot hold a file across other work: every
+    backend but local disk, and a local mount that refuses ``flock``.
+    """
+    store, fs, path = _conditional_store(url)
+    if store is not _LOCAL_DISK:
+        raise CannotHoldError(f"{url}: only a file on local disk can be held across other work, not on {type(fs).__name__}")
+    with _LOCAL_DISK._locked(path, required=True) as current:
+        yield None if current is None else HeldFile(path, current)

@@ -16,6 +16,8 @@ matters is checked against it:
 An owner whose update or check fails with :class:`FencedOff` has been superseded: whatever it
 writes from then on must not become the work's result, and it should stop. The writes that make
 a result (a commit) are themselves updates of the record, so a superseded owner cannot make one.
+Where the storage can hold the record across other work (local disk, :meth:`Fence.held`), an
+owner may also write other files while no one can take the record over, then update it.
 
 The conditional writes are :mod:`rigging.conditional_writes`': local disk (compare and replace
 under a lock of the file, exact between the processes of a machine), ``s3://``, ``gs://`` and
@@ -24,8 +26,10 @@ under a lock of the file, exact between the processes of a machine), ``s3://``, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,13 +63,15 @@ class Snapshot:
 def read_snapshot(url: str) -> Snapshot:
     """The record at ``url`` with its version, read in one request."""
     current = conditional_writes.read_versioned(url)
-    if current is None:
-        return Snapshot(None, None)
+    return Snapshot(None, None) if current is None else _snapshot(current.data, current.version)
+
+
+def _snapshot(raw: bytes, version: str) -> Snapshot:
     try:
-        data = json.loads(current.data.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         data = None
-    return Snapshot(data if isinstance(data, dict) else None, current.version)
+    return Snapshot(data if isinstance(data, dict) else None, version)
 
 
 def _encode(data: dict[str, Any]) -> str:
@@ -129,6 +135,32 @@ class Fence:
             if write_over(self.url, snapshot, data):
                 return data
         raise FencedOff(f"{self.url}: could not update the record after {_UPDATE_RETRIES} tries; it keeps changing")
+
+    @contextlib.contextmanager
+    def held(self, *, condition: Any = None) -> Iterator[Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Hold the record while it names this fence: no claim or update of it lands before the block ends.
+
+        For work that must take effect only while this owner still holds the work: files written
+        in the block are written under the fence, and the block ends with its one update of the
+        record, ``write(changes)`` (merged as :meth:`update` merges; it returns the record written).
+        ``condition`` and :class:`FencedOff` as for :meth:`update`, raised before the block runs, as
+        is :class:`~rigging.conditional_writes.CannotHoldError` on storage that cannot hold a record
+        (see :func:`~rigging.conditional_writes.held`).
+        """
+        with conditional_writes.held(self.url) as record:
+            snapshot = Snapshot(None, None) if record is None else _snapshot(record.data, record.version)
+            if not self.owns(snapshot):
+                raise self._fenced_off(snapshot)
+            refusal = condition(snapshot.data or {}) if condition is not None else None
+            if refusal:
+                raise FencedOff(refusal)
+
+            def write(changes: dict[str, Any]) -> dict[str, Any]:
+                data = {**(snapshot.data or {}), **changes, GENERATION: self.generation, OWNER: self.owner}
+                record.replace(_encode(data))
+                return data
+
+            yield write
 
     def _fenced_off(self, snapshot: Snapshot) -> FencedOff:
         if snapshot.data is None:

@@ -484,6 +484,11 @@ class Lease:
             if not self._held:
                 return
             self._held = False
+            # On local disk the delete's condition is checked under the file's lock, so this holder's own
+            # last write is deleted at once, without reading it first. Elsewhere the record is read
+            # first: a store that ignored a delete's condition would otherwise delete a new holder's lock.
+            if fsx.is_local(self.url) and not self.lost and conditional_writes.remove_if_unchanged(self.url, self._version or ""):
+                return
             current = conditional_writes.read_versioned(self.url)
             record = _parse(current)
             if current is not None and record is not None and record.holder == self.holder_id:

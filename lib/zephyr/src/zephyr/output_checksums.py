@@ -122,6 +122,9 @@ def _under_self_checked(names: list[str], markers: Collection[str]) -> set[str]:
 def write_checksums(folder: str, *, self_checked: Collection[str] = ()) -> dict[str, RecordedFile]:
     """Hash every recorded file under ``folder`` into ``<folder>/.output_checksums.json`` (atomically).
 
+    A folder with no file to record gets no manifest: it would check nothing, as a folder without
+    one checks nothing (a reader of a file below finds no entry for it either way).
+
     ``self_checked``: names of the files that mark a folder whose files carry checksums of their own,
     which their own reader verifies (a checkpoint's manifest, a token-cache shard's summary). Such a
     folder is left out: hashing it again would read gigabytes at every commit (a second download on an
@@ -130,6 +133,8 @@ def write_checksums(folder: str, *, self_checked: Collection[str] = ()) -> dict[
     names = [name for name in fsx.find_files(folder) if is_recorded_name(name)]
     covered = _under_self_checked(names, self_checked)
     names = [name for name in names if name not in covered]
+    if not names:
+        return {}
     files = dict(zip(names, _checksums(folder, names)))
     record = {"algorithm": ALGORITHM,
               "files": {name: {"size": entry.size, "sha256": entry.sha256} for name, entry in files.items()}}

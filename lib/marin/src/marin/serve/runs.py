@@ -19,7 +19,7 @@ from rigging import filesystem as fsx
 from rigging.regular_files import RefusedFileError, open_regular
 
 from marin.execution.records.executor_files import ARTIFACT_FILE, STATUS_FILE
-from marin.execution.ownership.step_ownership import STAGING_FOLDER
+from marin.execution.ownership.step_ownership import staging_generation
 from marin.serve.errors import NotFoundError, UnreadableError
 from marin.serve.paths import resolve
 from marin.serve.steps import StepRow, read_json_file
@@ -158,7 +158,7 @@ def _metrics_url(prefix: str, path: str) -> str | None:
     except UnreadableError:
         return None
     staging = status.get("staging") if isinstance(status, dict) and status.get("status") != "SUCCESS" else None
-    if not isinstance(staging, str) or not staging.startswith(f"{STAGING_FOLDER}/"):
+    if not isinstance(staging, str) or staging_generation(staging) is None:
         return None
     url = resolve(prefix, f"{path}/{staging}/{METRICS_FILE}")
     return url if fsx.exists(url) else None

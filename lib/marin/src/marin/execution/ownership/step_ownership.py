@@ -7,8 +7,9 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
 
 * ``.executor_status`` is the fenced record. Starting an execution claims it: ``generation`` one
   higher than the record read, a new ``owner`` id, and ``staging``, the folder the execution
-  writes into (``.staging/g<generation>``, always a new one). Every later status write of the
-  execution is conditional on the record still naming it.
+  writes into (``.staging-g<generation>``, always a new one; versions before this one used
+  ``.staging/g<generation>``, which is still read, finished and removed). Every later status write
+  of the execution is conditional on the record still naming it.
 * The step's function writes only into the staging folder. Two executions never share one, so
   their bytes are never mixed.
 * :meth:`Execution.commit` makes the output the step's: it refuses an output holding a special file
@@ -17,7 +18,11 @@ belongs to an *execution*, fenced by a token (:mod:`rigging.fencing`):
   folder, the record is marked ``committing`` (the commit point, refused unless the record names
   this execution and says RUNNING), every entry of the staging folder is moved into the step
   folder, and SUCCESS is written last. A commit cut short is finished by whoever finds the
-  record ``committing`` next (:func:`roll_forward`): moving is idempotent.
+  record ``committing`` next (:func:`roll_forward`): moving is idempotent. An execution that
+  staged no file at all, on local disk, has nothing to move: its artifact is written into the step
+  folder and SUCCESS recorded while it holds the record (:meth:`~rigging.fencing.Fence.held`), so
+  no other execution can claim the step between the two; cut short, it left no SUCCESS, and the
+  next execution's commit replaces the artifact.
 * Replicas of an execution run elsewhere (iris jobs) watch the record (:class:`ReplicaWatch`):
   each heartbeat writes ``.executions/g<generation>-replica-<i>.json`` and checks the fence; a
   replica whose execution was superseded, or ended by its runner, stops itself and commits nothing.
@@ -34,6 +39,7 @@ elsewhere), and, on local disk, a write that lands within one local read of a ta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -47,21 +53,52 @@ from typing import Any
 
 from iris.attempt_log import ATTEMPTS_FOLDER
 from rigging import filesystem as fsx
+from rigging.conditional_writes import CannotHoldError
 from rigging.fencing import Fence, FencedOff, Snapshot, claim, read_snapshot, write_over
 from rigging.lease import Lease, ProcessIdentity
 from rigging.log import get_logger
 from rigging.regular_files import refused_entries
-from zephyr.output_checksums import write_checksums
+from zephyr.output_checksums import MANIFEST_NAME, write_checksums
 
 from marin.errors import MarinError
 from marin.execution.artifact import save_artifact
-from marin.execution.records.executor_files import INFO_FILE, LOCK_FILE, STATUS_FILE, STATUS_RUNNING, STATUS_SUCCESS, StatusRecord, status_from_dict, status_url
+from marin.execution.records.executor_files import (
+    INFO_FILE,
+    LOCK_FILE,
+    STATUS_FILE,
+    STATUS_RUNNING,
+    STATUS_SUCCESS,
+    StatusRecord,
+    status_from_dict,
+    status_url,
+)
 from marin.execution.ownership.resumable_state import SELF_CHECKED_MARKERS
 
 logger = get_logger("marin.execution.step_runner")
 
-STAGING_FOLDER = ".staging"
+# An execution's staging folder sits beside the step's records, one level down: a step creates and
+# removes one folder per execution, not two (a graph of thousands of small steps spends much of its
+# time making and deleting inodes). Earlier versions nested it, ``.staging/g<N>``: still understood.
+STAGING_PREFIX = ".staging-g"
+LEGACY_STAGING_FOLDER = ".staging"
 EXECUTIONS_FOLDER = ".executions"
+
+
+def staging_generation(relative: str) -> int | None:
+    """The generation whose staging folder ``relative`` (to the step folder) names: ``.staging-g<N>``,
+    or ``.staging/g<N>`` as earlier versions named it; ``None`` for anything else."""
+    if relative.startswith(STAGING_PREFIX):
+        digits = relative[len(STAGING_PREFIX):]
+    elif relative.startswith(f"{LEGACY_STAGING_FOLDER}/g"):
+        digits = relative[len(LEGACY_STAGING_FOLDER) + 2:]
+    else:
+        return None
+    return int(digits) if digits.isdigit() else None
+
+
+def is_staging_entry(name: str) -> bool:
+    """Whether ``name``, an entry of the step folder, holds what executions stage (either layout)."""
+    return name == LEGACY_STAGING_FOLDER or staging_generation(name) is not None
 
 
 class IrregularOutputError(MarinError, ValueError):
@@ -147,24 +184,61 @@ class Execution:
         # Durability (docs/engine.md, "What survives a machine crash"): the artifact, the checksums
         # and each status write below are fsynced before their rename, so after a machine crash a
         # record that says committing or SUCCESS never stands beside a lost artifact or manifest.
+        if not _staged_anything(self.work_path):
+            try:
+                return self._commit_result(relocated(result, self.work_path, self.output_path), step=step,
+                                           identity=identity, prefix=prefix)
+            except CannotHoldError:
+                pass  # storage that cannot hold the record: the commit through a commit point below
         check_regular_output(self.work_path)
         save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix, staged_in=self.work_path)
         self.check()
-        # Moved in with the output, so a committed step always has its manifest.
+        # Moved in with the output, so a committed step with output files always has their manifest.
         write_checksums(self.work_path, self_checked=SELF_CHECKED_MARKERS)
         clear_stale_entries(self.output_path, self.staging)
         self.write(committing=True)  # the commit point: from here on anyone may finish the move
         promote(self.output_path, self.staging)
         self.fence.update({"status": STATUS_SUCCESS, "committing": False, "staging": None, "error": None, "time": time.time()})
+        self._tidy_up()
+        return relocated(result, self.work_path, self.output_path)
+
+    def _commit_result(self, result: Any, *, step: str, identity: str, prefix: str | None) -> Any:
+        """Commit an execution that staged no file: its artifact (``result``, its paths already moved
+        to the step folder), written into the step folder, and SUCCESS, both while the record is held
+        for this execution; ``result`` back. Raises :class:`CannotHoldError`, having written nothing,
+        where the record cannot be held. With nothing to move there is no move to finish after a
+        crash, so no commit point: cut short, the execution left no SUCCESS, and the artifact it may
+        have left is replaced by the next execution's commit."""
+        with self.fence.held(condition=self._still_running) as write:
+            # A manifest left in the step folder from before describes files this output lacks.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(fsx.filesystem(fsx.join(self.output_path, MANIFEST_NAME))[1])
+            save_artifact(self.output_path, result, step=step, identity=identity, prefix=prefix)
+            write({"status": STATUS_SUCCESS, "committing": False, "staging": None, "error": None, "time": time.time()})
+        fsx.remove_empty_folder(self.work_path)  # the folder a function given one left empty
+        self._tidy_up()
+        return result
+
+    def _tidy_up(self) -> None:
         try:
             discard_stale_staging(self.output_path, self.generation)
         except Exception as exc:  # noqa: BLE001 - tidying up never fails a committed step
             logger.warning("Could not remove the staging folders of earlier executions of %s: %s", self.output_path, exc)
-        return relocated(result, self.work_path, self.output_path)
+
+
+def _staged_anything(work_path: str) -> bool:
+    """Whether the execution's staging folder holds anything (always True off local disk, where
+    the commit through a commit point is the only one, so no listing is spent on the question)."""
+    if not fsx.is_local(work_path):
+        return True
+    try:
+        return bool(os.listdir(fsx.filesystem(work_path)[1]))
+    except FileNotFoundError:
+        return False  # never made: the step's function takes no folder
 
 
 def _staging_for(generation: int) -> str:
-    return f"{STAGING_FOLDER}/g{generation}"
+    return f"{STAGING_PREFIX}{generation}"
 
 
 def claim_execution(output_path: str, over: Snapshot, fields: dict[str, Any]) -> Execution | None:
@@ -197,7 +271,8 @@ def promote(output_path: str, staging: str) -> None:
     Temporary files a killed writer left are not moved.
     """
     _move_entries(output_path, staging, "")
-    _remove_empty_folders(output_path, staging, STAGING_FOLDER)
+    legacy_parent = [LEGACY_STAGING_FOLDER] if staging.startswith(f"{LEGACY_STAGING_FOLDER}/") else []
+    _remove_empty_folders(output_path, staging, *legacy_parent)
 
 
 def _remove_empty_folders(output_path: str, *relatives: str) -> None:
@@ -227,7 +302,8 @@ def stage_unstaged_output(output_path: str, staging: str) -> list[str]:
     other_steps = [folder for folder, _, name in (f.rpartition("/") for f in files) if folder and name in records]
     names = sorted({
         f.split("/", 1)[0] for f in files
-        if f.split("/", 1)[0] not in records | {STAGING_FOLDER, EXECUTIONS_FOLDER, ATTEMPTS_FOLDER}
+        if f.split("/", 1)[0] not in records | {EXECUTIONS_FOLDER, ATTEMPTS_FOLDER}
+        and not is_staging_entry(f.split("/", 1)[0])
         and not fsx.is_temporary_name(f.split("/", 1)[0])
     })
     names = [name for name in names if not any(folder == name or folder.startswith(name + "/") for folder in other_steps)]
@@ -290,21 +366,46 @@ def discard_stale_staging(output_path: str, generation: int) -> list[str]:
     """Delete the staging folders that executions before ``generation`` left, once each of their
     replicas is known to have stopped (an execution in a runner has none: the runner that superseded
     it holds the lease its runner lost). A folder a replica may still write stays, as it must; the
-    next commit looks again. The folders removed are returned."""
+    next commit looks again. The folders removed (relative to the step folder) are returned."""
+    if generation <= 1:
+        return []  # the first execution of the step: none came before it
     fs, root = fsx.filesystem(output_path)
     removed = []
-    for name in sorted({relative.split("/", 1)[0] for relative in fsx.find_files(fsx.join(output_path, STAGING_FOLDER))}):
-        if not (name.startswith("g") and name[1:].isdigit() and int(name[1:]) < generation):
+    for staging in staging_folders(output_path):
+        earlier = staging_generation(staging)
+        if earlier is None or earlier >= generation:
             continue
-        beats = replica_heartbeats(output_path, int(name[1:]))
+        beats = replica_heartbeats(output_path, earlier)
         if all(beat.known_stopped() for beat in beats):
-            fs.rm(f"{root.rstrip('/')}/{STAGING_FOLDER}/{name}", recursive=True)
-            removed.append(f"{STAGING_FOLDER}/{name}")
+            fs.rm(f"{root.rstrip('/')}/{staging}", recursive=True)
+            removed.append(staging)
         else:
-            logger.info("Left %s/%s/%s: a replica of that execution may still write there", output_path, STAGING_FOLDER, name)
-    if removed:
-        _remove_empty_folders(output_path, STAGING_FOLDER)
+            logger.info("Left %s/%s: a replica of that execution may still write there", output_path, staging)
+    if any(staging.startswith(f"{LEGACY_STAGING_FOLDER}/") for staging in removed):
+        _remove_empty_folders(output_path, LEGACY_STAGING_FOLDER)
     return removed
+
+
+def staging_folders(output_path: str) -> list[str]:
+    """Every staging folder in the step folder, relative to it (either layout), sorted."""
+    names = _entry_names(output_path)
+    found = [name for name in names if staging_generation(name) is not None]
+    if LEGACY_STAGING_FOLDER in names:
+        nested = (f"{LEGACY_STAGING_FOLDER}/{name}" for name in _entry_names(fsx.join(output_path, LEGACY_STAGING_FOLDER)))
+        found += [name for name in nested if staging_generation(name) is not None]
+    return sorted(found)
+
+
+def _entry_names(url: str) -> list[str]:
+    """The names directly inside the folder ``url`` (none when it does not exist)."""
+    fs, path = fsx.filesystem(url)
+    try:
+        if fsx.is_local(url):
+            return os.listdir(path)
+        fs.invalidate_cache(path)
+        return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def roll_forward(output_path: str, over: Snapshot, record: StatusRecord) -> bool:

@@ -155,6 +155,11 @@ class ClientStepExecutor:
     def __repr__(self) -> str:
         return f"ClientStepExecutor({self.client!r})"
 
+    @property
+    def calls_in_this_process(self) -> bool:
+        """Whether a step's function runs in a thread of this process (fray's thread and inline clients)."""
+        return getattr(self.client, "calls_in_this_process", False)
+
     def live_job(self, output_path: str, status: Any) -> str | None:
         return None  # a call dies with the runner that made it: there is never one to adopt
 
@@ -168,7 +173,7 @@ class ClientStepExecutor:
         signals = _RunnerSignals(call.lease_lost, call.cancelled)
         arguments = (spec, call.work_path, dict(call.dep_output_paths), signals, call.attempt_log)
         try:
-            if getattr(self.client, "calls_in_this_process", False):
+            if self.calls_in_this_process:
                 return contextvars.Context().run(_call_with_signals, *arguments)
             return self._wait(call, self.client.remote(_call_with_signals, *arguments, resources=spec.resources))
         except BaseException as error:

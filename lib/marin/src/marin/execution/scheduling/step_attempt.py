@@ -70,16 +70,16 @@ from marin.execution.running.step_executor import StepCall, StepExecutor
 from marin.execution.records.step_failures import log_step_failure
 from marin.execution.ownership.step_ownership import (
     EXECUTIONS_FOLDER,
-    STAGING_FOLDER,
     Execution,
     ReplicaHeartbeat,
     claim_execution,
+    is_staging_entry,
     read_ownership,
     replica_heartbeats,
     roll_forward,
     stage_unstaged_output,
 )
-from marin.execution.step_spec import StepSpec
+from marin.execution.step_spec import CALL_NO_ARGS, StepSpec
 
 # The runner's log lines keep one logger name however its code is split, so log filters keep working.
 logger = get_logger("marin.execution.step_runner")
@@ -186,14 +186,15 @@ def _attempt(session: RunSession, spec: StepSpec, output_path: str, dep_paths: M
         logger.info("Step %s started: %s", spec.name, output_path)
         write_info(output_path, step_info(spec, output_path, dep_paths, session.prefix))
         if not session.executor.keeps_attempt_logs:
-            attempt_log = _begin_attempt_log(spec, output_path)
+            attempt_log = _begin_attempt_log(spec, output_path, getattr(session.executor, "calls_in_this_process", False))
         running = {"attempt": attempt_log.attempt if attempt_log else None, "job": live_job}
         if live_job is not None:
             execution = Execution.of_record(output_path, status)
             execution.write(holder=session.runner_id, **running)
         else:
             execution = _start_execution(session, spec, output_path, snapshot, status, running)
-        fsx.makedirs(execution.work_path)
+        if spec.call_style != CALL_NO_ARGS:  # a function given no folder writes none: none is made for it
+            fsx.makedirs(execution.work_path)
 
         def placed(**fields: Any) -> None:
             running.update(fields)
@@ -422,14 +423,18 @@ def step_info(spec: StepSpec, output_path: str, dep_paths: Mapping[str, str], pr
     }
 
 
-def _begin_attempt_log(spec: StepSpec, output_path: str) -> AttemptLog | None:
-    """A new attempt folder for a step the runner runs itself; a step runs without one if it cannot be made."""
+def _begin_attempt_log(spec: StepSpec, output_path: str, in_this_process: bool) -> AttemptLog | None:
+    """A new attempt of a step the runner runs itself; a step runs without one if it cannot be made."""
     try:
         # Not fsynced: the records of the runner's own attempts only inform (no rerun counts from
         # them), so losing one to a machine crash costs a line of `marin logs`, not a decision. The
         # log appears with the step's first output: a graph of thousands of silent steps makes no
-        # empty file for each.
-        return AttemptLog.begin(output_path, engine="local", durable=False, create_logs=False)
+        # empty file for each. Where the function runs in this process, the attempt's folder and
+        # opening record wait for its first output too: a silent step writes its one record when it
+        # ends (its status record names the attempt meanwhile). A function sent to another process
+        # prints there, so its attempt is opened here at once.
+        return AttemptLog.begin(output_path, engine="local", durable=False, create_logs=False,
+                                opening_record=not in_this_process)
     except Exception as exc:  # noqa: BLE001 - a copy of the output is never a reason to fail the step
         logger.warning("Step %s: cannot keep this attempt's output in %s: %s", spec.name, output_path, exc)
         return None
@@ -474,7 +479,8 @@ def remove_orphan_temporaries(output_path: str) -> int:
     Deleting a temporary can never corrupt anything: at worst a writer that should not exist fails
     its final rename. One recursive listing and one batch delete keep it cheap on object stores.
     """
-    files = [f for f in fsx.find_files(output_path) if not f.startswith((f"{STAGING_FOLDER}/", f"{EXECUTIONS_FOLDER}/"))]
+    files = [f for f in fsx.find_files(output_path)
+             if not f.startswith(f"{EXECUTIONS_FOLDER}/") and not ("/" in f and is_staging_entry(f.split("/", 1)[0]))]
     control_files = (STATUS_FILE, INFO_FILE, LOCK_FILE)
     other_steps = tuple(
         folder + "/" for folder, _, name in (f.rpartition("/") for f in files) if folder and name in control_files

@@ -16,6 +16,7 @@ several runners started on one prefix share a sweep, each step run once.
 from __future__ import annotations
 
 import heapq
+import queue
 import time
 from concurrent import futures
 
@@ -104,6 +105,9 @@ def schedule_steps(
     # dependents here, so a due one goes before new work.
     held: list[tuple[float, int, PlannedStep]] = []
     looks: dict[str, int] = {}  # identity -> how many times it was found held
+    # Each attempt puts its future here as it finishes: waiting on one queue costs the same however
+    # many steps run, where waiting on the running futures themselves costs a lock of each, each time.
+    finishing: queue.SimpleQueue[futures.Future] = queue.SimpleQueue()
     while True:
         if session.cancelled.is_set() and not stopping:
             # Interrupted: start nothing new, but collect the outcomes of the steps still stopping.
@@ -122,7 +126,9 @@ def schedule_steps(
                 break
             started.add(item.spec.identity)
             dep_paths = {dep.identity: paths[dep.identity] for dep in item.spec.deps}
-            running[pool.submit(attempt_step, session, item.spec, item.output_path, dep_paths, wait_for_others=False)] = item
+            future = pool.submit(attempt_step, session, item.spec, item.output_path, dep_paths, wait_for_others=False)
+            running[future] = item
+            future.add_done_callback(finishing.put)
         if not running:
             if not held:
                 break  # done (or, with an invalid plan, nothing left that can start)
@@ -130,7 +136,12 @@ def schedule_steps(
             session.cancelled.wait(max(0.0, min(held[0][0] - time.monotonic(), _WAIT_POLL_S)))
             continue
         # A timeout keeps the loop noticing an interrupt while long steps run, and due held steps.
-        done, _ = futures.wait(list(running), timeout=_WAIT_POLL_S, return_when=futures.FIRST_COMPLETED)
+        try:
+            done = [finishing.get(timeout=_WAIT_POLL_S)]
+        except queue.Empty:
+            continue
+        while not finishing.empty():
+            done.append(finishing.get_nowait())
         for future in done:
             item = running.pop(future)
             outcome = future.result()
