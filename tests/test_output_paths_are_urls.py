@@ -75,6 +75,9 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("rigging.conditional_writes", "_LocalDisk._overwrite_in_place", "conditional writes on LocalFileSystem: a full disk's in-place rewrite"),
     Allowed("marin.execution.ownership.step_ownership", "_move_entries", "the local-disk branch (fsx.is_local) of a commit's move: one listing, renames"),
     Allowed("marin.execution.ownership.step_ownership", "_rename_over", "a rename on local disk, called from _move_entries' local branch only"),
+    Allowed("marin.execution.ownership.step_ownership", "Execution._commit_result", "inside Fence.held, which holds only a local record (elsewhere CannotHoldError before anything is written): the step folder is local"),
+    Allowed("marin.execution.ownership.step_ownership", "_staged_anything", "the local-disk branch (fsx.is_local) of whether a staging folder holds anything"),
+    Allowed("marin.execution.ownership.step_ownership", "_entry_names", "the local-disk branch (fsx.is_local) of a folder's names; fsspec's ls elsewhere"),
     Allowed("marin.execution.running.iris_steps", "IrisStepExecutor.live_job", "an iris database (IRIS_HOME) is a local folder, never an output URL"),
     Allowed("marin.execution.running.iris_steps", "IrisStepExecutor._store_of", "an iris database (IRIS_HOME) is a local folder, never an output URL"),
     Allowed("rigging.conditional_writes", "_LocalDisk.remove", "conditional writes on LocalFileSystem: an atomic rename aside, then a check"),
@@ -138,6 +141,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("iris.attempt_log", "AttemptLog._file_of", _LOG_FILE),
     Allowed("iris.attempt_log", "_spool_read", _SPOOL),
     Allowed("iris.attempt_log", "_spool_remove", _SPOOL),
+    Allowed("iris.attempt_log", "_make_local_folder", "called only when the attempt's folder is local (AttemptLog._local): its deferred folder, made by path"),
     # zephyr
     Allowed("zephyr.execute", "execute", "removes the shuffle scratch folder it made with tempfile.mkdtemp"),
     Allowed("zephyr.readers", "_splits_in", _HF_CACHE),
