@@ -83,3 +83,26 @@ def test_clusters_alive_at_once_get_different_worker_port_ranges_and_free_them_w
     with LocalRayCluster() as third:  # the stopped clusters' ranges are free again
         third.start_head(timeout=30)
         assert worker_ports(4) == ranges[0]
+
+
+def test_ports_handed_out_one_after_another_are_distinct_even_when_the_system_reuses_one(monkeypatch):
+    """A probe's port is free again once the probe closes; were the system to give the same one to the next
+    probe, a node's command line would name it twice and Ray would refuse to start."""
+    given = iter([41001, 41001, 41001, 41002, 41001, 41003])
+
+    class Probe:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(given)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(ray_nodes.socket, "socket", Probe)
+    monkeypatch.setattr(ray_nodes, "_RECENT_PORTS", ray_nodes.collections.deque(maxlen=64))
+    assert [ray_nodes._free_port() for _ in range(3)] == [41001, 41002, 41003]

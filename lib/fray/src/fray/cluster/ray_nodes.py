@@ -23,6 +23,7 @@ Linux only (it reads ``/proc``); meant for tests and for trying a multi-node set
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import os
@@ -33,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -340,10 +342,24 @@ def _ray_cli() -> str:
     return found
 
 
+# The ports _free_port handed out last. A port is free once its probe closes, so the system may give the same
+# one to the next probe: a node's command line, which names six or eight of them, then names one twice and Ray
+# refuses to start ("trying to use a port number ... that is used by other components").
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)
+_RECENT_PORTS_LOCK = threading.Lock()
+
+
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port free on this machine now, and none of the last ones this process handed out."""
+    with _RECENT_PORTS_LOCK:
+        for _ in range(100):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            if port not in _RECENT_PORTS:
+                _RECENT_PORTS.append(port)
+                return port
+    raise FrayError("could not find a free port that was not just handed out")
 
 
 def _stat_fields(pid: int) -> list[str] | None:
