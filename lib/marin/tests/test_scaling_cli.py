@@ -19,9 +19,10 @@ from marin.scaling.runs import TRAINED_MODEL_TYPE, collect_runs
 
 REPO = Path(__file__).resolve().parents[3]
 SWEEP = REPO / "experiments" / "tutorials" / "isoflop_sweep.py"
-# Budgets a factor of 2 apart: the nine runs train about 350 steps in all (about 690 with the budgets
-# docs/scaling.md's test runs, 3x apart), and the shortest (w48 at 2e9) six, so that rounding to whole
-# steps keeps every run's FLOPs within 10% of its budget.
+# Budgets a factor of 2 apart: the nine runs train about 350 steps in all (about 690 with budgets 3x
+# apart), and the shortest (w48 at 2e9) six, so that rounding to whole steps keeps every run's FLOPs
+# within 10% of its budget. docs/scaling.md's test runs the same sweep (its fence's test-set words), so
+# the two compile the same programs and share them through the persistent compilation cache.
 TINY_SWEEP = ["--set", "sweep.budgets=[2e9, 4e9, 8e9]", "--set", "sweep.widths=[16, 32, 48]", "--set", "sweep.min_steps=3",
               "--set", "sweep.seq_len=64", "--set", "sweep.batch_size=4", "--set", "sweep.sample_count=200"]
 
