@@ -45,7 +45,11 @@ pytestmark = [
 
 # Four chips of each generation; v5p's topologies are three-dimensional.
 TOPOLOGIES = {"v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
-B, T, H, KV, D = 8, 512, 4, 2, 128
+# 128 positions: one block of the splash kernel, its smallest (SPLASH_BLOCKS), where 512 would be one
+# block of 512. Nothing asserted here depends on the length (which kernel is chosen and that it
+# compiles, how often a step runs it, the state's bytes, matmul FLOPs per token), and a step's compile
+# takes about half the CPU at 128 that it takes at 512 (the kernels' larger tiles).
+B, T, H, KV, D = 8, 128, 4, 2, 128
 
 
 def sharded(shape, dtype, sharding):
@@ -194,19 +198,50 @@ def forward_attention_kernels(compiled) -> int:
     return len(re.findall(r"^\s*%splash_mha_fwd\S* = .* custom-call\(", compiled.as_text(), flags=re.MULTILINE))
 
 
-def test_save_attention_keeps_the_backward_from_rerunning_the_attention_kernel_on_one_chip():
+def compile_on_one_chip(remat: str, memory_limit: int | None = None):
+    """The Llama's step under ``remat`` for one v5e chip (a quarter of the batch)."""
+    config = dataclasses.replace(LLAMA, remat=remat)
+    trainer = TrainerConfig(num_train_steps=10, batch_size=B // 4, mesh=MeshConfig(data=1))
+    return compile_train_step(lambda key: config.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1), seq_len=T,
+                              devices=tpu_topology_devices(TOPOLOGIES["v5e"])[:1], memory_limit=memory_limit)
+
+
+ONE_CHIP_MEMORY_LIMIT = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class OneChipSteps:
+    steps: dict  # remat policy -> its step compiled for one v5e chip
+    cache_on: bool  # a new program compiled for the CPU went into JAX's persistent compilation cache
+    written: list  # what that cache was given while the steps compiled for the TPU chip
+
+
+@pytest.fixture(scope="module")
+def one_chip():
+    """Two steps for one chip, compiled once for the two tests below: "full" remat as for a chip of
+    ONE_CHIP_MEMORY_LIMIT bytes (``memory_limit``; which kernels run is the policy's choice, not the
+    limit's) and "save_attention"; and what JAX's persistent cache was given meanwhile."""
+    from jax._src import compilation_cache
+
+    written = []
+    put = compilation_cache.put_executable_and_time
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compilation_cache, "put_executable_and_time",
+                      lambda key, name, *rest: (written.append(name), put(key, name, *rest)))
+        unique = float(time.time_ns() % 999_983)  # a program compiled for the first time: not already in the cache
+        jax.jit(lambda x: x * 3 + unique).lower(jnp.arange(7.0)).compile()  # on the CPU: kept, as the suite asks (conftest.py)
+        cache_on = bool(written)
+        written.clear()
+        steps = {"full": compile_on_one_chip("full", memory_limit=ONE_CHIP_MEMORY_LIMIT),
+                 "save_attention": compile_on_one_chip("save_attention")}
+    return OneChipSteps(steps, cache_on, list(written))
+
+
+def test_save_attention_keeps_the_backward_from_rerunning_the_attention_kernel_on_one_chip(one_chip):
     """On one chip the policy reaches inside the kernel, which names its residuals: the backward
     reads them instead of recomputing the attention, so the forward kernel runs once, not twice.
-    (Under a mesh of several chips the kernel runs inside a per-shard map whose residuals the policy
-    does not see: there "save_attention" is "full".)"""
-    devices = tpu_topology_devices(TOPOLOGIES["v5e"])[:1]
-    trainer = TrainerConfig(num_train_steps=10, batch_size=B // 4, mesh=MeshConfig(data=1))
-    kernels = {}
-    for remat in ("full", "save_attention"):
-        config = dataclasses.replace(LLAMA, remat=remat)
-        step = compile_train_step(lambda key, config=config: config.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1),
-                                  seq_len=T, devices=devices)
-        kernels[remat] = forward_attention_kernels(step.compiled)
+    (On four chips, where the kernel runs per shard, the kernel counts of the test above say the same.)"""
+    kernels = {remat: forward_attention_kernels(step.compiled) for remat, step in one_chip.steps.items()}
     assert kernels == {"full": 2, "save_attention": 1}
 
 
@@ -228,29 +263,17 @@ def test_a_step_too_large_for_its_chips_does_not_fit_with_the_bytes_xla_asked_fo
         expected_matmul_flops_per_token(config, "none", B * T, 4) * B * T / 4, rel=2e-3)
 
 
-def test_a_step_compiled_for_a_chip_with_less_memory_than_it_needs_does_not_fit(monkeypatch):
+def test_a_step_compiled_for_a_chip_with_less_memory_than_it_needs_does_not_fit(one_chip):
     """``memory_limit`` compiles as for a smaller chip: the headroom of a step is the limit it still fits.
 
-    Neither compile is kept in JAX's persistent compilation cache, which could never load them (no chip)."""
-    from jax._src import compilation_cache
-
-    written = []
-    put = compilation_cache.put_executable_and_time
-    monkeypatch.setattr(compilation_cache, "put_executable_and_time",
-                        lambda key, name, *rest: (written.append(name), put(key, name, *rest)))
-    unique = float(time.time_ns() % 999_983)  # a program compiled for the first time: not already in the cache
-    jax.jit(lambda x: x * 3 + unique).lower(jnp.arange(7.0)).compile()  # on the CPU: kept, as the suite asks (conftest.py)
-    assert written, "JAX's persistent cache is not on in this process"
-    written.clear()
-    devices = tpu_topology_devices(TOPOLOGIES["v5e"])[:1]
-    trainer = TrainerConfig(num_train_steps=10, batch_size=B // 4, mesh=MeshConfig(data=1))
-    state_bytes = expected_state_bytes_per_chip(LLAMA, 1)  # 31 MB: parameters and AdamW's moments
-    small, large = 8 * 2**20, 2**30
-    steps = {limit: compile_train_step(lambda key: LLAMA.build(VOCAB, key=key), trainer, AdamConfig(1e-3, 0.1), seq_len=T,
-                                       devices=devices, memory_limit=limit) for limit in (small, large)}
-    too_small = steps[small]
+    The steps compiled for the chip are not kept in JAX's persistent compilation cache, which could never
+    load them (no chip)."""
+    assert one_chip.cache_on, "JAX's persistent cache is not on in this process"
+    assert one_chip.steps["full"].fits  # compiled under ONE_CHIP_MEMORY_LIMIT
+    assert one_chip.written == []
+    state_bytes = expected_state_bytes_per_chip(LLAMA, 1)  # 20 MB: parameters and AdamW's moments
+    small = 8 * 2**20
+    too_small = compile_on_one_chip("full", memory_limit=small)
     assert isinstance(too_small, DoesNotFit)
     assert too_small.available_bytes == small
     assert too_small.needed_bytes > state_bytes
-    assert steps[large].fits
-    assert written == []
