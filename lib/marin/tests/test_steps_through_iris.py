@@ -39,11 +39,14 @@ pytestmark = [
 ]
 
 SCRIPT = Path(__file__).parent / "scripts" / "tiny_graph.py"
-STEPS = 240
-CHECKPOINT_EVERY = 40
-# Preempt once the training step has logged this many steps, then again this many steps after it resumed.
-FIRST_PREEMPTION_AT = 20
-SECOND_PREEMPTION_AFTER = 40
+# Every graph of this module trains this many steps: the reference, each preempted run, each chaos round.
+STEPS = 120
+CHECKPOINT_EVERY = 20
+# Preempt once the training step has logged this many steps, then again once the next attempt has
+# trained this many steps past where the first one stopped. A preemption lands within about ten steps
+# of its signal on a busy machine: training still runs when the second one lands.
+FIRST_PREEMPTION_AT = 10
+SECOND_PREEMPTION_AFTER = 20
 DRIVER_TIMEOUT_S = 420
 TIMING_KEYS = {"time", "seconds", "step_seconds", "tokens_per_second", "mfu", "elapsed", "wall_time", "throughput"}
 
@@ -127,19 +130,26 @@ def _preempt_training_twice(prefix: Path, driver: subprocess.Popen, workdir: Pat
     """Preempt the training step at two different steps; the steps it had logged each time."""
     train = _wait_for(lambda: _train_folder(prefix), "the training step to start", driver, workdir)
     seen = []
-    for attempt, at_step in ((1, FIRST_PREEMPTION_AT), (2, None)):
-        def running_attempt_past(step_floor: int | None = at_step, number: int = attempt):
+    floor = FIRST_PREEMPTION_AT
+    for attempt in (1, 2):
+        def running_attempt_past(number: int = attempt, step_floor: int = floor):
             attempts = list_attempts(str(train))
             if len(attempts) != number or attempts[-1].record is None or attempts[-1].record.finished:
                 return False
             logged = _logged_steps(train)
-            floor = step_floor if step_floor is not None else seen[-1] + SECOND_PREEMPTION_AFTER
-            return bool(logged) and max(logged) >= floor
+            return bool(logged) and max(logged) >= step_floor
 
-        _wait_for(running_attempt_past, f"attempt {attempt} of the training step to pass its step", driver, workdir)
+        _wait_for(running_attempt_past, f"attempt {attempt} of the training step to pass step {floor}", driver, workdir)
         seen.append(max(_logged_steps(train)))
         assert seen[-1] < STEPS, "training ended before the test could preempt it; raise STEPS"
         preempt(train)
+        # The next floor counts from where this attempt stopped (it trains on until the signal lands),
+        # so the next attempt has logged steps of its own, and runs, when it is preempted.
+        _wait_for(lambda number=attempt: (len(attempts := list_attempts(str(train))) >= number
+                                          and attempts[number - 1].record is not None
+                                          and attempts[number - 1].record.finished),
+                  f"attempt {attempt} of the training step to end", driver, workdir)
+        floor = max(_logged_steps(train)) + SECOND_PREEMPTION_AFTER
     return seen
 
 
