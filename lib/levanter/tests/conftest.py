@@ -4,6 +4,7 @@ family tests make, and the tiny training run that the optimizer tests make."""
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,6 +201,13 @@ class TinyLlamaTraining:
         # The trained state differs from a fresh one (the check above is not comparing zeros).
         assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(read, jax.tree.leaves(template.opt_state)))
 
+    def assert_resumes_bitwise_from_its_checkpoint(self, optimizer: OptimizerConfig, result, run_dir: str, output_dir: str) -> None:
+        """A run started from the step-``n`` checkpoint of the uninterrupted run in ``run_dir`` (that
+        checkpoint alone, copied into a fresh run folder) ends with that run's (``result``'s) state
+        bit for bit: everything the optimizer carries from step to step is in the checkpoint."""
+        shutil.copytree(os.path.join(run_dir, "checkpoints", str(self.n)), os.path.join(output_dir, "checkpoints", str(self.n)))
+        self._assert_resumed_to(optimizer, result, output_dir)
+
     def assert_resumes_bitwise_after_sigkill(self, optimizer: OptimizerConfig, result, output_dir: str, timeout: float = 300) -> None:
         """A run SIGKILLed two steps after its step-``n`` checkpoint (in a child process: no cleanup,
         no atexit, nothing flushed, as a preemption leaves it), then resumed here, ends with the
@@ -212,6 +220,9 @@ class TinyLlamaTraining:
         )
         assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
         assert Checkpointer(os.path.join(output_dir, "checkpoints")).all_steps() == [self.n]
+        self._assert_resumed_to(optimizer, result, output_dir)
+
+    def _assert_resumed_to(self, optimizer: OptimizerConfig, result, output_dir: str) -> None:
         resumed = self.train(optimizer, output_dir)
         assert resumed.resumed_from == self.n
         for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(result.state), strict=True):
