@@ -121,6 +121,10 @@ def pytest_collection_modifyitems(config, items):
         return 0 if path in _GROUP_OF_FILE else 1 if path in slow_files else 2
 
     items.sort(key=start_order)  # stable: the order within each part is kept
+    if not os.environ.get(ISOLATED_CHILD):
+        for item in items:
+            if item.get_closest_marker("isolated") is not None:  # past its children's limits (below)
+                item.add_marker(pytest.mark.timeout(ISOLATED_ATTEMPTS * _isolated_timeout(item) + 120))
 
 
 # -- tests that can stall where pytest's timeout cannot reach: a child process, killed hard ---------
@@ -130,10 +134,15 @@ def pytest_collection_modifyitems(config, items):
 # the whole worker (and its other tests) down. Such tests are marked ``isolated``: the isolated tests
 # of a file run together in one child pytest process (so module fixtures are built once), which is
 # killed with its process group (SIGKILL) after ``timeout_s``; each test's reports come back to this
-# process as pytest-xdist sends them (pytest's own report serialization), and a test the kill cut
-# short fails saying so. ``make test`` then goes on with the next test instead of hanging to CI's limit.
+# process as pytest-xdist sends them (pytest's own report serialization). The stall is XLA's, rare, and
+# does not repeat in a fresh process, so the tests a kill cut short run once more in a new child; a
+# test cut short twice fails saying so (a hang of our own would hang both times). ``make test`` then
+# goes on with the next test instead of hanging to CI's limit. pytest-timeout's own limit for an
+# isolated test, in this process, is set past both children's, so that it never fires first (its
+# exception inside this hook would end the whole worker, not fail one test).
 ISOLATED_CHILD = "MARIN_TEST_ISOLATED_REPORTS"  # set in the child: where it appends its reports
-ISOLATED_TIMEOUT_S = 600.0
+ISOLATED_TIMEOUT_S = 300.0  # a file's isolated tests take about a minute on a loaded machine
+ISOLATED_ATTEMPTS = 2
 _isolated_reports: dict[str, list[dict]] = {}  # nodeid -> its serialized reports, per child run
 _config = None
 
@@ -149,7 +158,7 @@ def pytest_runtest_protocol(item, nextitem):
     if marker is None or os.environ.get(ISOLATED_CHILD):
         return None
     if item.nodeid not in _isolated_reports:
-        _run_isolated(item, float(marker.kwargs.get("timeout_s", ISOLATED_TIMEOUT_S)))
+        _run_isolated(item, _isolated_timeout(item))
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for data in _isolated_reports.pop(item.nodeid):
         report = item.config.hook.pytest_report_from_serializable(config=item.config, data=data)
@@ -160,11 +169,18 @@ def pytest_runtest_protocol(item, nextitem):
     return True
 
 
+def _isolated_timeout(item) -> float:
+    marker = item.get_closest_marker("isolated")
+    return float(marker.kwargs.get("timeout_s", ISOLATED_TIMEOUT_S))
+
+
+def _finished(nodeid: str) -> bool:
+    return any(data.get("when") == "teardown" for data in _isolated_reports.get(nodeid, []))
+
+
 def _run_isolated(item, timeout_s: float) -> None:
-    """Run the isolated tests of ``item``'s file still to come, in one child pytest; keep their reports."""
-    import signal
-    import subprocess
-    import sys
+    """Run the isolated tests of ``item``'s file still to come in a child pytest, those a stall cut
+    short once more in a second child; keep their reports."""
     import time
 
     from _pytest.reports import TestReport
@@ -172,10 +188,40 @@ def _run_isolated(item, timeout_s: float) -> None:
     path = item.nodeid.split("::", 1)[0]
     nodeids = [other.nodeid for other in item.session.items if other.nodeid.split("::", 1)[0] == path
                and other.get_closest_marker("isolated") is not None and other.nodeid not in _isolated_reports]
+    started = time.monotonic()
+    for attempt in range(1, ISOLATED_ATTEMPTS + 1):
+        cut_short = [nodeid for nodeid in nodeids if not _finished(nodeid)]
+        for nodeid in cut_short:  # what a killed child said of a test it did not finish is dropped
+            _isolated_reports.pop(nodeid, None)
+        killed, returncode, output = _isolated_child(item, cut_short, timeout_s)
+        if killed is None:
+            break  # a child that ended by itself is not run again: its failures are the tests'
+    tail = output.decode("utf-8", "replace")[-4000:]
+    for nodeid in nodeids:
+        if _finished(nodeid):
+            continue
+        # Cut short: the kill, or a child that died (a crash in XLA) before the test ended.
+        why = (f"{killed}, {attempt} time(s)" if killed else
+               f"its child process exited {returncode} before the test ended")
+        failed = TestReport(nodeid, item.location if nodeid == item.nodeid else (path, None, nodeid), {}, "failed",
+                            f"{nodeid}: {why}; the child's output ends with:\n{tail}", "call",
+                            duration=time.monotonic() - started)
+        _isolated_reports[nodeid] = [
+            *_isolated_reports.get(nodeid, [])[:1],
+            item.config.hook.pytest_report_to_serializable(config=item.config, report=failed),
+        ]
+
+
+def _isolated_child(item, nodeids: list[str], timeout_s: float) -> tuple[str | None, int, bytes]:
+    """Run ``nodeids`` in one child pytest killed after ``timeout_s``: (why it was killed or None,
+    its exit code, its output); the reports it sent are added to ``_isolated_reports``."""
+    import signal
+    import subprocess
+    import sys
+
     with tempfile.TemporaryDirectory(prefix="isolated-") as folder:
         reports = Path(folder) / "reports.jsonl"
         command = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-        started = time.monotonic()
         child = subprocess.Popen(command, cwd=item.config.rootpath, env={**os.environ, ISOLATED_CHILD: str(reports)},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -188,19 +234,7 @@ def _run_isolated(item, timeout_s: float) -> None:
         for line in reports.read_text().splitlines() if reports.exists() else []:
             data = json.loads(line)
             _isolated_reports.setdefault(data["nodeid"], []).append(data)
-    tail = output.decode("utf-8", "replace")[-4000:]
-    for nodeid in nodeids:
-        if any(data.get("when") == "teardown" for data in _isolated_reports.get(nodeid, [])):
-            continue
-        # Cut short: the kill, or a child that died (a crash in XLA) before the test ended.
-        why = killed or f"its child process exited {child.returncode} before the test ended"
-        failed = TestReport(nodeid, item.location if nodeid == item.nodeid else (path, None, nodeid), {}, "failed",
-                            f"{nodeid}: {why}; the child's output ends with:\n{tail}", "call",
-                            duration=time.monotonic() - started)
-        _isolated_reports[nodeid] = [
-            *_isolated_reports.get(nodeid, [])[:1],
-            item.config.hook.pytest_report_to_serializable(config=item.config, report=failed),
-        ]
+    return killed, child.returncode, output
 
 
 def pytest_runtest_logreport(report):
