@@ -49,22 +49,27 @@ TESTS = textwrap.dedent(
 )
 
 
-def test_an_isolated_test_that_stalls_is_killed_and_the_others_report_as_usual(tmp_path):
+def run_with_the_suites_conftest(tmp_path: Path, tests: str, *, pytest_timeout_s: int) -> tuple[int, str]:
+    """Run ``tests`` as test_marked.py beside a copy of the suite's conftest.py: (exit code, output)."""
     shutil.copy(REPO / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pyproject.toml").write_text(textwrap.dedent(
-        """
+        f"""
         [tool.pytest.ini_options]
         addopts = "--import-mode=importlib -ra --strict-markers"
         markers = ["isolated(timeout_s=600): in a child process killed after timeout_s", "slow: slow"]
-        timeout = 600
+        timeout = {pytest_timeout_s}
         """))
-    (tmp_path / "test_marked.py").write_text(TESTS)
-    started = time.monotonic()
+    (tmp_path / "test_marked.py").write_text(tests)
     run = subprocess.run([sys.executable, "-m", "pytest", "test_marked.py", "-rA", "-p", "no:cacheprovider"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_an_isolated_test_that_stalls_is_killed_and_the_others_report_as_usual(tmp_path):
+    started = time.monotonic()
+    returncode, out = run_with_the_suites_conftest(tmp_path, TESTS, pytest_timeout_s=600)
     elapsed = time.monotonic() - started
-    out = run.stdout + run.stderr
-    assert run.returncode == 1, out[-4000:]
+    assert returncode == 1, out[-4000:]
     assert "PASSED test_marked.py::test_runs_in_place" in out
     assert "PASSED test_marked.py::test_runs_in_a_child" in out and "said in the child" in out
     assert "PASSED test_marked.py::test_fails_in_a_child[1]" in out
@@ -97,21 +102,10 @@ STALLS_ONCE = textwrap.dedent(
 
 
 def test_a_test_that_stalls_once_passes_in_a_second_child_and_pytest_timeout_never_fires_first(tmp_path):
-    shutil.copy(REPO / "conftest.py", tmp_path / "conftest.py")
     # pytest-timeout's limit below the child's: before, its alarm fired in the parent while it waited
     # on the child, and the exception ended the whole run (INTERNALERROR) instead of one test.
-    (tmp_path / "pyproject.toml").write_text(textwrap.dedent(
-        """
-        [tool.pytest.ini_options]
-        addopts = "--import-mode=importlib -ra --strict-markers"
-        markers = ["isolated(timeout_s=600): in a child process killed after timeout_s", "slow: slow"]
-        timeout = 5
-        """))
-    (tmp_path / "test_once.py").write_text(STALLS_ONCE)
-    run = subprocess.run([sys.executable, "-m", "pytest", "test_once.py", "-rA", "-p", "no:cacheprovider"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out[-4000:]
+    returncode, out = run_with_the_suites_conftest(tmp_path, STALLS_ONCE, pytest_timeout_s=5)
+    assert returncode == 0, out[-4000:]
     assert "INTERNALERROR" not in out
-    assert "PASSED test_once.py::test_stalls_in_its_first_child_only" in out
+    assert "PASSED test_marked.py::test_stalls_in_its_first_child_only" in out
     assert (tmp_path / "stalled-once").exists()  # it did stall in the first child
