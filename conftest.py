@@ -191,6 +191,8 @@ def _run_isolated(item, timeout_s: float) -> None:
     started = time.monotonic()
     for attempt in range(1, ISOLATED_ATTEMPTS + 1):
         cut_short = [nodeid for nodeid in nodeids if not _finished(nodeid)]
+        if not cut_short:
+            break  # killed after its last test ended (at exit): nothing to run again (an empty list would run everything)
         for nodeid in cut_short:  # what a killed child said of a test it did not finish is dropped
             _isolated_reports.pop(nodeid, None)
         killed, returncode, output = _isolated_child(item, cut_short, timeout_s)

@@ -109,3 +109,33 @@ def test_a_test_that_stalls_once_passes_in_a_second_child_and_pytest_timeout_nev
     assert "INTERNALERROR" not in out
     assert "PASSED test_marked.py::test_stalls_in_its_first_child_only" in out
     assert (tmp_path / "stalled-once").exists()  # it did stall in the first child
+
+
+STALLS_AT_EXIT = textwrap.dedent(
+    """
+    import atexit
+    import signal
+    import time
+
+    import pytest
+
+
+    def stall():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(600)
+
+
+    @pytest.mark.isolated(timeout_s=8)
+    def test_ends_then_its_process_stalls_at_exit():
+        atexit.register(stall)
+    """
+)
+
+
+def test_a_child_killed_after_its_last_test_ended_is_not_run_again(tmp_path):
+    # Every test had ended: a second child would have had no test to run, and pytest given none runs
+    # the whole folder (here the test again, reported twice).
+    returncode, out = run_with_the_suites_conftest(tmp_path, STALLS_AT_EXIT, pytest_timeout_s=600)
+    assert returncode == 0, out[-4000:]
+    assert "PASSED test_marked.py::test_ends_then_its_process_stalls_at_exit" in out
+    assert "1 passed" in out and "2 passed" not in out

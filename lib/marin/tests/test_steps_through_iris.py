@@ -145,10 +145,11 @@ def _preempt_training_twice(prefix: Path, driver: subprocess.Popen, workdir: Pat
         preempt(train)
         # The next floor counts from where this attempt stopped (it trains on until the signal lands),
         # so the next attempt has logged steps of its own, and runs, when it is preempted.
-        _wait_for(lambda number=attempt: (len(attempts := list_attempts(str(train))) >= number
-                                          and attempts[number - 1].record is not None
-                                          and attempts[number - 1].record.finished),
-                  f"attempt {attempt} of the training step to end", driver, workdir)
+        def attempt_ended(number: int = attempt) -> bool:
+            attempts = list_attempts(str(train))
+            return len(attempts) >= number and attempts[number - 1].record is not None and attempts[number - 1].record.finished
+
+        _wait_for(attempt_ended, f"attempt {attempt} of the training step to end", driver, workdir)
         floor = max(_logged_steps(train)) + SECOND_PREEMPTION_AFTER
     return seen
 
