@@ -28,6 +28,7 @@ from levanter.tokenization import load_tokenizer, save_tokenizer, train_bpe_toke
 from levanter.trainer.checkpoint_reading import committed_steps
 from levanter.trainer.tracker import read_metrics
 from marin.execution.artifact import load_artifact
+from marin.execution.ownership.resumable_state import resumable_entries
 from marin.execution.ownership.step_ownership import latest_work_path
 from marin.execution.step_runner import StepRunner
 from marin.rl import ArithmeticEnvironment, RlTrainedModel, RolloutSampling, grpo, rl_train
@@ -130,7 +131,12 @@ def test_killing_the_step_resumes_without_losing_or_repeating_trained_rollouts(r
     runner = StepRunner(prefix=str(prefix))
     out = runner.output_path_for(declare(reference["hf"]))
     killed = Path(latest_work_path(out))
-    checkpoint = max(committed_steps(str(killed / "checkpoints")), default=0)  # 0 or 2: saving is asynchronous
+    # 0 or 2: saving is asynchronous. A rerun takes over a checkpoint once its checksum manifest is
+    # written, after Orbax renames the step into place: a kill between the two leaves a folder
+    # committed_steps lists and the rerun does not take over (it trains from step 0).
+    carried = resumable_entries(str(killed))
+    checkpoint = max((int(entry.split("/")[1]) for entry in carried if entry.startswith("checkpoints/")), default=0)
+    assert checkpoint in committed_steps(str(killed / "checkpoints")) + [0]
     logged = {name: (killed / "rollouts" / name).read_bytes() for name in os.listdir(killed / "rollouts")}
     assert sorted(logged) == [f"batch-{i:06d}.json" for i in range(3)]
     runner.run([declare(reference["hf"])])
