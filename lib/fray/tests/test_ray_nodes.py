@@ -1,5 +1,6 @@
 """LocalRayCluster's own bookkeeping, with a stand-in for ``ray start``: a node that misses Ray's
-startup limit is started again, and clusters of one machine never share a range of worker ports."""
+startup limit is started again, clusters of one machine never share a range of worker ports, and
+each node's libtpu logs are its own."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ count_file = os.environ["FAKE_RAY_COUNT"]
 count = int(open(count_file).read()) + 1 if os.path.exists(count_file) else 1
 open(count_file, "w").write(str(count))
 open(count_file + f".args-{{count}}", "w").write(" ".join(sys.argv[1:]))
+open(count_file + f".tpu-log-dir-{{count}}", "w").write(os.environ.get("TPU_LOG_DIR", ""))
 if count <= int(os.environ["FAKE_RAY_FAILURES"]):
     print("Exception: The current node timed out during startup. This could happen because ...", flush=True)
     sys.exit(1)
@@ -59,6 +61,19 @@ def test_a_node_that_misses_it_twice_fails_with_rays_words(fake_ray, monkeypatch
     with LocalRayCluster() as cluster, pytest.raises(RayNodeError, match="timed out during startup"):
         cluster.start_head(timeout=30)
     assert _starts(fake_ray) == 2
+
+
+def test_each_node_gets_a_libtpu_log_folder_of_its_own_unless_its_env_names_one(fake_ray, monkeypatch, tmp_path):
+    # Ray's log monitor sends every line under TPU_LOG_DIR (else the machine's /tmp/tpu_logs) to the drivers.
+    monkeypatch.setenv("FAKE_RAY_FAILURES", "0")
+    monkeypatch.setenv("TPU_LOG_DIR", str(tmp_path / "machine-wide"))
+    named = tmp_path / "named"
+    with LocalRayCluster() as cluster:
+        head = cluster.start_head(timeout=30)
+        cluster.add_node("worker", timeout=30, env={"TPU_LOG_DIR": str(named)})
+        own = Path(Path(f"{fake_ray}.tpu-log-dir-1").read_text())
+        assert own == head.temp_dir / "tpu_logs" and own.is_dir()
+        assert Path(f"{fake_ray}.tpu-log-dir-2").read_text() == str(named)
 
 
 def test_clusters_alive_at_once_get_different_worker_port_ranges_and_free_them_when_stopped(fake_ray, monkeypatch):

@@ -253,6 +253,13 @@ class LocalRayCluster:
         ]
         node_env = {**os.environ, **self.env, **self._auth_env, **dict(env or {})}
         node_env.pop("RAY_ADDRESS", None)
+        if "TPU_LOG_DIR" not in {**self.env, **dict(env or {})}:
+            # Ray links a node's logs/tpu_logs to TPU_LOG_DIR, else to the machine's /tmp/tpu_logs, and
+            # its log monitor reads every file there and sends each line to the drivers: everything
+            # libtpu has logged on this machine, gigabytes where TPU programs were compiled, which kept
+            # each node's monitor busy on a core. A node's own folder holds only its workers' logs.
+            (temp_dir / "tpu_logs").mkdir()
+            node_env["TPU_LOG_DIR"] = str(temp_dir / "tpu_logs")
         log_path = self.root / f"{label}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=node_env,
