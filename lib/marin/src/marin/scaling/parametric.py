@@ -191,6 +191,17 @@ class _Objective:
         self.log_tokens = log_tokens - self.tokens_mean
         self.log_loss = log_loss
         self.delta = delta
+        # The three terms (floor, size, data) of every run as one linear map of the centred
+        # parameters, so that an evaluation is a few array operations on a (3, runs) block: the
+        # bootstrap's refits evaluate it some hundred thousand times, where each NumPy call's
+        # overhead outweighs its arithmetic on a few dozen runs.
+        ones, zeros = np.ones_like(log_loss), np.zeros_like(log_loss)
+        self.design = np.stack([
+            np.stack([ones, zeros, zeros, zeros, zeros], axis=1),
+            np.stack([zeros, ones, zeros, -self.log_params, zeros], axis=1),
+            np.stack([zeros, zeros, ones, zeros, -self.log_tokens], axis=1),
+        ])
+        self.flat_design = self.design.reshape(-1, 5)
 
     def centred(self, theta: np.ndarray) -> np.ndarray:
         e, a, b, alpha, beta = theta
@@ -209,30 +220,24 @@ class _Objective:
         residual = np.logaddexp(np.logaddexp(terms[0], terms[1]), terms[2]) - self.log_loss
         return self._huber(residual).sum(axis=1)
 
-    def _huber(self, residual: np.ndarray) -> np.ndarray:
-        size = np.abs(residual)
-        delta = self.delta
-        return np.where(size <= delta, 0.5 * residual**2, delta * (size - 0.5 * delta)) / delta**2
+    def _huber(self, residual: np.ndarray, clipped: np.ndarray | None = None) -> np.ndarray:
+        # With c the residual clipped to [-delta, delta], c * (r - c/2) is r**2/2 inside and
+        # delta * (|r| - delta/2) outside: the Huber loss, from the clip the gradient needs anyway.
+        if clipped is None:
+            clipped = np.clip(residual, -self.delta, self.delta)
+        return clipped * (residual - 0.5 * clipped) / self.delta**2
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        e, a, b, alpha, beta = theta
-        size_term = a - alpha * self.log_params
-        data_term = b - beta * self.log_tokens
-        top = np.maximum(np.maximum(size_term, data_term), e)
-        size_weight, data_weight, floor_weight = np.exp(size_term - top), np.exp(data_term - top), np.exp(e - top)
-        total = size_weight + data_weight + floor_weight
+        terms = self.design @ theta  # (3, runs): e, a - alpha*log N, b - beta*log D
+        top = terms.max(axis=0)
+        weights = np.exp(terms - top)
+        total = weights.sum(axis=0)
         residual = top + np.log(total) - self.log_loss
+        clipped = np.clip(residual, -self.delta, self.delta)
         # d(huber)/d(residual), times the 1/total that turns the weights into d(logsumexp)/d(term).
-        slope = np.clip(residual, -self.delta, self.delta) / (self.delta**2 * total)
-        size_slope, data_slope = slope * size_weight, slope * data_weight
-        grad = np.array([
-            slope @ floor_weight,
-            size_slope.sum(),
-            data_slope.sum(),
-            -(size_slope @ self.log_params),
-            -(data_slope @ self.log_tokens),
-        ])
-        return float(self._huber(residual).sum()), grad
+        slope = clipped / (self.delta**2 * total)
+        grad = (weights * slope).reshape(-1) @ self.flat_design
+        return float(self._huber(residual, clipped).sum()), grad
 
     def minimize(self, starts: Sequence[np.ndarray]) -> tuple[np.ndarray, float] | None:
         """The best local minimum (uncentred parameters, objective) from ``starts``, or None."""
