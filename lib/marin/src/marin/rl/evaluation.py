@@ -17,8 +17,9 @@ import numpy as np
 from levanter.inference.engine import EngineConfig, GenerationEngine
 from levanter.tokenization import HfTokenizer, load_tokenizer
 from levanter.trainer.hooks import ModelEvaluation
-from levanter.trainer.mixed_precision import cast_floating, resolve_compute_dtype
+from levanter.trainer.mixed_precision import resolve_compute_dtype
 from marin.rl.environments import Environment, Problem
+from marin.rl.policy_weights import sampling_copy
 from marin.rl.rewards import RewardScorer
 from marin.rl.rollout_worker import encode_prompt, generation_params, scored_completion
 from marin.rl.rollouts import Completion, RolloutSampling
@@ -38,7 +39,7 @@ class HeldOutEvaluation:
         self._engine: GenerationEngine | None = None
 
     def completions(self, model: Any) -> list[Completion]:
-        model = cast_floating(model, self.dtype)
+        model = sampling_copy(model, self.dtype)
         if self._engine is None:
             self._engine = GenerationEngine(model, EngineConfig(max_batch=self.max_batch)).start()
         else:

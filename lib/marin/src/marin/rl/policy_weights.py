@@ -52,6 +52,17 @@ def model_from_weights(skeleton: Any, arrays: Any, compute_dtype: Any) -> Any:
     return eqx.combine(cast_floating(jax.tree.map(jnp.asarray, arrays), compute_dtype), skeleton)
 
 
+def sampling_copy(model: Any, compute_dtype: Any) -> Any:
+    """``model`` placed as a rollout worker holds it (:func:`model_from_weights` of its host arrays).
+
+    The trainer's model lies on the training mesh; a generation engine handed it compiles programs
+    for that placement, and again for its cache once the first call has placed it there. A copy on
+    the default device, like the workers' and like a model read from disk, keeps one placement for
+    every call and lets the engines that sample these weights share their compiled programs.
+    """
+    return model_from_weights(eqx.partition(model, _is_array)[1], host_weights(model), compute_dtype)
+
+
 class WeightBoard:
     """The latest published weights and their version; thread-safe (see the module docstring)."""
 
@@ -86,4 +97,5 @@ class WeightBoard:
             self._cond.notify_all()
 
 
-__all__ = ["WeightBoard", "WeightsClosedError", "host_weights", "model_from_weights", "model_skeleton"]
+__all__ = ["WeightBoard", "WeightsClosedError", "host_weights", "model_from_weights", "model_skeleton",
+           "sampling_copy"]
