@@ -5,6 +5,7 @@ import threading
 import jax
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from levanter.inference import sample
 from levanter.inference.engine import (
@@ -130,6 +131,19 @@ def test_new_prompt_lengths_in_a_bucket_compile_nothing_new(model):
         assert engine.compilations == warm
         engine.generate([_prompt(17, 40)], GenerationParams(max_tokens=2), timeout=WAIT_S)  # a longer bucket
         assert engine.compilations > warm
+
+
+def test_a_model_placed_on_a_mesh_compiles_nothing_new_for_a_second_request_of_the_same_shapes(model):
+    # A trainer's model lives on its mesh; the fresh cache must start there too, or the first call
+    # returns it placed there and the second compiles the same program again.
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    placed = jax.device_put(model, NamedSharding(mesh, PartitionSpec()))
+    with GenerationEngine(placed, EngineConfig(max_batch=4, block_size=4)) as engine:
+        first = engine.generate([_prompt(9, 50)], GenerationParams(max_tokens=3), timeout=WAIT_S)[0]
+        warm = engine.compilations
+        engine.generate([_prompt(9, 51)], GenerationParams(max_tokens=3), timeout=WAIT_S)
+        assert engine.compilations == warm
+    assert first.tokens == _greedy_reference(model, _prompt(9, 50), 3)
 
 
 def test_a_seeded_request_gives_the_same_tokens_alone_or_in_a_batch(model):
