@@ -30,6 +30,13 @@ from levanter.tokenization import save_tokenizer, train_bpe_tokenizer
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 6
 RUN_TIMEOUT_S = 240  # four processes compiling at once on a busy 2-core machine take minutes
+# Where a four-process run's time goes: each replica compiles every program itself, the weight
+# initialisation (jit(floating_part), as costly to compile as the training step) first. The
+# persistent compilation cache does not save this here: on the CPU, JAX keys an entry by the
+# process's own device topology, so the keys differ between processes, and only process 0 writes
+# entries; processes 1-3 compile cold in every run and every attempt (process 0 then waits for
+# them in the first collective). jax_share_binary_between_hosts, which would let process 0 compile
+# for all, hangs the CPU run at its first cross-process program.
 # The first test to run waits for the three runs of the module's fixture, each under RUN_TIMEOUT_S.
 pytestmark = pytest.mark.timeout(4 * RUN_TIMEOUT_S + 60)
 KILLED_REPLICA = 2  # not replica 0, whose process also holds jax.distributed's coordinator
