@@ -56,9 +56,8 @@ def sampling_copy(model: Any, compute_dtype: Any) -> Any:
     """``model`` placed as a rollout worker holds it (:func:`model_from_weights` of its host arrays).
 
     The trainer's model lies on the training mesh; a generation engine handed it compiles programs
-    for that placement, and again for its cache once the first call has placed it there. A copy on
-    the default device, like the workers' and like a model read from disk, keeps one placement for
-    every call and lets the engines that sample these weights share their compiled programs.
+    for that placement. A copy on the default device, like the workers' and like a model read from
+    disk, lets the engines that sample these weights share their compiled programs.
     """
     return model_from_weights(eqx.partition(model, _is_array)[1], host_weights(model), compute_dtype)
 
