@@ -191,33 +191,34 @@ class _Objective:
         self.log_tokens = log_tokens - self.tokens_mean
         self.log_loss = log_loss
         self.delta = delta
-        # The three terms (floor, size, data) of every run as one linear map of the centred
-        # parameters, so that an evaluation is a few array operations on a (3, runs) block: the
-        # bootstrap's refits evaluate it some hundred thousand times, where each NumPy call's
-        # overhead outweighs its arithmetic on a few dozen runs.
-        ones, zeros = np.ones_like(log_loss), np.zeros_like(log_loss)
-        self.design = np.stack([
-            np.stack([ones, zeros, zeros, zeros, zeros], axis=1),
-            np.stack([zeros, ones, zeros, -self.log_params, zeros], axis=1),
-            np.stack([zeros, zeros, ones, zeros, -self.log_tokens], axis=1),
-        ])
-        self.flat_design = self.design.reshape(-1, 5)
+        # The three terms (floor e, size a - alpha log N, data b - beta log D) of every run as one linear
+        # map of the centred parameters, rows (term, run): an evaluation is then a few array operations
+        # on a (3, runs) block. The bootstrap's refits evaluate it some hundred thousand times, where
+        # each NumPy call's overhead outweighs its arithmetic on a few dozen runs.
+        runs = log_loss.size
+        design = np.zeros((3, runs, 5))
+        design[0, :, 0] = design[1, :, 1] = design[2, :, 2] = 1.0
+        design[1, :, 3], design[2, :, 4] = -self.log_params, -self.log_tokens
+        self.design = design.reshape(3 * runs, 5)
 
     def centred(self, theta: np.ndarray) -> np.ndarray:
-        e, a, b, alpha, beta = theta
-        return np.array([e, a - alpha * self.params_mean, b - beta * self.tokens_mean, alpha, beta])
+        """``theta`` (one set of parameters, or one per row) with ``a`` and ``b`` shifted to the centred logs."""
+        return self._shifted(theta, -1.0)
 
     def uncentred(self, theta: np.ndarray) -> np.ndarray:
-        e, a, b, alpha, beta = theta
-        return np.array([e, a + alpha * self.params_mean, b + beta * self.tokens_mean, alpha, beta])
+        return self._shifted(theta, 1.0)
+
+    def _shifted(self, theta: np.ndarray, sign: float) -> np.ndarray:
+        theta = np.asarray(theta, dtype=float)
+        shifted = theta.copy()
+        shifted[..., 1] += sign * theta[..., 3] * self.params_mean
+        shifted[..., 2] += sign * theta[..., 4] * self.tokens_mean
+        return shifted
 
     def screen(self, grid: np.ndarray) -> np.ndarray:
         """The objective at each row of ``grid`` (uncentred parameters), all at once."""
-        e, a, b, alpha, beta = (grid[:, i : i + 1] for i in range(5))
-        terms = (a - alpha * self.params_mean - alpha * self.log_params,
-                 b - beta * self.tokens_mean - beta * self.log_tokens,
-                 np.broadcast_to(e, (grid.shape[0], self.log_params.size)))
-        residual = np.logaddexp(np.logaddexp(terms[0], terms[1]), terms[2]) - self.log_loss
+        floor, size, data = (self.design @ self.centred(grid).T).reshape(3, self.log_loss.size, len(grid))
+        residual = np.logaddexp(np.logaddexp(size, data), floor).T - self.log_loss
         return self._huber(residual).sum(axis=1)
 
     def _huber(self, residual: np.ndarray, clipped: np.ndarray | None = None) -> np.ndarray:
@@ -228,7 +229,7 @@ class _Objective:
         return clipped * (residual - 0.5 * clipped) / self.delta**2
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        terms = self.design @ theta  # (3, runs): e, a - alpha*log N, b - beta*log D
+        terms = (self.design @ theta).reshape(3, -1)  # (term, run)
         top = terms.max(axis=0)
         weights = np.exp(terms - top)
         total = weights.sum(axis=0)
@@ -236,7 +237,7 @@ class _Objective:
         clipped = np.clip(residual, -self.delta, self.delta)
         # d(huber)/d(residual), times the 1/total that turns the weights into d(logsumexp)/d(term).
         slope = clipped / (self.delta**2 * total)
-        grad = (weights * slope).reshape(-1) @ self.flat_design
+        grad = (weights * slope).reshape(-1) @ self.design
         return float(self._huber(residual, clipped).sum()), grad
 
     def minimize(self, starts: Sequence[np.ndarray]) -> tuple[np.ndarray, float] | None:
