@@ -44,7 +44,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from levanter.errors import LevanterError
 from levanter.inference.paged_cache import TRASH_BLOCK, BlockAllocator, blocks_for, init_paged_cache, paged_decode
@@ -207,16 +206,6 @@ def _choose(logits, seeds, steps, temperature, top_k, top_p, scale_logprobs):
     return token, chosen, top_values, top_ids, jnp.all(jnp.isfinite(logits), axis=-1)
 
 
-def _placed_like_model(cache: Any, model: Any) -> Any:
-    """``cache`` on the mesh the model's arrays are on, whole on each device. Left uncommitted, it would
-    come back from the first call placed on that mesh, and the next call (the same shapes, another
-    placement) would compile its program again."""
-    sharding = getattr(model.embed.weight, "sharding", None)
-    if not isinstance(sharding, NamedSharding):
-        return cache
-    return jax.device_put(cache, NamedSharding(sharding.mesh, PartitionSpec()))
-
-
 class GenerationEngine:
     """Continuous batching of generation requests over one model (see the module docstring)."""
 
@@ -229,7 +218,7 @@ class GenerationEngine:
         self._max_view_blocks = blocks_for(self.max_seq_len, config.block_size)
         num_blocks = config.num_blocks or config.max_batch * self._max_view_blocks + 1
         self._allocator = BlockAllocator(num_blocks)
-        self._cache = _placed_like_model(init_paged_cache(model, num_blocks, config.block_size), model)
+        self._cache = init_paged_cache(model, num_blocks, config.block_size)
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._cond = threading.Condition()

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from levanter.inference.sampling import KvCache, decode
 
@@ -42,11 +43,21 @@ class PagedKvCache(NamedTuple):
 
 
 def init_paged_cache(model: Any, num_blocks: int, block_size: int, dtype: Any = None) -> PagedKvCache:
-    """An empty pool of ``num_blocks`` blocks (block 0 included) in the model's compute dtype by default."""
+    """An empty pool of ``num_blocks`` blocks (block 0 included) in the model's compute dtype by default.
+
+    A model on a mesh gets its pool on that mesh, whole on each device. Left uncommitted, the pool
+    would come back from the first compiled call placed on the mesh, and the next call with the same
+    shapes (another placement) would compile its program again.
+    """
     config = model.config
-    dtype = dtype or model.embed.weight.dtype
+    weight = model.embed.weight
+    dtype = dtype or weight.dtype
     shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    return PagedKvCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    cache = PagedKvCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    sharding = getattr(weight, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        cache = jax.device_put(cache, NamedSharding(sharding.mesh, PartitionSpec()))
+    return cache
 
 
 class BlockAllocator:
