@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,9 +65,7 @@ def run_with_the_suites_conftest(tmp_path: Path, tests: str, *, pytest_timeout_s
 
 
 def test_an_isolated_test_that_stalls_is_killed_and_the_others_report_as_usual(tmp_path):
-    started = time.monotonic()
     returncode, out = run_with_the_suites_conftest(tmp_path, TESTS, pytest_timeout_s=600)
-    elapsed = time.monotonic() - started
     assert returncode == 1, out[-4000:]
     assert "PASSED test_marked.py::test_runs_in_place" in out
     assert "PASSED test_marked.py::test_runs_in_a_child" in out and "said in the child" in out
@@ -77,8 +74,7 @@ def test_an_isolated_test_that_stalls_is_killed_and_the_others_report_as_usual(t
     assert "FAILED test_marked.py::test_stalls_where_no_signal_reaches" in out
     # Killed, run again in a fresh child (a stall in XLA does not repeat), and killed again.
     assert "killed (SIGKILL) after 8 s in the child process that ran it (stalled?), 2 time(s)" in out
-    assert "2 failed, 3 passed" in out
-    assert elapsed < 200  # the stalled test's 600 s sleep did not run out, in either child
+    assert "2 failed, 3 passed" in out  # within the run's 300 s: the stalled test's 600 s sleep never ran out
 
 
 STALLS_ONCE = textwrap.dedent(

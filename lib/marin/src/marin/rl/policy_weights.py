@@ -44,7 +44,11 @@ def host_weights(model: Any) -> Any:
 def model_skeleton(model_config: Any, vocab_size: int) -> Any:
     """The model's structure without its arrays: what :func:`model_from_weights` fills in."""
     shapes = eqx.filter_eval_shape(lambda key: model_config.build(vocab_size, key=key), jax.random.PRNGKey(0))
-    return eqx.partition(shapes, _is_array)[1]
+    return _without_arrays(shapes)
+
+
+def _without_arrays(model: Any) -> Any:
+    return eqx.partition(model, _is_array)[1]
 
 
 def model_from_weights(skeleton: Any, arrays: Any, compute_dtype: Any) -> Any:
@@ -59,7 +63,7 @@ def sampling_copy(model: Any, compute_dtype: Any) -> Any:
     for that placement. A copy on the default device, like the workers' and like a model read from
     disk, lets the engines that sample these weights share their compiled programs.
     """
-    return model_from_weights(eqx.partition(model, _is_array)[1], host_weights(model), compute_dtype)
+    return model_from_weights(_without_arrays(model), host_weights(model), compute_dtype)
 
 
 class WeightBoard:
