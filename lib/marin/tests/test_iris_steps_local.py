@@ -6,6 +6,7 @@ runner's side of the iris path quickly; tests/test_steps_through_iris*.py run it
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from iris import JobStore, PREEMPTED_EXIT_CODE
 from iris.attempt_log import list_attempts, read_log
 from marin import cli
 from marin.execution.records.executor_files import read_status
+from marin.execution.running.iris_steps import IrisStepExecutor
 from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 
@@ -270,7 +272,10 @@ def preempted_after_some_steps(output_path):
         log.info("step %d/5  loss %.4f  50000 tokens/s  elapsed 0m00s  ETA 0m01s", step, 6.0 - step / 10 - attempt)
         if step == 1:
             sys.stdout.flush()
-            time.sleep(2.0)  # the runner relays step 1 at once; steps 2 to 5 then wait out its 30 s
+            # The runner relays step 1 at once; steps 2 to 5 then wait out its 30 s. The second attempt
+            # waits longer than the runner's look (below): the runner's first look after the first
+            # attempt ended may then find the second attempt's first line already logged.
+            time.sleep(2.0 if attempt == 1 else 4.0)
     if attempt == 1:
         sys.stdout.flush()
         os._exit(PREEMPTED_EXIT_CODE)
@@ -279,6 +284,9 @@ def preempted_after_some_steps(output_path):
 
 def test_a_preempted_attempts_last_figures_come_before_the_line_saying_how_it_ended(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("IRIS_HOME", str(tmp_path / "iris-home"))
+    # The runner looks every 3 s rather than every 0.5 s: the first attempt can start and end between two of its
+    # looks, and the second start and log its first line before the look that finds the first ended.
+    monkeypatch.setattr(IrisStepExecutor, "__init__", functools.partialmethod(IrisStepExecutor.__init__, poll_s=3.0))
     step = StepSpec("twice", preempted_after_some_steps, resources=ResourceConfig.with_cpu(ram="256m"))
     with caplog.at_level("INFO", logger="marin.execution.step_runner"):
         report = StepRunner(prefix=str(tmp_path / "prefix"), cluster="iris:local").run([step])

@@ -294,9 +294,11 @@ class IrisStepExecutor:
                 if folder_attempt is not None:  # the supervisor opens the folder just after the attempt starts
                     reported = record.attempts
                     call.placed(attempt=folder_attempt)
+            # How an attempt ended is told before the next attempt's log is read, each ended attempt's last
+            # figures just before its line (the relay reads its log then, if it had not yet).
+            news.tell(record, store, before=progress.ended)
             if record.attempts:
                 progress.poll(record.attempts)
-            news.tell(record, store, first=progress.flush)  # an attempt's last figures before how it ended
             if record.state.finished:
                 progress.flush()
                 return record
@@ -343,8 +345,8 @@ class _AttemptNews:
         self._told: set[int] = set()
         self._seen: tuple[Any, ...] | None = None
 
-    def tell(self, record: JobRecord, store: JobStore, first: Callable[[], None] = lambda: None) -> None:
-        """Log how each attempt that ended since the last look ended; ``first`` runs before the first such line."""
+    def tell(self, record: JobRecord, store: JobStore, before: Callable[[int], None] = lambda attempt: None) -> None:
+        """Log how each attempt that ended since the last look ended; ``before(attempt)`` runs before each one's line."""
         seen = (record.attempts, record.preemptions, record.failures, record.state, record.updated_at)
         if seen == self._seen:  # nothing ended since the last look: no need to read the attempts
             return
@@ -355,7 +357,7 @@ class _AttemptNews:
         for verdict in verdicts:
             if verdict.attempt in self._told:
                 continue
-            first()
+            before(verdict.attempt)
             self._told.add(verdict.attempt)
             if verdict.outcome is AttemptOutcome.SUCCEEDED and verdict.attempt == 1:
                 continue  # the runner's own "finished" line says it all

@@ -58,16 +58,28 @@ class ProgressRelay:
     def poll(self, job_attempt: int) -> None:
         """Read what the job's attempt ``job_attempt`` logged since the last look; relay its newest
         progress line if one is due."""
+        if not self._follow(job_attempt):
+            return
+        self._read()
+        if self._newest is not None and self.clock() - self._relayed_at >= self.every_s:
+            self.flush()
+
+    def ended(self, job_attempt: int) -> None:
+        """Relay the last progress line of attempt ``job_attempt``, which ended: read from where the
+        relay stopped, or from the start when the attempt began and ended between two looks."""
+        if self._job_attempt is not None and job_attempt < self._job_attempt:
+            return  # the relay has moved on to a later attempt
+        if self._follow(job_attempt):
+            self.flush()
+
+    def _follow(self, job_attempt: int) -> bool:
+        """Follow ``job_attempt``'s log from now on; whether its log is there to read."""
         if job_attempt != self._job_attempt:
             self.flush()  # the attempt before ended: its last figures first
             self._job_attempt, self._log_url, self._offset, self._partial = job_attempt, None, 0, b""
         if self._log_url is None:
-            self._log_url = self._find_log(job_attempt)
-            if self._log_url is None:
-                return  # the attempt's folder is not there yet
-        self._read()
-        if self._newest is not None and self.clock() - self._relayed_at >= self.every_s:
-            self.flush()
+            self._log_url = self._find_log(job_attempt)  # None while the attempt's folder is not there yet
+        return self._log_url is not None
 
     def flush(self) -> None:
         """Relay the newest progress line not relayed yet, now (an attempt ended)."""
