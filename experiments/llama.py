@@ -37,8 +37,8 @@ llama_1_4b = LlamaConfig(hidden_dim=2048, intermediate_dim=7168, num_layers=16, 
 # program instead of each layer's. For a v5e-256 at 256 x 4,096 tokens (`marin plan`,
 # docs/training.md#from-the-tutorial-to-a-pod), XLA took 10 minutes to refuse the unrolled 8B on a
 # busy 2-core machine and 8 seconds to refuse the scanned one, both keeping every activation (remat
-# "none": 15.79 GiB a chip unrolled, 39.51 scanned, which stacks every layer's); with remat
-# "save_matmuls" the scanned 8B fits, 13.49 GiB a chip at XLA's peak.
+# "none": 15.79 GiB a chip unrolled, 39.50 scanned, which stacks every layer's); with remat
+# "save_matmuls" the scanned 8B fits, 13.47 GiB a chip at XLA's peak.
 llama_8b = LlamaConfig(
     hidden_dim=4096, intermediate_dim=14336, num_layers=32, num_heads=32, num_kv_heads=8,
     max_seq_len=8192, rope_theta=500_000.0, use_scan=True,

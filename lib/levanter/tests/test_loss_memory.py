@@ -112,7 +112,7 @@ def test_the_loss_of_a_train_step_takes_a_fraction_of_the_logits_it_would_have_m
 def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_its_blocks():
     # data=4 x model=2: rows split over "data", the vocabulary over "model" (haliax's default rules).
     mesh = make_mesh(data=4, model=2)
-    batch, seq_len, embed, vocab = 8, 40, 16, 96
+    batch, seq_len, embed, vocab = 8, 41, 16, 96
     hidden, unembedding, tokens = _loss_inputs(jax.random.PRNGKey(0), batch, seq_len, embed, vocab)
     mask = jnp.ones((batch, seq_len), jnp.float32).at[1, 5:9].set(0.0)
 
@@ -120,11 +120,12 @@ def test_blocked_loss_on_a_mesh_gives_the_plain_loss_and_gradients_and_spreads_i
         return jax.jit(_mean_loss_and_grads(loss_fn))
 
     plain = objective(lambda h, w: next_token_loss(jnp.dot(h, w), tokens, mask, z_loss_weight=1e-2))
-    # 7 positions of every row per block: 40 positions give 6 blocks, the last one padded.
+    # At most 7 positions of every row per block: 41 (a prime) splits evenly only into 41 blocks, so
+    # it is cut into 6 blocks of 7, the last one padded.
     blocked = objective(lambda h, w: fused_next_token_loss(h, w, tokens, mask, z_loss_weight=1e-2, block_size=7 * batch))
     sharded = _sharded(mesh, hidden, unembedding)
     got = blocked(*sharded)
-    # float32 sums over at most 8 x 40 tokens, reordered: far below 1e-5 relative.
+    # float32 sums over at most 8 x 41 tokens, reordered: far below 1e-5 relative.
     _assert_same_loss_and_grads(got, plain(hidden, unembedding), atol=1e-7)
     dh_got = got[1][0]
     # Each device scores only its own rows: the blocks stay split over "data" (no device holds

@@ -116,7 +116,7 @@ def test_scan_checkpointing_and_fused_loss_give_the_same_loss_and_gradients(mode
 
     def fused(m):
         hidden, _ = m.hidden_states(tokens)
-        # A block size that does not divide the 24 tokens exercises the padding.
+        # Blocks of at most 2 positions a row (5 tokens over 2 rows): 6 blocks of the 12 positions.
         return fused_next_token_loss(hidden, m.unembedding(), tokens, mask, z_loss_weight=1e-3, block_size=5)
 
     def objective(loss_fn):

@@ -63,11 +63,11 @@ def fused_next_token_loss(
 
     ``hidden``: [B, T, embed] (``model.hidden_states``); ``unembedding``: [embed, V]
     (``model.unembedding()``). The sequence is cut into blocks of positions, each block holding
-    every row and about ``block_size`` tokens in all (default ``default_block_size(V)``), and the
-    output layer runs one block at a time in forward and backward; the backward recomputes each
-    block's logits instead of storing them. Only one block of logits exists at a time, and since
-    every block keeps the batch axis, a batch split over devices stays split: each device scores
-    its own rows.
+    every row and at most ``block_size`` tokens in all (default ``default_block_size(V)``; where the
+    cuts fall: :func:`position_blocks`), and the output layer runs one block at a time in forward
+    and backward; the backward recomputes each block's logits instead of storing them. Only one
+    block of logits exists at a time, and since every block keeps the batch axis, a batch split over
+    devices stays split: each device scores its own rows.
 
     It pays one extra output-layer matmul. When the hidden size is tiny next to the vocabulary
     (``llama_nano``), the logits' memory traffic and not the matmul FLOPs sets the speed, and
@@ -88,8 +88,7 @@ def fused_next_token_loss(
         return _vocab_streamed_loss(hidden, unembedding, tokens, loss_mask, z_loss_weight, logit_softcap, vocab_block)
     if block_size is None:
         block_size = default_block_size(unembedding.shape[-1])
-    positions = max(1, min(block_size // batch, seq_len))
-    num_blocks = -(-seq_len // positions)
+    num_blocks, positions = position_blocks(seq_len, block_size // batch)
     pad = num_blocks * positions - seq_len
 
     targets, mask = _targets_and_mask(tokens, loss_mask)
@@ -136,6 +135,24 @@ def default_block_size(vocab_size: int, num_devices: int = 1) -> int:
     """
     per_device = CPU_BLOCK_LOGITS if _platform() == "cpu" else ACCELERATOR_BLOCK_LOGITS
     return max(per_device * num_devices // vocab_size, 16)
+
+
+def position_blocks(seq_len: int, most: int) -> tuple[int, int]:
+    """``(blocks, positions per block)`` cutting ``seq_len`` positions into blocks of at most ``most``.
+
+    The fewest blocks that split the sequence evenly, where such a split needs at most twice the
+    fewest blocks of all; otherwise the fewest, of equal size, the sequence padded to fill them. An
+    even split pads nothing and keeps each block aligned as the sequence is: 4,096 positions under a
+    limit of 2,092 are two blocks of 2,048, where blocks of 2,092 would pad the sequence and cut it
+    at positions a TPU's tiles do not line up with (it then copies the activations into a new layout
+    both ways, in code as long as a layer's).
+    """
+    most = max(1, min(most, seq_len))
+    fewest = -(-seq_len // most)
+    for count in range(fewest, 2 * fewest + 1):
+        if seq_len % count == 0:
+            return count, seq_len // count
+    return fewest, -(-seq_len // fewest)
 
 
 def default_vocab_block(vocab_size: int, num_tokens: int) -> int | None:
