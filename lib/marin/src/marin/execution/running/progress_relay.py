@@ -70,6 +70,8 @@ class ProgressRelay:
         if self._job_attempt is not None and job_attempt < self._job_attempt:
             return  # the relay has moved on to a later attempt
         if self._follow(job_attempt):
+            while self._read() == READ_LIMIT_BYTES:  # to the log's end, however far behind: its last line counts
+                pass
             self.flush()
 
     def _follow(self, job_attempt: int) -> bool:
@@ -97,11 +99,12 @@ class ProgressRelay:
                 return listing.logs[0]
         return None
 
-    def _read(self) -> None:
+    def _read(self) -> int:
+        """Read the next part of the log (at most READ_LIMIT_BYTES); how many bytes it read."""
         try:
             data = read_log(self._log_url, self._offset, READ_LIMIT_BYTES)
         except (OSError, RefusedFileError):
-            return  # a log that cannot be read now is looked at again at the next poll
+            return 0  # a log that cannot be read now is looked at again at the next poll
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
         if len(self._partial) > READ_LIMIT_BYTES:
@@ -110,3 +113,4 @@ class ProgressRelay:
             text = line.decode("utf-8", errors="replace").rstrip()
             if PROGRESS.search(text):
                 self._newest = " ".join(LOG_PREFIX.sub("", text).split())
+        return len(data)
