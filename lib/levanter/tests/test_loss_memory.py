@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from haliax.partitioning import make_mesh
 from levanter.models.llama import LlamaConfig
-from levanter.models.loss import fused_next_token_loss, next_token_loss
+from levanter.models.loss import fused_next_token_loss, next_token_loss, position_blocks
 from levanter.trainer.state import TrainState
 from levanter.trainer.step import FUSED_LOSS_MIN_BYTES, DeviceBatch, build_step_functions, prefers_fused_loss
 
@@ -105,6 +105,16 @@ def test_the_loss_of_a_train_step_takes_a_fraction_of_the_logits_it_would_have_m
     assert plain > 2 * logits_f32  # float32 logits and their gradient, bfloat16 copies of both
     # Blocks of logits, the output matrix's gradient and the vocabulary-sized parameters' copies.
     assert automatic < logits_f32 / 4
+
+
+def test_the_loss_blocks_split_the_sequence_evenly_where_they_can_and_pad_only_where_they_cannot():
+    # (seq_len, most positions a block) -> (blocks, positions a block)
+    assert position_blocks(4096, 2092) == (2, 2048)  # the 8B on a v5e-256: not 2 x 2,092, padded
+    assert position_blocks(2048, 261) == (8, 256)  # llama_600m at batch 8 on one chip
+    assert position_blocks(4096, 1500) == (4, 1024)  # 3 blocks would not split 4,096 evenly
+    assert position_blocks(128, 1032) == (1, 128)  # a short sequence is one block
+    assert position_blocks(41, 7) == (6, 7)  # a prime: 6 blocks of 7, the last padded by 1
+    assert position_blocks(5, 0) == (5, 1)  # a limit below one position still makes progress
 
 
 @pytest.mark.isolated  # 8 simulated devices: see conftest.py
