@@ -37,6 +37,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --x
 # Tests that compile for TPU topologies (libtpu, no chip) may run in several workers at once; libtpu
 # otherwise takes a machine-wide lock meant for processes sharing a real chip.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# NumPy's OpenBLAS starts a thread per core at import, and they spin while the process imports the
+# rest (0.1 to 0.2 CPU-s a process); the suite's arrays are tiny and it starts hundreds of processes.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
