@@ -109,6 +109,35 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_previous_one_resto
     assert Checkpointer(root).restore_latest(STATE)[0] == 3
 
 
+def test_a_checkpointer_built_on_the_folder_does_not_delete_a_save_started_after_it(tmp_path, monkeypatch):
+    # Orbax clears the temporary folders of saves cut short in a thread of its own. Here that clean-up
+    # starts only once a save is writing its temporary folder: the moment it deleted that folder under
+    # load, when the checkpointer that started it had already been built and returned.
+    from orbax.checkpoint._src.path import temporary_paths
+
+    root = tmp_path / "checkpoints"
+    clean_up = temporary_paths.cleanup_temporary_paths
+
+    async def once_a_save_is_writing(directory, **kwargs):
+        import asyncio
+
+        for _ in range(100):  # 2 s at most: after it, the clean-up runs as Orbax's would
+            if glob.glob(os.path.join(str(directory), "*.orbax-checkpoint-tmp*")):
+                break
+            await asyncio.sleep(0.02)
+        await clean_up(directory, **kwargs)
+
+    writer = Checkpointer(str(root), asynchronous=False, keep_last=None)
+    writer.save(1, state_at(1))
+    monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", once_a_save_is_writing)
+    assert Checkpointer(str(root)).all_steps() == [1]
+    writer.save(2, state_at(2))
+    writer.close()
+    monkeypatch.undo()
+    step, state = Checkpointer(str(root)).restore_latest(STATE)
+    assert step == 2 and np.array_equal(state["w"], state_at(2)["w"])
+
+
 def test_when_no_checkpoint_can_be_read_training_starts_afresh_and_says_so(tmp_path, caplog):
     root = saved_checkpoints(tmp_path / "checkpoints", steps=(1, 2))
     DAMAGE["garbage _METADATA"](os.path.join(root, "2"))

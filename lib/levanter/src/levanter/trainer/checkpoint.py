@@ -160,6 +160,11 @@ class Checkpointer:
             options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler()},
         )
+        # Orbax removes the temporary folders of saves cut short in a thread of its own, which its
+        # manager waits for only before its own first save. Another checkpointer on the folder (a new
+        # run's, a reader's) would otherwise still be deleting when this one's save starts writing
+        # its temporary folder, and delete that too. So the clean-up ends here.
+        getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
 
     # -- policy ---------------------------------------------------------------------------------
 
