@@ -53,6 +53,7 @@ tutorial: $(STAMP)
 test: $(TEST_STAMP)
 	bash scripts/install_browser.sh
 	bash scripts/install_slurm.sh
+	bash scripts/install_jemalloc.sh
 	$(BIN)/lint-imports
 	$(COMPILE_BYTECODE) >/dev/null
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=$(TEST_DURATIONS) $(PYTEST_ARGS)
