@@ -8,23 +8,6 @@ set -u
 if ldconfig -p 2>/dev/null | grep -q "libjemalloc\.so\.2"; then
     exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install_jemalloc: no apt-get here; the pod plans will compile with glibc's malloc"
-    exit 0
-fi
-if [ "$(id -u)" = "0" ]; then
-    as_root=""
-elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    as_root="sudo -n"
-else
-    echo "install_jemalloc: installing libjemalloc2 needs root; the pod plans will compile with glibc's malloc"
-    exit 0
-fi
-export DEBIAN_FRONTEND=noninteractive
-log=/tmp/marin-install-jemalloc.log
-if ! timeout 600 $as_root apt-get install -y --no-install-recommends libjemalloc2 >"$log" 2>&1; then
-    timeout 300 $as_root apt-get update >>"$log" 2>&1
-    timeout 600 $as_root apt-get install -y --no-install-recommends libjemalloc2 >>"$log" 2>&1 \
-        || echo "install_jemalloc: apt-get failed (see $log); the pod plans will compile with glibc's malloc"
-fi
+source "$(dirname "$0")/apt_install.sh"
+apt_install install_jemalloc "the pod plans will compile with glibc's malloc" libjemalloc2
 exit 0
