@@ -3,6 +3,7 @@ match their checksums, or that has no checksums unless the run allows it) is mov
 and the one before it resumed (or training starts afresh, saying so); a checkpoint of another model
 is still refused and never moved; a full disk during a save is reported as such."""
 
+import asyncio
 import errno
 import glob
 import json
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from orbax.checkpoint._src.path import async_path
+from orbax.checkpoint._src.path import async_path, temporary_paths
 
 from levanter.main.train_lm import TrainLmConfig, train_lm
 from levanter.models.llama import LlamaConfig
@@ -113,14 +114,10 @@ def test_a_checkpointer_built_on_the_folder_does_not_delete_a_save_started_after
     # Orbax clears the temporary folders of saves cut short in a thread of its own. Here that clean-up
     # starts only once a save is writing its temporary folder: the moment it deleted that folder under
     # load, when the checkpointer that started it had already been built and returned.
-    from orbax.checkpoint._src.path import temporary_paths
-
     root = tmp_path / "checkpoints"
     clean_up = temporary_paths.cleanup_temporary_paths
 
     async def once_a_save_is_writing(directory, **kwargs):
-        import asyncio
-
         for _ in range(100):  # 2 s at most: after it, the clean-up runs as Orbax's would
             if glob.glob(os.path.join(str(directory), "*.orbax-checkpoint-tmp*")):
                 break
