@@ -153,15 +153,23 @@ def pytest_collection_modifyitems(config, items):
 # XLA:CPU's collectives, where pytest-timeout's signal never runs and its thread method would take
 # the whole worker (and its other tests) down. Such tests are marked ``isolated``: the isolated tests
 # of a file run together in one child pytest process (so module fixtures are built once), which is
-# killed with its process group (SIGKILL) after ``timeout_s``; each test's reports come back to this
+# killed with its process group (SIGKILL) when it stalls; each test's reports come back to this
 # process as pytest-xdist sends them (pytest's own report serialization). The stall is XLA's, rare, and
 # does not repeat in a fresh process, so the tests a kill cut short run once more in a new child; a
 # test cut short twice fails saying so (a hang of our own would hang both times). ``make test`` then
 # goes on with the next test instead of hanging to CI's limit. pytest-timeout's own limit for an
 # isolated test, in this process, is set past both children's, so that it never fires first (its
 # exception inside this hook would end the whole worker, not fail one test).
+#
+# A stalled child waits without using the CPU, where a working one (compiling, running its steps)
+# gets a share of it however loaded the machine: the child is killed once its processes have used
+# less than ISOLATED_IDLE_SHARE of one core over the last ``idle_s`` seconds (where /proc tells), and
+# in any case after ``timeout_s`` in all. Before, only the second held, and a stall cost a worker 300 s of
+# waiting, in which the machine's cores stood partly idle.
 ISOLATED_CHILD = "MARIN_TEST_ISOLATED_REPORTS"  # set in the child: where it appends its reports
 ISOLATED_TIMEOUT_S = 300.0  # a file's isolated tests take about a minute on a loaded machine
+ISOLATED_IDLE_S = 45.0
+ISOLATED_IDLE_SHARE = 0.01
 ISOLATED_ATTEMPTS = 2
 _isolated_reports: dict[str, list[dict]] = {}  # nodeid -> its serialized reports, per child run
 _config = None
@@ -194,6 +202,11 @@ def _isolated_timeout(item) -> float:
     return float(marker.kwargs.get("timeout_s", ISOLATED_TIMEOUT_S))
 
 
+def _isolated_idle(item) -> float:
+    marker = item.get_closest_marker("isolated")
+    return float(marker.kwargs.get("idle_s", ISOLATED_IDLE_S))
+
+
 def _finished(nodeid: str) -> bool:
     return any(data.get("when") == "teardown" for data in _isolated_reports.get(nodeid, []))
 
@@ -215,7 +228,7 @@ def _run_isolated(item, timeout_s: float) -> None:
             break  # killed after its last test ended (at exit): nothing to run again (an empty list would run everything)
         for nodeid in cut_short:  # what a killed child said of a test it did not finish is dropped
             _isolated_reports.pop(nodeid, None)
-        killed, returncode, output = _isolated_child(item, cut_short, timeout_s)
+        killed, returncode, output = _isolated_child(item, cut_short, timeout_s, _isolated_idle(item))
         if killed is None:
             break  # a child that ended by itself is not run again: its failures are the tests'
     tail = output.decode("utf-8", "replace")[-4000:]
@@ -234,29 +247,76 @@ def _run_isolated(item, timeout_s: float) -> None:
         ]
 
 
-def _isolated_child(item, nodeids: list[str], timeout_s: float) -> tuple[str | None, int, bytes]:
-    """Run ``nodeids`` in one child pytest killed after ``timeout_s``: (why it was killed or None,
-    its exit code, its output); the reports it sent are added to ``_isolated_reports``."""
+def _isolated_child(item, nodeids: list[str], timeout_s: float, idle_s: float) -> tuple[str | None, int, bytes]:
+    """Run ``nodeids`` in one child pytest killed when it stalls (see above): (why it was killed or
+    None, its exit code, its output); the reports it sent are added to ``_isolated_reports``."""
     import signal
     import subprocess
     import sys
 
     with tempfile.TemporaryDirectory(prefix="isolated-") as folder:
-        reports = Path(folder) / "reports.jsonl"
+        reports, log = Path(folder) / "reports.jsonl", Path(folder) / "output.log"
         command = [sys.executable, "-m", "pytest", *nodeids, "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-        child = subprocess.Popen(command, cwd=item.config.rootpath, env={**os.environ, ISOLATED_CHILD: str(reports)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            output, _ = child.communicate(timeout=timeout_s)
-            killed = None
-        except subprocess.TimeoutExpired:
+        with open(log, "wb") as output:
+            child = subprocess.Popen(command, cwd=item.config.rootpath, env={**os.environ, ISOLATED_CHILD: str(reports)},
+                                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        killed = _watch_for_a_stall(child, timeout_s, idle_s)
+        if killed is not None:
             os.killpg(child.pid, signal.SIGKILL)
-            output, _ = child.communicate()
-            killed = f"killed (SIGKILL) after {timeout_s:g} s in the child process that ran it (stalled?)"
+            child.wait()
         for line in reports.read_text().splitlines() if reports.exists() else []:
             data = json.loads(line)
             _isolated_reports.setdefault(data["nodeid"], []).append(data)
-    return killed, child.returncode, output
+        return killed, child.returncode, log.read_bytes()
+
+
+def _watch_for_a_stall(child, timeout_s: float, idle_s: float) -> str | None:
+    """Wait for ``child`` (the leader of its own session) to end: None when it did, or why it has to be
+    killed: past ``timeout_s``, or its session's processes idle for ``idle_s``."""
+    import subprocess
+    import time
+
+    started = time.monotonic()
+    samples: list[tuple[float, float]] = []  # (time, CPU seconds its session had used), oldest first
+    while True:
+        try:
+            child.wait(timeout=min(5.0, idle_s / 4))
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if now - started > timeout_s:
+            return f"killed (SIGKILL) after {timeout_s:g} s in the child process that ran it (stalled?)"
+        used = _session_cpu_seconds(child.pid)
+        if used is None:
+            continue  # no /proc: the time limit alone
+        samples.append((now, used))
+        while len(samples) > 1 and samples[1][0] <= now - idle_s:
+            samples.pop(0)
+        since, then = samples[0]
+        if now - since >= idle_s and used - then < ISOLATED_IDLE_SHARE * (now - since):
+            return (f"killed (SIGKILL): the child process that ran it used {used - then:.2f} CPU-s in "
+                    f"{now - since:.0f} s (stalled)")
+
+
+def _session_cpu_seconds(session: int) -> float | None:
+    """CPU seconds the processes of ``session`` have used (with their children that ended), from
+    /proc; None where there is no /proc."""
+    if not os.path.isdir("/proc"):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()  # the fields after the command's name
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[3]) == session:  # stat's 6th field; utime, stime, cutime, cstime are its 14th to 17th
+            total += sum(int(value) for value in fields[11:15])
+    return total / ticks
 
 
 def pytest_runtest_logreport(report):

@@ -1,9 +1,11 @@
 """The suite's ``isolated`` marker (conftest.py): a marked test runs in a child pytest process that is
-killed hard when it stalls, so a test stuck where pytest's timeout cannot reach it fails, named,
-instead of hanging the suite; its outcome and output come back as if it had run in place."""
+killed hard when it stalls (it uses no CPU for the marker's ``idle_s``, or runs past its ``timeout_s``),
+so a test stuck where pytest's timeout cannot reach it fails, named, instead of hanging the suite; its
+outcome and output come back as if it had run in place."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -135,3 +137,37 @@ def test_a_child_killed_after_its_last_test_ended_is_not_run_again(tmp_path):
     assert returncode == 0, out[-4000:]
     assert "PASSED test_marked.py::test_ends_then_its_process_stalls_at_exit" in out
     assert "1 passed" in out and "2 passed" not in out
+
+
+IDLE_AND_BUSY = textwrap.dedent(
+    """
+    import signal
+    import time
+
+    import pytest
+
+
+    @pytest.mark.isolated(timeout_s=120, idle_s=2)
+    def test_computes_for_longer_than_idle_s():
+        busy_until = time.monotonic() + 4
+        while time.monotonic() < busy_until:
+            sum(range(10_000))
+
+
+    @pytest.mark.isolated(timeout_s=120, idle_s=2)
+    def test_waits_without_using_the_cpu():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(600)
+    """
+)
+
+
+def test_a_child_that_uses_no_cpu_for_idle_s_is_killed_and_one_that_computes_is_not(tmp_path):
+    returncode, out = run_with_the_suites_conftest(tmp_path, IDLE_AND_BUSY, pytest_timeout_s=600)
+    assert returncode == 1, out[-4000:]
+    assert "PASSED test_marked.py::test_computes_for_longer_than_idle_s" in out
+    assert "FAILED test_marked.py::test_waits_without_using_the_cpu" in out
+    # Killed for idling, in both children, long before its 120 s limit.
+    assert re.search(r"killed \(SIGKILL\): the child process that ran it used 0\.0\d CPU-s in \d s \(stalled\), 2 time\(s\)",
+                     out), out[-4000:]
+    assert "after 120 s" not in out
