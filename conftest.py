@@ -102,6 +102,15 @@ _GROUP_OF_FILE = {path: group for group, paths in SHARED_WORKER.items() for path
 # a pod's plan compiles for hundreds of chips) and what they share is built once for the whole run,
 # not per module (see the file).
 SPREAD_BY_TEST = ("tests/test_docs.py", "tests/test_pod_plans.py")
+# Test files that spend their time waiting more than computing (on processes they kill, on leases that
+# run out, on stalls they provoke): they start with the long files, so that their waits overlap the
+# other workers' computing, instead of ending the run alone on one worker with the cores idle.
+WAITING_FILES = (
+    "tests/test_isolated_tests.py",
+    "lib/rigging/tests/test_lease_object_store.py",
+    "lib/marin/tests/test_iris_steps_local.py",
+    "lib/marin/tests/test_step_fencing_kills.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -129,8 +138,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The shared groups first, then files holding ``slow`` tests, so that no long unit of work
-    starts last and runs alone at the end.
+    """The shared groups first, then files holding ``slow`` tests and WAITING_FILES, so that no long
+    unit of work starts last and runs alone at the end.
 
     Workers hand the scheduler their items in this order; ``--no-loadscope-reorder`` keeps it.
     """
@@ -138,7 +147,7 @@ def pytest_collection_modifyitems(config, items):
 
     def start_order(item) -> int:
         path = item.nodeid.split("::", 1)[0]
-        return 0 if path in _GROUP_OF_FILE else 1 if path in slow_files else 2
+        return 0 if path in _GROUP_OF_FILE else 1 if path in slow_files or path in WAITING_FILES else 2
 
     items.sort(key=start_order)  # stable: the order within each part is kept
     if not os.environ.get(ISOLATED_CHILD):
