@@ -173,8 +173,8 @@ def pytest_collection_modifyitems(config, items):
 # A stalled child waits without using the CPU, where a working one (compiling, running its steps)
 # gets a share of it however loaded the machine: the child is killed once its processes have used
 # less than ISOLATED_IDLE_SHARE of one core over the last ``idle_s`` seconds (where /proc tells), and
-# in any case after ``timeout_s`` in all. Before, only the second held, and a stall cost a worker 300 s of
-# waiting, in which the machine's cores stood partly idle.
+# in any case after ``timeout_s`` in all. With the time limit alone, a stall held its worker for the
+# rest of the 300 s (once, 225 s) while the machine's cores stood partly idle.
 ISOLATED_CHILD = "MARIN_TEST_ISOLATED_REPORTS"  # set in the child: where it appends its reports
 ISOLATED_TIMEOUT_S = 300.0  # a file's isolated tests take about a minute on a loaded machine
 ISOLATED_IDLE_S = 45.0
