@@ -153,7 +153,7 @@ def pytest_collection_modifyitems(config, items):
     if not os.environ.get(ISOLATED_CHILD):
         for item in items:
             if item.get_closest_marker("isolated") is not None:  # past its children's limits (below)
-                item.add_marker(pytest.mark.timeout(ISOLATED_ATTEMPTS * _isolated_timeout(item) + 120))
+                item.add_marker(pytest.mark.timeout(ISOLATED_ATTEMPTS * _isolated_option(item, "timeout_s") + 120))
 
 
 # -- tests that can stall where pytest's timeout cannot reach: a child process, killed hard ---------
@@ -172,9 +172,9 @@ def pytest_collection_modifyitems(config, items):
 #
 # A stalled child waits without using the CPU, where a working one (compiling, running its steps)
 # gets a share of it however loaded the machine: the child is killed once its processes have used
-# less than ISOLATED_IDLE_SHARE of one core over the last ``idle_s`` seconds (where /proc tells), and
+# less than ISOLATED_IDLE_SHARE of one core over the last ``idle_s`` seconds, and
 # in any case after ``timeout_s`` in all. With the time limit alone, a stall held its worker for the
-# rest of the 300 s (once, 225 s) while the machine's cores stood partly idle.
+# rest of the 300 s (once, about 220 s) while the machine's cores stood partly idle.
 ISOLATED_CHILD = "MARIN_TEST_ISOLATED_REPORTS"  # set in the child: where it appends its reports
 ISOLATED_TIMEOUT_S = 300.0  # a file's isolated tests take about a minute on a loaded machine
 ISOLATED_IDLE_S = 45.0
@@ -195,7 +195,7 @@ def pytest_runtest_protocol(item, nextitem):
     if marker is None or os.environ.get(ISOLATED_CHILD):
         return None
     if item.nodeid not in _isolated_reports:
-        _run_isolated(item, _isolated_timeout(item))
+        _run_isolated(item)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for data in _isolated_reports.pop(item.nodeid):
         report = item.config.hook.pytest_report_from_serializable(config=item.config, data=data)
@@ -206,21 +206,17 @@ def pytest_runtest_protocol(item, nextitem):
     return True
 
 
-def _isolated_timeout(item) -> float:
-    marker = item.get_closest_marker("isolated")
-    return float(marker.kwargs.get("timeout_s", ISOLATED_TIMEOUT_S))
-
-
-def _isolated_idle(item) -> float:
-    marker = item.get_closest_marker("isolated")
-    return float(marker.kwargs.get("idle_s", ISOLATED_IDLE_S))
+def _isolated_option(item, name: str) -> float:
+    """The ``isolated`` marker's ``timeout_s`` or ``idle_s`` for ``item``, or the suite's default."""
+    defaults = {"timeout_s": ISOLATED_TIMEOUT_S, "idle_s": ISOLATED_IDLE_S}
+    return float(item.get_closest_marker("isolated").kwargs.get(name, defaults[name]))
 
 
 def _finished(nodeid: str) -> bool:
     return any(data.get("when") == "teardown" for data in _isolated_reports.get(nodeid, []))
 
 
-def _run_isolated(item, timeout_s: float) -> None:
+def _run_isolated(item) -> None:
     """Run the isolated tests of ``item``'s file still to come in a child pytest, those a stall cut
     short once more in a second child; keep their reports."""
     import time
@@ -237,7 +233,7 @@ def _run_isolated(item, timeout_s: float) -> None:
             break  # killed after its last test ended (at exit): nothing to run again (an empty list would run everything)
         for nodeid in cut_short:  # what a killed child said of a test it did not finish is dropped
             _isolated_reports.pop(nodeid, None)
-        killed, returncode, output = _isolated_child(item, cut_short, timeout_s, _isolated_idle(item))
+        killed, returncode, output = _isolated_child(item, cut_short)
         if killed is None:
             break  # a child that ended by itself is not run again: its failures are the tests'
     tail = output.decode("utf-8", "replace")[-4000:]
@@ -256,7 +252,7 @@ def _run_isolated(item, timeout_s: float) -> None:
         ]
 
 
-def _isolated_child(item, nodeids: list[str], timeout_s: float, idle_s: float) -> tuple[str | None, int, bytes]:
+def _isolated_child(item, nodeids: list[str]) -> tuple[str | None, int, bytes]:
     """Run ``nodeids`` in one child pytest killed when it stalls (see above): (why it was killed or
     None, its exit code, its output); the reports it sent are added to ``_isolated_reports``."""
     import signal
@@ -269,7 +265,7 @@ def _isolated_child(item, nodeids: list[str], timeout_s: float, idle_s: float) -
         with open(log, "wb") as output:
             child = subprocess.Popen(command, cwd=item.config.rootpath, env={**os.environ, ISOLATED_CHILD: str(reports)},
                                      stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-        killed = _watch_for_a_stall(child, timeout_s, idle_s)
+        killed = _watch_for_a_stall(child, _isolated_option(item, "timeout_s"), _isolated_option(item, "idle_s"))
         if killed is not None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
@@ -281,12 +277,12 @@ def _isolated_child(item, nodeids: list[str], timeout_s: float, idle_s: float) -
 
 def _watch_for_a_stall(child, timeout_s: float, idle_s: float) -> str | None:
     """Wait for ``child`` (the leader of its own session) to end: None when it did, or why it has to be
-    killed: past ``timeout_s``, or its session's processes idle for ``idle_s``."""
+    killed: past ``timeout_s``, or it and the processes under it idle for ``idle_s``."""
     import subprocess
     import time
 
     started = time.monotonic()
-    samples: list[tuple[float, float]] = []  # (time, CPU seconds its session had used), oldest first
+    samples: list[tuple[float, float]] = []  # (time, CPU seconds the child's tree had used), oldest first
     while True:
         try:
             child.wait(timeout=min(5.0, idle_s / 4))
@@ -296,9 +292,9 @@ def _watch_for_a_stall(child, timeout_s: float, idle_s: float) -> str | None:
         now = time.monotonic()
         if now - started > timeout_s:
             return f"killed (SIGKILL) after {timeout_s:g} s in the child process that ran it (stalled?)"
-        used = _session_cpu_seconds(child.pid)
+        used = _cpu_seconds_of_tree(child.pid)
         if used is None:
-            continue  # no /proc: the time limit alone
+            continue  # it has just ended: the next wait says so
         samples.append((now, used))
         while len(samples) > 1 and samples[1][0] <= now - idle_s:
             samples.pop(0)
@@ -308,24 +304,24 @@ def _watch_for_a_stall(child, timeout_s: float, idle_s: float) -> str | None:
                     f"{now - since:.0f} s (stalled)")
 
 
-def _session_cpu_seconds(session: int) -> float | None:
-    """CPU seconds the processes of ``session`` have used (with their children that ended), from
-    /proc; None where there is no /proc."""
-    if not os.path.isdir("/proc"):
+def _cpu_seconds_of_tree(root: int) -> float | None:
+    """CPU seconds ``root`` and the processes under it have used, with their children that ended;
+    None once ``root`` has ended."""
+    import psutil  # Orbax's dependency, so always installed with the project
+
+    try:
+        top = psutil.Process(root)
+        processes = [top, *top.children(recursive=True)]
+    except psutil.NoSuchProcess:
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    total = 0.0
+    for process in processes:
         try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()  # the fields after the command's name
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields[3]) == session:  # stat's 6th field; utime, stime, cutime, cstime are its 14th to 17th
-            total += sum(int(value) for value in fields[11:15])
-    return total / ticks
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:  # ended meanwhile
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def pytest_runtest_logreport(report):

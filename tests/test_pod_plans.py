@@ -47,12 +47,13 @@ import pytest
 
 from marin import cli
 
+PLAN_TIMEOUT_S = 1500
 pytestmark = [
     pytest.mark.slow,
     # A compile for hundreds of chips takes minutes of CPU; on a loaded machine (four test workers on
     # two cores, and more beside them) past the suite's 600 s. A compile ends: the bound is for hangs,
     # past the planner's own (PLAN_TIMEOUT_S, twice for the 8B's two plans).
-    pytest.mark.timeout(2 * 1500 + 120),
+    pytest.mark.timeout(2 * PLAN_TIMEOUT_S + 120),
     pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                        reason="compiling for a TPU without one needs libtpu (pip install '.[test]' installs it)"),
 ]
@@ -76,7 +77,6 @@ def pod_experiment(tmp_path: Path, *, model: str, imports: str, resources: str, 
     return script
 
 
-PLAN_TIMEOUT_S = 1500
 # The child: runs `marin plan` for each line of arguments it reads, and answers with its exit code
 # and what it printed. One process for a worker's plans, so that a plan made again (the 8B's change
 # applied) is the one compiled before (marin.experiment.plan._compiled), as it is for a reader.
